@@ -1,0 +1,270 @@
+//! The attribute's arguments: `#[cuda_graph(warmup = 3, mode = "global", crate = "path")]`.
+
+use proc_macro2::Span;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Lit, Meta, Token};
+
+use crate::ctxt::Ctxt;
+
+/// The keys `#[cuda_graph]` accepts, in the order the error message lists them.
+pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`";
+
+/// Warmup runs when the attribute does not say (PyTorch's `make_graphed_callables` uses 3).
+pub const DEFAULT_WARMUP: u32 = 3;
+
+/// Parsed attribute arguments; a key that was not given is `None`.
+#[derive(Default)]
+pub struct GraphArgs {
+    pub warmup: Option<(u32, Span)>,
+    pub mode: Option<(CaptureMode, Span)>,
+    pub krate: Option<syn::Path>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureMode {
+    Global,
+    ThreadLocal,
+    Relaxed,
+}
+
+impl CaptureMode {
+    pub fn variant(self) -> &'static str {
+        match self {
+            CaptureMode::Global => "Global",
+            CaptureMode::ThreadLocal => "ThreadLocal",
+            CaptureMode::Relaxed => "Relaxed",
+        }
+    }
+}
+
+impl GraphArgs {
+    pub fn warmup(&self) -> u32 {
+        self.warmup.map_or(DEFAULT_WARMUP, |(n, _)| n)
+    }
+
+    pub fn mode(&self) -> CaptureMode {
+        self.mode.map_or(CaptureMode::ThreadLocal, |(m, _)| m)
+    }
+
+    /// The path generated code uses to reach the runtime crate.
+    pub fn krate(&self) -> syn::Path {
+        self.krate
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(::graph_runtime))
+    }
+}
+
+/// Parses the attribute's arguments, recording every problem in `cx` and keeping whatever
+/// was valid.
+pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
+    let mut args = GraphArgs::default();
+    let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(tokens) {
+        Ok(metas) => metas,
+        Err(e) => {
+            cx.push(syn::Error::new(
+                e.span(),
+                format!(
+                    "malformed `#[cuda_graph]` arguments: {e}; write `key = value` pairs separated by commas, \
+                     with keys from {VALID_KEYS}, e.g. `#[cuda_graph(warmup = 3)]`"
+                ),
+            ));
+            return args;
+        }
+    };
+    let mut seen: Vec<String> = Vec::new();
+    for meta in metas {
+        let Some(key) = meta.path().get_ident().map(ToString::to_string) else {
+            cx.error_spanned_by(
+                meta.path(),
+                format!("unknown `#[cuda_graph]` key; expected one of: {VALID_KEYS}"),
+            );
+            continue;
+        };
+        let known = matches!(key.as_str(), "warmup" | "mode" | "crate");
+        if !known {
+            cx.error_spanned_by(
+                meta.path(),
+                format!("unknown `#[cuda_graph]` key `{key}`; expected one of: {VALID_KEYS}"),
+            );
+            continue;
+        }
+        if seen.contains(&key) {
+            cx.error_spanned_by(
+                meta.path(),
+                format!("`{key}` set multiple times; give each key once"),
+            );
+            continue;
+        }
+        seen.push(key.clone());
+        let value = match &meta {
+            Meta::NameValue(nv) => &nv.value,
+            _ => {
+                cx.error_spanned_by(
+                    &meta,
+                    format!("`{key}` needs a value: write `{key} = {}`", example(&key)),
+                );
+                continue;
+            }
+        };
+        match key.as_str() {
+            "warmup" => parse_warmup(value, cx, &mut args),
+            "mode" => parse_mode(value, cx, &mut args),
+            "crate" => parse_crate(value, cx, &mut args),
+            _ => unreachable!("checked against the key list above"),
+        }
+    }
+    args
+}
+
+fn example(key: &str) -> &'static str {
+    match key {
+        "warmup" => "3",
+        "mode" => "\"thread_local\"",
+        _ => "\"graph_runtime\"",
+    }
+}
+
+fn parse_warmup(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(n), ..
+    }) = value
+    else {
+        cx.error_spanned_by(
+            value,
+            "`warmup` must be an integer literal, e.g. `warmup = 3`",
+        );
+        return;
+    };
+    match n.base10_parse::<u32>() {
+        Ok(0) => cx.error_spanned_by(
+            n,
+            "`warmup` must be at least 1: without an eager run before capture, one-time work (NVRTC \
+             compilation, module loading, cuBLAS setup, first allocations) would happen inside the capture \
+             and fail it or be baked into the graph; use `warmup = 1` or more (3 is the usual choice)",
+        ),
+        Ok(w) => args.warmup = Some((w, n.span())),
+        Err(_) => cx.error_spanned_by(n, "`warmup` must be a whole number between 1 and 4294967295"),
+    }
+}
+
+fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Str(s), ..
+    }) = value
+    else {
+        cx.error_spanned_by(
+            value,
+            "`mode` must be a string: \"thread_local\" (default), \"global\" or \"relaxed\"",
+        );
+        return;
+    };
+    let mode = match s.value().as_str() {
+        "global" => CaptureMode::Global,
+        "thread_local" => CaptureMode::ThreadLocal,
+        "relaxed" => CaptureMode::Relaxed,
+        other => {
+            cx.error_spanned_by(
+                s,
+                format!("unknown capture mode \"{other}\"; expected \"thread_local\" (default), \"global\" or \"relaxed\""),
+            );
+            return;
+        }
+    };
+    args.mode = Some((mode, s.span()));
+}
+
+fn parse_crate(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Str(s), ..
+    }) = value
+    else {
+        cx.error_spanned_by(
+            value,
+            "`crate` must be a string naming the runtime crate, e.g. `crate = \"graph_runtime\"`",
+        );
+        return;
+    };
+    match s.parse::<syn::Path>() {
+        Ok(mut p) => {
+            if p.leading_colon.is_none() && p.segments.len() == 1 && p.segments[0].ident != "crate"
+            {
+                p.leading_colon = Some(Default::default());
+            }
+            args.krate = Some(p);
+        }
+        Err(_) => cx.error_spanned_by(
+            s,
+            "`crate` must name a path, e.g. `crate = \"graph_runtime\"`",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse_str(tokens: proc_macro2::TokenStream) -> (GraphArgs, Vec<String>) {
+        let mut cx = Ctxt::default();
+        let args = parse(tokens, &mut cx);
+        (args, cx.messages())
+    }
+
+    #[test]
+    fn empty_means_defaults() {
+        let (args, errors) = parse_str(quote!());
+        assert!(errors.is_empty());
+        assert_eq!(args.warmup(), DEFAULT_WARMUP);
+        assert_eq!(args.mode(), CaptureMode::ThreadLocal);
+    }
+
+    #[test]
+    fn all_keys() {
+        let (args, errors) = parse_str(quote!(warmup = 7, mode = "global", crate = "my_rt"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.warmup(), 7);
+        assert_eq!(args.mode(), CaptureMode::Global);
+        let p = args.krate();
+        assert_eq!(quote!(#p).to_string(), ":: my_rt");
+    }
+
+    #[test]
+    fn warmup_zero_is_refused() {
+        let (_, errors) = parse_str(quote!(warmup = 0));
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].contains("at least 1"), "{errors:?}");
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let (args, errors) = parse_str(quote!(
+            warmup = 0,
+            warmpu = 3,
+            mode = "fast",
+            warmup = 2,
+            mode = "global"
+        ));
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(errors[0].contains("at least 1"));
+        assert!(
+            errors[1].contains("unknown `#[cuda_graph]` key `warmpu`")
+                && errors[1].contains(VALID_KEYS)
+        );
+        assert!(errors[2].contains("unknown capture mode \"fast\""));
+        assert!(errors[3].contains("`warmup` set multiple times"));
+        assert!(errors[4].contains("`mode` set multiple times"));
+        assert_eq!(args.warmup(), DEFAULT_WARMUP);
+    }
+
+    #[test]
+    fn malformed_values() {
+        let (_, errors) = parse_str(quote!(warmup = "3", mode, crate = 5));
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].contains("integer literal"));
+        assert!(errors[1].contains("needs a value"));
+        assert!(errors[2].contains("must be a string"));
+        let (_, errors) = parse_str(quote!(warmup 3));
+        assert!(errors[0].starts_with("malformed"), "{errors:?}");
+    }
+}

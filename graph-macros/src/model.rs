@@ -1,0 +1,342 @@
+//! The checked model of an annotated function: its execution-context parameter and the role
+//! of every other parameter.
+//!
+//! | parameter | role | in the graph |
+//! | --- | --- | --- |
+//! | first, `&Ctx` | execution context | the runtime (or its stream) is passed in |
+//! | `x: &T` or `#[input] x: &T` | input | static buffer, refilled by every `replay` |
+//! | `y: &mut T` or `#[output] y: &mut T` | output | static buffer owned by the graph, lent out after `replay` |
+//! | `#[state] w: &T` | read-only state | borrowed `&'s T` for the graph's life, read in place |
+//! | `#[state] kv: &mut T` | mutable state | borrowed `&'s mut T`, updated in place, lent back by `state_mut` |
+//! | `#[constant] n: T` | capture-time constant | given to `capture`, frozen into the graph |
+
+use proc_macro2::{Ident, Span};
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{Attribute, FnArg, ItemFn, Pat, Type};
+
+use crate::ctxt::Ctxt;
+
+/// The role attributes a parameter may carry.
+pub const ROLE_ATTRS: [&str; 4] = ["input", "output", "state", "constant"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Input,
+    Output,
+    State { mutable: bool },
+    Constant,
+}
+
+pub struct Param {
+    pub ident: Ident,
+    pub role: Role,
+    /// For inputs, outputs and state, the referenced type (`CudaSlice<f32>` for
+    /// `&CudaSlice<f32>`); for constants, the parameter type.
+    pub ty: Type,
+}
+
+pub struct ContextParam {
+    /// The referenced type of the first parameter (`Runtime` for `&Runtime`).
+    pub ty: Type,
+}
+
+pub struct GraphFn {
+    /// The user's function with the role attributes removed: what gets emitted.
+    pub item: ItemFn,
+    pub context: Option<ContextParam>,
+    pub params: Vec<Param>,
+}
+
+impl GraphFn {
+    pub fn of(&self, pred: impl Fn(Role) -> bool) -> impl Iterator<Item = &Param> {
+        self.params.iter().filter(move |p| pred(p.role))
+    }
+}
+
+/// Removes `#[input]`, `#[output]`, `#[state]`, `#[constant]` from the parameters of `item`
+/// and returns, for each parameter, the role attributes it had.
+pub fn strip_role_attrs(item: &mut ItemFn) -> Vec<Vec<Attribute>> {
+    item.sig
+        .inputs
+        .iter_mut()
+        .map(|arg| {
+            let attrs = match arg {
+                FnArg::Receiver(r) => &mut r.attrs,
+                FnArg::Typed(t) => &mut t.attrs,
+            };
+            let (roles, rest): (Vec<_>, Vec<_>) = attrs
+                .drain(..)
+                .partition(|a| ROLE_ATTRS.iter().any(|r| a.path().is_ident(r)));
+            *attrs = rest;
+            roles
+        })
+        .collect()
+}
+
+/// Builds the model, recording every signature problem in `cx`.
+pub fn analyze(mut item: ItemFn, cx: &mut Ctxt) -> GraphFn {
+    let role_attrs = strip_role_attrs(&mut item);
+    check_signature(&item, cx);
+
+    let mut context = None;
+    let mut params = Vec::new();
+    let mut inputs = item.sig.inputs.iter().zip(role_attrs);
+    match inputs.next() {
+        None => cx.error_spanned_by(
+            &item.sig,
+            "a `#[cuda_graph]` function needs an execution context as its first parameter, e.g. \
+             `rt: &Runtime` or `stream: &Arc<CudaStream>`: the graph passes its own runtime there so that \
+             the body's GPU work lands on the capture stream",
+        ),
+        Some((FnArg::Receiver(_), _)) => {} // reported by check_signature
+        Some((FnArg::Typed(first), roles)) => {
+            for a in &roles {
+                cx.error_spanned_by(
+                    a,
+                    "the first parameter is the execution context and takes no role attribute; \
+                     add the context (`rt: &Runtime`) before the graph's inputs",
+                );
+            }
+            match &*first.ty {
+                Type::Reference(r) if r.mutability.is_none() => {
+                    context = Some(ContextParam { ty: (*r.elem).clone() })
+                }
+                other => cx.error_spanned_by(
+                    other,
+                    "the first parameter of a `#[cuda_graph]` function is its execution context and must be a \
+                     shared reference: `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`",
+                ),
+            }
+        }
+    }
+    for (arg, roles) in inputs {
+        let FnArg::Typed(pt) = arg else { continue };
+        let Some(ident) = binding_ident(&pt.pat, cx) else {
+            continue;
+        };
+        if let Some(param) = classify(ident, &pt.ty, &roles, cx) {
+            params.push(param);
+        }
+    }
+    GraphFn {
+        item,
+        context,
+        params,
+    }
+}
+
+fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
+    let sig = &item.sig;
+    if let Some(t) = &sig.asyncness {
+        cx.error_spanned_by(
+            t,
+            "`#[cuda_graph]` requires a non-async fn: a graph is recorded by running the body once on the \
+             calling thread, and an `async fn` body only runs when polled; make the function synchronous",
+        );
+    }
+    if let Some(t) = &sig.constness {
+        cx.error_spanned_by(
+            t,
+            "`#[cuda_graph]` cannot be put on a `const fn`: GPU work runs at run time",
+        );
+    }
+    if let Some(t) = &sig.unsafety {
+        cx.error_spanned_by(
+            t,
+            "`#[cuda_graph]` requires a safe fn: the generated `capture` calls it without `unsafe`; keep the \
+             function safe and put `unsafe { … }` around the launches inside it, with a SAFETY comment",
+        );
+    }
+    if let Some(abi) = &sig.abi {
+        cx.error_spanned_by(
+            abi,
+            "`#[cuda_graph]` requires a Rust fn, without an `extern` ABI",
+        );
+    }
+    if let Some(v) = &sig.variadic {
+        cx.error_spanned_by(v, "`#[cuda_graph]` cannot capture a variadic fn");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        cx.error_spanned_by(
+            &sig.generics,
+            "`#[cuda_graph]` requires a function without generic or lifetime parameters: a graph is captured for \
+             one set of concrete types and owns its buffers; write a non-generic function for each element type \
+             you capture (a generic helper can do the work)",
+        );
+    }
+    for arg in &sig.inputs {
+        if let FnArg::Receiver(r) = arg {
+            cx.error_spanned_by(
+                r,
+                "`#[cuda_graph]` cannot be put on a method: the generated graph type must own its static buffers \
+                 and borrow its state separately; make it a free function and pass the fields it reads as \
+                 `#[state]` parameters",
+            );
+        }
+    }
+}
+
+fn binding_ident(pat: &Pat, cx: &mut Ctxt) -> Option<Ident> {
+    match pat {
+        Pat::Ident(p) if p.subpat.is_none() && p.by_ref.is_none() => Some(p.ident.clone()),
+        other => {
+            cx.error_spanned_by(
+                other,
+                "`#[cuda_graph]` parameters must be plain names (`x: &CudaSlice<f32>`): the name becomes the \
+                 static buffer's field and the replay argument",
+            );
+            None
+        }
+    }
+}
+
+fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Option<Param> {
+    for a in roles {
+        if !matches!(a.meta, syn::Meta::Path(_)) {
+            let name = a
+                .path()
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            cx.error_spanned_by(
+                a,
+                format!("`#[{name}]` takes no arguments; write `#[{name}]`"),
+            );
+        }
+    }
+    if roles.len() > 1 {
+        let names: Vec<String> = roles
+            .iter()
+            .map(|a| format!("`#[{}]`", a.path().to_token_stream()))
+            .collect();
+        cx.error_spanned_by(
+            &roles[1],
+            format!(
+                "parameter `{ident}` has more than one role ({}); give it exactly one",
+                names.join(", ")
+            ),
+        );
+        return None;
+    }
+    let explicit = roles
+        .first()
+        .and_then(|a| a.path().get_ident())
+        .map(|i| (i.to_string(), i.span()));
+    let reference = match ty {
+        Type::Reference(r) => Some((r.mutability.is_some(), (*r.elem).clone())),
+        _ => None,
+    };
+    let role = match (explicit.as_ref().map(|(n, s)| (n.as_str(), *s)), &reference) {
+        (None | Some(("input", _)), Some((false, _))) => Role::Input,
+        (None | Some(("output", _)), Some((true, _))) => Role::Output,
+        (Some(("state", _)), Some((mutable, _))) => Role::State { mutable: *mutable },
+        (Some(("constant", _)), None) => Role::Constant,
+        (Some(("input", span)), Some((true, _))) => {
+            cx.error_at(
+                span,
+                format!(
+                    "input `{ident}` is `&mut`: a graph input is a read-only static buffer that each replay refills; \
+                     take it as `&T`, or mark it `#[state]` if the graph updates it in place"
+                ),
+            );
+            return None;
+        }
+        (Some(("output", span)), Some((false, _))) => {
+            cx.error_at(
+                span,
+                format!("output `{ident}` must be `&mut`: the graph writes its outputs; write `{ident}: &mut T`"),
+            );
+            return None;
+        }
+        (Some(("constant", span)), Some(_)) => {
+            cx.error_at(
+                span,
+                format!(
+                    "`#[constant]` parameter `{ident}` is a reference: a constant is a host value frozen at capture; \
+                     take it by value (`{ident}: u32`), or use `#[state]` for device data read by address"
+                ),
+            );
+            return None;
+        }
+        (Some((_, span)), None) => {
+            cx.error_at(
+                span,
+                format!(
+                    "parameter `{ident}` is passed by value, so it can only be a `#[constant]`: inputs, outputs \
+                     and state are device buffers passed by reference"
+                ),
+            );
+            return None;
+        }
+        (None, None) => {
+            cx.error_spanned_by(
+                ty,
+                format!(
+                    "parameter `{ident}` is passed by value, so the graph would freeze the value it had at capture \
+                     and every replay would reuse it; mark it `#[constant]` if that is what you want, or pass it \
+                     in a device buffer (`{ident}: &CudaSlice<_>`) so that replays can change it"
+                ),
+            );
+            return None;
+        }
+        (Some((other, span)), Some(_)) => {
+            cx.error_at(span, format!("unknown role `#[{other}]`"));
+            return None;
+        }
+    };
+    let ty = match (role, reference) {
+        (Role::Constant, _) | (_, None) => ty.clone(),
+        (_, Some((_, elem))) => elem,
+    };
+    if role != Role::Constant {
+        if let Some(span) = first_lifetime(&ty) {
+            cx.error_at(
+                span,
+                format!(
+                    "the type of `{ident}` borrows (it has a lifetime): a graph keeps its buffers for as long as it \
+                     lives, so inputs, outputs and state must be owned buffer types such as `CudaSlice<f32>`, \
+                     not views"
+                ),
+            );
+            return None;
+        }
+    }
+    if let Some(span) = first_impl_trait(&ty) {
+        cx.error_at(
+            span,
+            format!("`impl Trait` in the type of `{ident}` makes the function generic; name a concrete type"),
+        );
+        return None;
+    }
+    Some(Param { ident, role, ty })
+}
+
+fn first_lifetime(ty: &Type) -> Option<Span> {
+    struct Finder(Option<Span>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_lifetime(&mut self, l: &'ast syn::Lifetime) {
+            self.0.get_or_insert(l.span());
+        }
+        fn visit_type_reference(&mut self, r: &'ast syn::TypeReference) {
+            self.0.get_or_insert(r.and_token.span());
+            syn::visit::visit_type_reference(self, r);
+        }
+    }
+    let mut f = Finder(None);
+    f.visit_type(ty);
+    f.0
+}
+
+fn first_impl_trait(ty: &Type) -> Option<Span> {
+    struct Finder(Option<Span>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
+            self.0.get_or_insert(t.span());
+        }
+    }
+    let mut f = Finder(None);
+    f.visit_type(ty);
+    f.0
+}

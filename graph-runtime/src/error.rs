@@ -1,0 +1,412 @@
+//! [`GraphError`]: every way capture, replay or the runtime can fail, in the user's terms.
+//!
+//! CUDA reports capture failures as bare codes (900–908). Each code gets its own variant
+//! here whose message says what happened in the captured body and what to write instead.
+//! [`GraphError::from_driver`] does the mapping; the capture procedure calls it with the
+//! name of the graph being captured so the message names the user's function.
+
+use std::panic::Location;
+
+use cudarc::cublas::result::CublasError;
+use cudarc::driver::{sys::CUresult, DriverError};
+
+/// Boxed error returned by a captured body whose error type is not one of ours.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in the runtime, the capture or a replay.
+///
+/// Capture failures that only the GPU can detect come back as one variant per CUDA code
+/// (`CaptureUnsupported` is 900, `CaptureInvalidated` 901, …); each message names the graph,
+/// says what CUDA saw and how to fix the body. After any of them the capture has been ended
+/// and the [`Runtime`](crate::Runtime) is usable again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// The CUDA driver library (`libcuda.so`) is not installed on this machine.
+    #[error(
+        "no CUDA driver: libcuda could not be loaded, so there is no GPU to run on; \
+         install the NVIDIA driver, or run on a machine with a GPU \
+         (GPU tests skip without one unless CUDA_GRAPH_REQUIRE_GPU=1)"
+    )]
+    NoDriver,
+
+    /// A CUDA library the runtime needs (NVRTC or cuBLAS) could not be loaded.
+    #[error(
+        "the CUDA library `{library}` could not be loaded; install the CUDA toolkit's \
+         runtime libraries (or put them on LD_LIBRARY_PATH)"
+    )]
+    MissingLibrary {
+        /// `nvrtc` or `cublas`.
+        library: &'static str,
+    },
+
+    /// The driver is there but the requested device is not.
+    #[error("no CUDA device with ordinal {ordinal}: this machine has {count}")]
+    NoDevice {
+        /// The ordinal that was asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+
+    /// CUDA error 900 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 900 (operation not permitted when stream is capturing): \
+         the body called something that makes the CPU wait for the GPU or that a graph cannot record \
+         (a stream or context synchronize, a device-to-host copy such as `clone_dtoh`, an event or stream query, \
+         a pinned host allocation); a graph only records GPU work, and there is no GPU result yet to wait for. \
+         Fix: read results on the host after `replay()` returns, keep values that steer the computation on the \
+         device, and allocate host or device memory before capture"
+    )]
+    CaptureUnsupported {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 901 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 901 (capture invalidated): an earlier operation inside the \
+         capture failed, often a forbidden call (error 900) whose error a helper ignored, or another thread \
+         touched the capturing stream. Fix: look for the first failing call in the body (run it eagerly with \
+         the same inputs); in `mode = \"global\"`, keep other threads away from CUDA during capture or use the \
+         default `thread_local` mode"
+    )]
+    CaptureInvalidated {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 902 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 902 (capture merge): a stream in this capture waited on an \
+         event recorded in a different, independent capture. Fix: do not share events between graphs that are \
+         captured at the same time"
+    )]
+    CaptureMerge {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 903 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 903 (capture unmatched): the capture was ended on a stream \
+         that did not begin it. Fix: let the runtime begin and end captures; do not call `begin_capture` or \
+         `end_capture` yourself inside the body"
+    )]
+    CaptureUnmatched {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 904 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 904 (capture unjoined): work was forked onto another stream \
+         during capture and that stream never rejoined the capture stream before the body returned. Fix: make the \
+         runtime's stream wait for the side stream at the end of the forked work (`rt.stream().join(&side)`)"
+    )]
+    CaptureUnjoined {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 905 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 905 (capture isolation): a captured operation waited on work \
+         that is not part of the capture, such as an event recorded before capture began. cudarc does this by \
+         itself for buffers with event tracking when the context has several streams. Fix: allocate the buffers \
+         the graph touches from the runtime's stream (the runtime turns event tracking off), and order other \
+         streams before calling `capture` (`rt.stream().join(&other)`), not inside the body"
+    )]
+    CaptureIsolation {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 906 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 906 (implicit dependency on the legacy stream): an operation \
+         was issued on the legacy default stream (`ctx.default_stream()`, stream 0) while the capture stream was \
+         recording; the legacy stream would have to wait for the capture, which CUDA forbids. Fix: issue every \
+         operation of the body on the runtime's stream (`rt.stream()`), never on the default stream"
+    )]
+    CaptureImplicit {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 907 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 907 (captured event): an event recorded inside the capture was \
+         queried, synchronized or timed. Fix: record and read timing events outside the captured body"
+    )]
+    CapturedEvent {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// CUDA error 908 during capture.
+    #[error(
+        "capturing `{graph}` failed with CUDA error 908 (capture on the wrong thread): the capture was ended from \
+         a thread other than the one that began it. Fix: keep the whole body on the calling thread"
+    )]
+    CaptureWrongThread {
+        /// The graph (the annotated function) being captured.
+        graph: &'static str,
+    },
+
+    /// A runtime operation that waits for the GPU was called while the runtime's stream was
+    /// capturing. The runtime refused it before reaching CUDA, so the capture was not
+    /// invalidated and the message can point at the caller.
+    #[error(
+        "`{op}` at {location} waits for the GPU, but it was called while capturing `{graph}`; a graph only \
+         records GPU work, so CUDA would fail the capture with error 900. Fix: move it out of the captured body \
+         and call it after `replay()` returns"
+    )]
+    SyncInCapture {
+        /// The operation that was refused (`Runtime::synchronize`, …).
+        op: &'static str,
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the operation was called from.
+        location: &'static Location<'static>,
+    },
+
+    /// The body copied between the device and pageable host memory while capturing.
+    #[error(
+        "capturing `{graph}` recorded a {direction} copy of pageable host memory (a `Vec` or slice, as \
+         `clone_dtoh`, `memcpy_dtoh`, `clone_htod` or `memcpy_htod` make): the body saw data copied before the \
+         GPU had run, and every replay would copy to or from that host address again, after the `Vec` was \
+         freed. The graph was not kept. Fix: take host data in through an input parameter and read results \
+         from the graph's outputs after `replay()`; copy through a pinned buffer only if it lives as long \
+         as the graph"
+    )]
+    PageableCopyCaptured {
+        /// The graph being captured.
+        graph: &'static str,
+        /// `device-to-host` or `host-to-device`.
+        direction: &'static str,
+    },
+
+    /// The body returned without putting any GPU work on the runtime's stream.
+    #[error(
+        "capturing `{graph}` recorded no GPU work: the body did not launch anything on the runtime's stream. \
+         If it launched on another stream or another cuBLAS handle, that work ran once, eagerly, and would \
+         never run on replay. Fix: launch on `rt.stream()` and use `rt.blas()` inside the body"
+    )]
+    EmptyGraph {
+        /// The graph being captured.
+        graph: &'static str,
+    },
+
+    /// One of the warmup runs failed (they run eagerly, before capture).
+    #[error("warmup run {iteration} of {warmup} of `{graph}` failed (it runs eagerly, before capture): {source}")]
+    Warmup {
+        /// The graph being warmed up.
+        graph: &'static str,
+        /// Which run failed, from 1.
+        iteration: u32,
+        /// How many warmup runs were asked for.
+        warmup: u32,
+        /// What the body returned.
+        #[source]
+        source: Box<GraphError>,
+    },
+
+    /// The captured body returned an error that is not a capture failure.
+    #[error("capturing `{graph}` failed inside the body: {source}")]
+    Body {
+        /// The graph being captured.
+        graph: &'static str,
+        /// What the body returned.
+        #[source]
+        source: Box<GraphError>,
+    },
+
+    /// A replay input does not have the shape the graph was captured with.
+    #[error(
+        "replay of `{graph}`: input `{input}` has shape {got}, but the graph was captured with {expected}; \
+         a graph's static buffers have fixed sizes, so nothing was launched. Fix: pass an input of the captured \
+         shape, or capture one graph per shape"
+    )]
+    InputShape {
+        /// The graph being replayed.
+        graph: &'static str,
+        /// The parameter name of the input.
+        input: &'static str,
+        /// The captured shape.
+        expected: String,
+        /// The shape that was passed.
+        got: String,
+    },
+
+    /// `capture` was called from inside another graph's captured body.
+    #[error(
+        "cannot capture `{graph}` while `{outer}` is being captured on this thread; captures do not nest. \
+         Fix: call the inner function directly inside the outer body (it becomes part of the outer graph)"
+    )]
+    NestedCapture {
+        /// The graph whose capture was refused.
+        graph: &'static str,
+        /// The graph already being captured.
+        outer: &'static str,
+    },
+
+    /// A replay was attempted while the same stream is capturing in another thread.
+    #[error(
+        "cannot launch `{graph}`: the runtime's stream is capturing another graph in another thread, and the \
+         launch would be recorded into that graph. Fix: replay after that capture finishes, or give each \
+         thread its own `Runtime`"
+    )]
+    StreamCapturing {
+        /// The graph whose launch was refused.
+        graph: &'static str,
+    },
+
+    /// The device ran out of memory.
+    #[error(
+        "out of device memory while {during}; free buffers you no longer need, capture fewer or smaller graphs, \
+         or share a memory pool between graphs that replay one after another"
+    )]
+    OutOfMemory {
+        /// What the runtime was doing.
+        during: String,
+    },
+
+    /// NVRTC could not compile a kernel source.
+    #[error("NVRTC could not compile kernel source `{name}`:\n{log}")]
+    Compile {
+        /// A short name for the source (its first kernel, or a hash).
+        name: String,
+        /// The compiler's log.
+        log: String,
+    },
+
+    /// A kernel with this name is not in the compiled module.
+    #[error("kernel `{name}` is not in the compiled source; check the `extern \"C\"` name")]
+    MissingKernel {
+        /// The kernel name that was asked for.
+        name: String,
+    },
+
+    /// Any other CUDA driver error.
+    #[error("CUDA driver error {}: {}", code_name(.0), code_text(.0))]
+    Driver(DriverError),
+
+    /// A cuBLAS call failed.
+    #[error("cuBLAS error {0:?}")]
+    Cublas(CublasError),
+
+    /// An error of the user's own type, returned by a captured body.
+    #[error(transparent)]
+    User(BoxError),
+}
+
+fn code_name(e: &DriverError) -> String {
+    e.error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0))
+}
+
+fn code_text(e: &DriverError) -> String {
+    e.error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown error".to_owned())
+}
+
+impl From<DriverError> for GraphError {
+    fn from(e: DriverError) -> Self {
+        match e.0 {
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
+                during: "running a CUDA call".to_owned(),
+            },
+            _ => GraphError::Driver(e),
+        }
+    }
+}
+
+impl From<CublasError> for GraphError {
+    fn from(e: CublasError) -> Self {
+        GraphError::Cublas(e)
+    }
+}
+
+impl GraphError {
+    /// The CUDA capture error code this error stands for (900–908), if it is one.
+    pub fn capture_code(&self) -> Option<u32> {
+        Some(match self {
+            GraphError::CaptureUnsupported { .. } => 900,
+            GraphError::CaptureInvalidated { .. } => 901,
+            GraphError::CaptureMerge { .. } => 902,
+            GraphError::CaptureUnmatched { .. } => 903,
+            GraphError::CaptureUnjoined { .. } => 904,
+            GraphError::CaptureIsolation { .. } => 905,
+            GraphError::CaptureImplicit { .. } => 906,
+            GraphError::CapturedEvent { .. } => 907,
+            GraphError::CaptureWrongThread { .. } => 908,
+            GraphError::SyncInCapture { .. } => 900,
+            GraphError::Body { source, .. } | GraphError::Warmup { source, .. } => {
+                return source.capture_code()
+            }
+            _ => return None,
+        })
+    }
+
+    /// Maps a driver error seen while capturing `graph` to its variant.
+    ///
+    /// Capture codes 900–908 get their own variants; any other code stays
+    /// [`GraphError::Driver`] (or [`GraphError::OutOfMemory`]).
+    pub fn from_driver(graph: &'static str, e: DriverError) -> Self {
+        match e.0 {
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => {
+                GraphError::CaptureUnsupported { graph }
+            }
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+                GraphError::CaptureInvalidated { graph }
+            }
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE => GraphError::CaptureMerge { graph },
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => GraphError::CaptureUnmatched { graph },
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => GraphError::CaptureUnjoined { graph },
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => GraphError::CaptureIsolation { graph },
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => GraphError::CaptureImplicit { graph },
+            CUresult::CUDA_ERROR_CAPTURED_EVENT => GraphError::CapturedEvent { graph },
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => {
+                GraphError::CaptureWrongThread { graph }
+            }
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
+                during: format!("capturing `{graph}`"),
+            },
+            _ => GraphError::Driver(e),
+        }
+    }
+
+    /// Re-reads an error that came out of a captured body: driver errors with a capture code
+    /// become their capture variant (naming `graph`), anything else is wrapped in
+    /// [`GraphError::Body`].
+    pub(crate) fn in_capture(graph: &'static str, e: GraphError) -> Self {
+        match e {
+            GraphError::Driver(d) => match GraphError::from_driver(graph, d) {
+                GraphError::Driver(d) => GraphError::Body {
+                    graph,
+                    source: Box::new(GraphError::Driver(d)),
+                },
+                mapped => mapped,
+            },
+            GraphError::OutOfMemory { .. } => GraphError::OutOfMemory {
+                during: format!("capturing `{graph}`"),
+            },
+            GraphError::User(u) => match u.downcast::<DriverError>() {
+                Ok(d) => GraphError::in_capture(graph, GraphError::Driver(*d)),
+                Err(u) => GraphError::Body {
+                    graph,
+                    source: Box::new(GraphError::User(u)),
+                },
+            },
+            e if e.capture_code().is_some() => e,
+            e @ (GraphError::NestedCapture { .. } | GraphError::EmptyGraph { .. }) => e,
+            other => GraphError::Body {
+                graph,
+                source: Box::new(other),
+            },
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! CUDA graphs for Rust GPU code written against [cudarc].
+//!
+//! Put [`#[cuda_graph]`](macro@cuda_graph) on a function that launches GPU work and you get
+//! the function back, unchanged and callable eagerly, plus a graph type that warms it up,
+//! captures it once into a CUDA graph and replays that graph with new inputs: one
+//! `cuGraphLaunch` instead of one launch per kernel.
+//!
+//! ```no_run
+//! use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+//! use graph_runtime::{cuda_graph, GraphError, Runtime};
+//!
+//! const SRC: &str = r#"
+//! extern "C" __global__ void scale_add(const float *x, const float *w, float *y, int n) {
+//!     int i = blockIdx.x * blockDim.x + threadIdx.x;
+//!     if (i < n) y[i] = w[i] * x[i] + 1.0f;
+//! }"#;
+//!
+//! #[cuda_graph(warmup = 3)]
+//! fn scale_add(
+//!     rt: &Runtime,                 // the execution context: always first
+//!     x: &CudaSlice<f32>,           // input: copied into a static buffer on every replay
+//!     #[state] w: &CudaSlice<f32>,  // state: read in place, borrowed while the graph lives
+//!     y: &mut CudaSlice<f32>,       // output: a static buffer the graph owns
+//! ) -> Result<(), GraphError> {
+//!     let f = rt.function(SRC, "scale_add")?;
+//!     let n = x.len() as i32;
+//!     let mut launch = rt.stream().launch_builder(&f);
+//!     launch.arg(x).arg(w).arg(y).arg(&n);
+//!     // SAFETY: the kernel reads `n` elements of `x` and `w` and writes `n` of `y`.
+//!     unsafe { launch.launch(LaunchConfig::for_num_elems(n as u32)) }?;
+//!     Ok(())
+//! }
+//!
+//! # fn main() -> Result<(), GraphError> {
+//! let rt = Runtime::new(0)?;
+//! let w = rt.stream().clone_htod(&vec![2.0f32; 1024])?;
+//! let x = rt.stream().clone_htod(&vec![1.0f32; 1024])?;
+//!
+//! let mut graph = ScaleAddGraph::capture(&rt, &x, &w, 1024)?; // warmup ×3, capture, upload
+//! let out = graph.replay(&vec![5.0f32; 1024])?;                // copy input, one launch
+//! let y = rt.stream().clone_dtoh(out.y)?;                     // read after replay
+//! assert_eq!(y[0], 11.0);
+//! # Ok(()) }
+//! ```
+//!
+//! # Concepts
+//!
+//! | concept | what it is | where |
+//! | --- | --- | --- |
+//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache | [`Runtime`] |
+//! | capture stream | the non-blocking stream that warmup, capture and replay all use; never the legacy default stream | [`Runtime::stream`] |
+//! | warmup | `warmup = N` eager runs of the body before capture, so that lazy work (NVRTC, module loads, cuBLAS heuristics, allocations) happens outside the graph | [`GraphSite::warmup`] |
+//! | capture | recording the body once into a CUDA graph; an error or panic in the body ends the capture and leaves the runtime usable | [`GraphInfo`] |
+//! | input (`&T`) | a static device buffer the graph owns; every `replay` copies the new value into it, after checking its shape | [`InputSource`], [`StaticBuffer`] |
+//! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph | generated `FooGraph<'s>` |
+//! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
+//! | constant (`#[constant] T`) | a host value fixed at capture; the graph replays with the captured value | generated `capture` |
+//! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`Graph`] |
+//! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
+//! | phase | whether this thread is running eagerly, warming up or capturing | [`phase`], [`ensure_not_capturing`] |
+//!
+//! # Learning path
+//! The examples are numbered: `01-first-graph` (annotate, capture, replay, compare with
+//! eager), `02-chain` (launch overhead: eager vs graph vs raw cudarc, the benchmark).
+//!
+//! # What the runtime takes care of
+//! * cudarc's per-buffer event tracking is turned off on the runtime's context: with it on and
+//!   two streams, capture fails with error 905 (see [`Runtime`]).
+//! * cuBLAS gets its workspace up front ([`CUBLAS_WORKSPACE_BYTES`]) so a GEMM never allocates
+//!   while capturing.
+//! * Kernels compile once per process and load once per runtime ([`Runtime::function`]).
+//! * Graphs are instantiated with auto-free-on-launch and uploaded right away, so the first
+//!   replay costs what every other one does.
+
+#![warn(missing_docs)]
+
+pub use cudarc;
+pub use graph_macros::cuda_graph;
+
+mod buffer;
+mod capture;
+mod error;
+mod graph;
+mod runtime;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use buffer::{InputSource, StaticBuffer};
+pub use capture::{ensure_not_capturing, is_capturing, phase, CaptureMode, GraphSite, Phase};
+pub use error::{BoxError, GraphError};
+pub use graph::{Graph, GraphInfo, NodeKinds, Staging};
+pub use runtime::{driver_available, Runtime, CUBLAS_WORKSPACE_BYTES};
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+/// Types the first parameter of a `#[cuda_graph]` function may borrow: what the body uses to
+/// reach the GPU. The graph passes the runtime's own objects, so the body's work lands on
+/// the capture stream.
+#[diagnostic::on_unimplemented(
+    message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
+    label = "expected `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`",
+    note = "the graph passes its runtime (or the runtime's stream) here during warmup and capture"
+)]
+pub trait FromRuntime {
+    /// Borrows `Self` out of the runtime.
+    fn from_runtime(rt: &Runtime) -> &Self;
+}
+
+impl FromRuntime for Runtime {
+    fn from_runtime(rt: &Runtime) -> &Self {
+        rt
+    }
+}
+
+impl FromRuntime for Arc<CudaStream> {
+    fn from_runtime(rt: &Runtime) -> &Self {
+        rt.stream()
+    }
+}
+
+impl FromRuntime for CudaStream {
+    fn from_runtime(rt: &Runtime) -> &Self {
+        rt.stream()
+    }
+}

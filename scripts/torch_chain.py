@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""PyTorch reference for examples/02-chain.rs: the same chain of N tiny kernels.
+
+For each N given on the command line prints one line
+    chain <N> <eager_us_per_op> <graph_us_per_replay> <replay_host_us> <capture_ms>
+measured like the Rust example: median of 7, back-to-back replays then one sync,
+a replay being `static_x.copy_(src)` + `graph.replay()`.
+"""
+import statistics
+import sys
+import time
+
+import torch
+
+ELEMS = 256
+REPEATS = 7
+
+
+def chain(x, n):
+    y = x + 1.0
+    for _ in range(n - 1):
+        y.add_(1.0)
+    return y
+
+
+def wall_per_call(fn, iters):
+    per = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        per.append((time.perf_counter() - t) * 1e6 / iters)
+    return statistics.median(per)
+
+
+def host_per_call(fn, burst=16):
+    per = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        per.append((time.perf_counter() - t) * 1e6 / burst)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def main():
+    ns = [int(a) for a in sys.argv[1:]] or [10, 100, 1000, 10000]
+    src = torch.arange(ELEMS, device="cuda", dtype=torch.float32)
+    for n in ns:
+        iters = max(3, min(2000, 200_000 // n))
+        eager = wall_per_call(lambda: chain(src, n), max(2, (iters + 3) // 4))
+
+        static_x = src.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                chain(static_x, n)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        t = time.perf_counter()
+        with torch.cuda.graph(g):
+            static_y = chain(static_x, n)
+        torch.cuda.synchronize()
+        capture_ms = (time.perf_counter() - t) * 1e3
+
+        def replay():
+            static_x.copy_(src)
+            g.replay()
+
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, src + n), "torch graph replay is wrong"
+        graph = wall_per_call(replay, iters)
+        host = host_per_call(replay)
+        print(f"chain {n} {eager / n:.4f} {graph:.3f} {host:.3f} {capture_ms:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+//! What goes wrong inside a captured body comes back as a typed error, and the runtime stays
+//! usable: the stream is not left capturing, the next capture and eager work succeed.
+//!
+//! The mistakes are made inside helper functions on purpose: the macro cannot see into them,
+//! so these are the cases only the GPU (or the runtime's guard) can catch.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use cuda_graphs::kernels::ELEMENTWISE;
+use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
+use graph_runtime::cudarc::driver::sys::CUstreamCaptureStatus;
+use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use graph_runtime::{cuda_graph, is_capturing, phase, GraphError, Phase, Runtime};
+
+fn add_scalar(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    a: f32,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let f = rt.function(ELEMENTWISE, "add_scalar")?;
+    // SAFETY: reads `n` floats of `x`, writes `n` of `y`; both hold `n`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&a)
+            .arg(&n)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    Ok(())
+}
+
+/// The correct graph every test captures after its failure.
+#[cuda_graph(warmup = 2)]
+fn plus_two(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 2.0)
+}
+
+/// Asserts the runtime is fully usable: not capturing, eager work runs, and a fresh capture
+/// replays correctly on new inputs.
+fn assert_runtime_usable(rt: &Runtime, test: &str) -> Result<(), GraphError> {
+    assert_eq!(
+        rt.stream().capture_status()?,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        "{test}: the stream was left capturing"
+    );
+    assert_eq!(
+        phase(),
+        Phase::Eager,
+        "{test}: the thread still believes it is capturing"
+    );
+    let mut rng = fresh_rng(test);
+    let host = random_vec(&mut rng, 300);
+    let x = rt.stream().clone_htod(&host)?;
+    let mut y = rt.stream().alloc_zeros::<f32>(300)?;
+    plus_two(rt, &x, &mut y)?;
+    let want: Vec<f32> = host.iter().map(|v| v + 2.0).collect();
+    assert_eq!(
+        rt.stream().clone_dtoh(&y)?,
+        want,
+        "{test}: eager work after the failure"
+    );
+    let mut graph = PlusTwoGraph::capture(rt, &x, 300)?;
+    for _ in 0..3 {
+        let host = random_vec(&mut rng, 300);
+        let got = rt.stream().clone_dtoh(graph.replay(&host)?.y)?;
+        let want: Vec<f32> = host.iter().map(|v| v + 2.0).collect();
+        assert_eq!(got, want, "{test}: a capture after the failure");
+    }
+    Ok(())
+}
+
+// --- a raw cudarc synchronize inside the body: CUDA error 900 --------------------------
+
+fn log_progress_with_raw_sync(rt: &Runtime) -> Result<(), GraphError> {
+    // Fine eagerly; while capturing, CUDA refuses it with error 900.
+    rt.stream().synchronize()?;
+    Ok(())
+}
+
+#[cuda_graph(warmup = 1)]
+fn syncs_raw(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    log_progress_with_raw_sync(rt)
+}
+
+#[test]
+fn raw_sync_in_body_is_error_900_and_the_runtime_recovers() -> Result<(), GraphError> {
+    let test = "raw_sync_in_body_is_error_900_and_the_runtime_recovers";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = SyncsRawGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(err, GraphError::CaptureUnsupported { graph: "syncs_raw" }),
+        "{err:?}"
+    );
+    assert_eq!(err.capture_code(), Some(900));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("900") && msg.contains("syncs_raw") && msg.contains("Fix:"),
+        "{msg}"
+    );
+    assert_runtime_usable(&rt, test)
+}
+
+// --- a device-to-host copy inside the body ---------------------------------------------
+
+fn peek(rt: &Runtime, y: &CudaSlice<f32>) -> Result<f32, GraphError> {
+    Ok(rt.stream().clone_dtoh(y)?[0])
+}
+
+#[cuda_graph(warmup = 1)]
+fn reads_back(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    let first = peek(rt, y)?;
+    if first.is_nan() {
+        return Err(GraphError::User("NaN".into()));
+    }
+    Ok(())
+}
+
+#[test]
+fn device_to_host_copy_in_body_is_error_900() -> Result<(), GraphError> {
+    let test = "device_to_host_copy_in_body_is_error_900";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = ReadsBackGraph::capture(&rt, &x, 64).unwrap_err();
+    assert_eq!(err.capture_code(), Some(900), "{err:?}");
+    assert_runtime_usable(&rt, test)
+}
+
+// --- the runtime's own sync, two calls deep: refused before CUDA sees it ---------------
+
+fn inner_helper(rt: &Runtime) -> Result<(), GraphError> {
+    rt.synchronize() // the line the error must name
+}
+
+fn outer_helper(rt: &Runtime) -> Result<(), GraphError> {
+    inner_helper(rt)
+}
+
+#[cuda_graph(warmup = 2)]
+fn syncs_guarded(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    outer_helper(rt)
+}
+
+#[test]
+fn runtime_sync_two_calls_deep_names_the_line() -> Result<(), GraphError> {
+    let test = "runtime_sync_two_calls_deep_names_the_line";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = SyncsGuardedGraph::capture(&rt, &x, 64).unwrap_err();
+    match &err {
+        GraphError::SyncInCapture {
+            op,
+            graph,
+            location,
+        } => {
+            assert_eq!(*op, "Runtime::synchronize");
+            assert_eq!(*graph, "syncs_guarded");
+            assert!(
+                location.file().ends_with("capture_failures.rs"),
+                "{location}"
+            );
+            let line = include_str!("capture_failures.rs")
+                .lines()
+                .position(|l| l.contains("rt.synchronize() // the line the error must name"))
+                .unwrap()
+                + 1;
+            assert_eq!(
+                location.line() as usize,
+                line,
+                "the error points at the helper's line"
+            );
+        }
+        other => panic!("expected SyncInCapture, got {other:?}"),
+    }
+    assert_eq!(err.capture_code(), Some(900));
+    assert!(err.to_string().contains("capture_failures.rs"), "{err}");
+    assert_runtime_usable(&rt, test)
+}
+
+// --- a panic inside the captured body -------------------------------------------------
+
+#[cuda_graph(warmup = 2)]
+fn panics_when_captured(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    let _tmp = rt.stream().alloc_zeros::<f32>(1024)?; // dropped while unwinding
+    if is_capturing() {
+        panic!("a bug in the body, found during capture");
+    }
+    Ok(())
+}
+
+#[test]
+fn panic_in_body_leaves_the_runtime_usable() -> Result<(), GraphError> {
+    let test = "panic_in_body_leaves_the_runtime_usable";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        PanicsWhenCapturedGraph::capture(&rt, &x, 64)
+    }));
+    let payload = caught.expect_err("the panic propagates to the caller");
+    let text = payload.downcast_ref::<&str>().copied().unwrap_or_default();
+    assert!(text.contains("found during capture"), "{text}");
+    assert_runtime_usable(&rt, test)
+}
+
+// --- wrong input shape at replay --------------------------------------------------------
+
+#[test]
+fn wrong_input_length_is_typed_and_launches_nothing() -> Result<(), GraphError> {
+    let test = "wrong_input_length_is_typed_and_launches_nothing";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let mut graph = PlusTwoGraph::capture(&rt, &vec![0.0f32; 100], 100)?;
+    let before = rt
+        .stream()
+        .clone_dtoh(graph.replay(&vec![5.0f32; 100])?.y)?;
+    assert_eq!(before, vec![7.0; 100]);
+    for wrong in [99usize, 101, 0] {
+        let err = graph
+            .replay(&vec![1.0f32; wrong])
+            .err()
+            .expect("wrong length must fail");
+        match &err {
+            GraphError::InputShape {
+                graph,
+                input,
+                expected,
+                got,
+            } => {
+                assert_eq!((*graph, *input), ("plus_two", "x"));
+                assert_eq!((expected.as_str(), got.clone()), ("100", wrong.to_string()));
+            }
+            other => panic!("expected InputShape, got {other:?}"),
+        }
+        assert!(err.to_string().contains("nothing was launched"), "{err}");
+    }
+    let after = rt.stream().clone_dtoh(graph.outputs().y)?;
+    assert_eq!(after, before, "a refused replay must not launch");
+    assert_runtime_usable(&rt, test)
+}
+
+// --- work issued on another stream: an empty graph --------------------------------------
+
+/// A stream made once, before capture (during warmup), and reused: legal to launch on while
+/// the runtime's stream captures, but that work is not recorded.
+fn side_stream(rt: &Runtime) -> Result<Arc<CudaStream>, GraphError> {
+    static SIDE: OnceLock<Arc<CudaStream>> = OnceLock::new();
+    if let Some(s) = SIDE.get() {
+        return Ok(s.clone());
+    }
+    let s = rt.context().new_stream()?;
+    Ok(SIDE.get_or_init(|| s).clone())
+}
+
+fn copy_on_the_side(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    side_stream(rt)?.memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+#[cuda_graph(warmup = 1)]
+fn works_elsewhere(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    copy_on_the_side(rt, x, y)
+}
+
+#[test]
+fn work_on_another_stream_is_an_empty_graph_error() -> Result<(), GraphError> {
+    let test = "work_on_another_stream_is_an_empty_graph_error";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = WorksElsewhereGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::EmptyGraph {
+                graph: "works_elsewhere"
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("rt.stream()"), "{err}");
+    assert_runtime_usable(&rt, test)
+}
+
+fn make_a_stream_and_use_it(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
+    let side = rt.context().new_stream()?;
+    let mut scratch = side.alloc_zeros::<f32>(x.len())?;
+    side.memcpy_dtod(x, &mut scratch)?;
+    Ok(())
+}
+
+#[cuda_graph(warmup = 1)]
+fn makes_streams(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    make_a_stream_and_use_it(rt, x)
+}
+
+#[test]
+fn stream_made_and_used_inside_the_body_is_error_900() -> Result<(), GraphError> {
+    let test = "stream_made_and_used_inside_the_body_is_error_900";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = MakesStreamsGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::CaptureUnsupported {
+                graph: "makes_streams"
+            }
+        ),
+        "{err:?}"
+    );
+    assert_runtime_usable(&rt, test)
+}
+
+fn copy_on_the_legacy_stream(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    rt.context().default_stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+#[cuda_graph(warmup = 1)]
+fn uses_legacy_stream(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    copy_on_the_legacy_stream(rt, x, y)
+}
+
+#[test]
+fn legacy_default_stream_in_the_body_is_refused() -> Result<(), GraphError> {
+    // The capture stream is non-blocking, so the legacy stream does not implicitly wait on
+    // it: depending on the driver this is error 906 or work that escapes the graph (an empty
+    // graph). Either way it must be an error, never a graph that silently lacks the copy.
+    let test = "legacy_default_stream_in_the_body_is_refused";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = UsesLegacyStreamGraph::capture(&rt, &x, 64).unwrap_err();
+    eprintln!("{test}: {err:?}");
+    assert!(
+        matches!(
+            err,
+            GraphError::CaptureImplicit {
+                graph: "uses_legacy_stream"
+            } | GraphError::EmptyGraph {
+                graph: "uses_legacy_stream"
+            }
+        ),
+        "{err:?}"
+    );
+    assert_runtime_usable(&rt, test)
+}
+
+// --- captures do not nest ----------------------------------------------------------------
+
+fn capture_inside(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
+    if is_capturing() {
+        let _inner = PlusTwoGraph::capture(rt, x, x.len())?;
+    }
+    Ok(())
+}
+
+#[cuda_graph(warmup = 1)]
+fn nests(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    capture_inside(rt, x)
+}
+
+#[test]
+fn nested_capture_is_refused() -> Result<(), GraphError> {
+    let test = "nested_capture_is_refused";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = NestsGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::NestedCapture {
+                graph: "plus_two",
+                outer: "nests"
+            }
+        ),
+        "{err:?}"
+    );
+    assert_runtime_usable(&rt, test)
+}
+
+// --- a failing warmup is reported as one ------------------------------------------------
+
+#[cuda_graph(warmup = 3)]
+fn fails_in_warmup(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    if let Phase::Warmup { run: 2, .. } = phase() {
+        return Err(GraphError::User("the second warmup run fails".into()));
+    }
+    add_scalar(rt, x, y, 1.0)
+}
+
+#[test]
+fn failing_warmup_names_the_run() -> Result<(), GraphError> {
+    let test = "failing_warmup_names_the_run";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = FailsInWarmupGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::Warmup {
+                graph: "fails_in_warmup",
+                iteration: 2,
+                warmup: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("warmup run 2 of 3"), "{err}");
+    assert_runtime_usable(&rt, test)
+}

@@ -1,0 +1,387 @@
+//! Graph replay against eager execution on fresh random inputs, several replays, inputs
+//! changed between them: element-wise kernels with a temporary, cuBLAS, state read by
+//! address, warmup accounting, and every kind of input source.
+//!
+//! GPU tests: they skip (printing why) without a driver, and fail instead when
+//! `CUDA_GRAPH_REQUIRE_GPU=1`.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cuda_graphs::kernels::ELEMENTWISE;
+use cuda_graphs::testing::{fresh_rng, max_abs_diff, random_vec, runtime_or_skip};
+use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
+use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use graph_runtime::{cuda_graph, phase, GraphError, Phase, Runtime};
+
+fn grid(n: i32) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n as u32)
+}
+
+/// `y = tanh(w * x + b)`, through a temporary the body allocates (a graph allocation node).
+#[cuda_graph(warmup = 3)]
+fn affine_tanh(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let s = rt.stream();
+    let mut tmp = s.alloc_zeros::<f32>(x.len())?;
+    let (mul, add, tanh) = (
+        rt.function(ELEMENTWISE, "mul")?,
+        rt.function(ELEMENTWISE, "add")?,
+        rt.function(ELEMENTWISE, "tanh_inplace")?,
+    );
+    // SAFETY: every kernel reads and writes exactly `n` floats of buffers that hold `n`.
+    unsafe {
+        s.launch_builder(&mul)
+            .arg(x)
+            .arg(w)
+            .arg(&mut tmp)
+            .arg(&n)
+            .launch(grid(n))?;
+        s.launch_builder(&add)
+            .arg(&tmp)
+            .arg(b)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(grid(n))?;
+        s.launch_builder(&tanh)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(grid(n))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn replay_equals_eager_on_changing_inputs() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("replay_equals_eager_on_changing_inputs") else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng("replay_equals_eager_on_changing_inputs");
+    let n = 4099; // not a multiple of the block size
+    let s = rt.stream().clone();
+    let w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let b = s.clone_htod(&random_vec(&mut rng, n))?;
+    let x0 = s.clone_htod(&random_vec(&mut rng, n))?;
+
+    let mut graph = AffineTanhGraph::capture(&rt, &x0, &w, &b, n)?;
+    assert!(
+        graph.info().nodes >= 3,
+        "three kernels at least: {:?}",
+        graph.info()
+    );
+
+    let mut eager_y = s.alloc_zeros::<f32>(n)?;
+    for replay in 0..6 {
+        let host_x = random_vec(&mut rng, n);
+        let x = s.clone_htod(&host_x)?;
+        // Alternate between the input sources a replay accepts.
+        let out = match replay % 3 {
+            0 => graph.replay(&x)?,
+            1 => graph.replay(&host_x)?,
+            _ => graph.replay(host_x.as_slice())?,
+        };
+        let got = s.clone_dtoh(out.y)?;
+        affine_tanh(&rt, &x, &w, &b, &mut eager_y)?;
+        let want = s.clone_dtoh(&eager_y)?;
+        assert_eq!(got, want, "replay {replay} differs from eager");
+        // And against the host, so that eager itself is right.
+        let (hw, hb) = (s.clone_dtoh(&w)?, s.clone_dtoh(&b)?);
+        let cpu: Vec<f32> = (0..n).map(|i| (hw[i] * host_x[i] + hb[i]).tanh()).collect();
+        assert!(
+            max_abs_diff(&got, &cpu) < 1e-5,
+            "replay {replay} differs from the CPU"
+        );
+    }
+    Ok(())
+}
+
+/// `y = x * w` with mutable state: the test changes `w` between replays.
+#[cuda_graph(warmup = 2)]
+fn scale(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let mul = rt.function(ELEMENTWISE, "mul")?;
+    // SAFETY: reads `n` floats of `x` and `w`, writes `n` of `y`; all hold `n`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&mul)
+            .arg(x)
+            .arg(&*w)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(grid(n))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn state_is_read_by_address() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("state_is_read_by_address") else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng("state_is_read_by_address");
+    let n = 1000;
+    let s = rt.stream().clone();
+    let mut w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let host_x = random_vec(&mut rng, n);
+    let mut graph = ScaleGraph::capture(&rt, &host_x, &mut w, n)?;
+    for round in 0..4 {
+        let host_w = random_vec(&mut rng, n);
+        // The graph lends its state back between replays; it reads it by address.
+        s.memcpy_htod(&host_w, graph.state_mut().w)?;
+        let got = s.clone_dtoh(graph.replay(&host_x)?.y)?;
+        let want: Vec<f32> = host_x.iter().zip(&host_w).map(|(a, b)| a * b).collect();
+        assert_eq!(
+            got, want,
+            "round {round}: the output did not follow the new weights"
+        );
+    }
+    drop(graph);
+    // The borrow has ended: the weights are the caller's again.
+    let _ = s.clone_dtoh(&w)?;
+    Ok(())
+}
+
+static WARMUP_RUNS: AtomicU32 = AtomicU32::new(0);
+static CAPTURE_RUNS: AtomicU32 = AtomicU32::new(0);
+static EAGER_RUNS: AtomicU32 = AtomicU32::new(0);
+static SEEN_STREAM: AtomicUsize = AtomicUsize::new(0);
+static OTHER_STREAM: AtomicU32 = AtomicU32::new(0);
+
+/// Counts its runs per phase and records the stream it is given.
+#[cuda_graph(warmup = 4)]
+fn counted(
+    stream: &Arc<CudaStream>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    match phase() {
+        Phase::Warmup { graph, run } => {
+            assert_eq!(graph, "counted");
+            let before = WARMUP_RUNS.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(run, before + 1, "warmup runs are numbered from 1, in order");
+        }
+        Phase::Capture { graph } => {
+            assert_eq!(graph, "counted");
+            CAPTURE_RUNS.fetch_add(1, Ordering::SeqCst);
+        }
+        Phase::Eager => {
+            EAGER_RUNS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let cu = stream.cu_stream() as usize;
+    if let Err(first) = SEEN_STREAM.compare_exchange(0, cu, Ordering::SeqCst, Ordering::SeqCst) {
+        if first != cu {
+            OTHER_STREAM.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    stream.memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+#[test]
+fn warmup_runs_exactly_n_times_on_the_capture_stream() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("warmup_runs_exactly_n_times_on_the_capture_stream") else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32, 2.0, 3.0])?;
+    let mut graph = CountedGraph::capture(&rt, &x, 3)?;
+    assert_eq!(CountedGraph::WARMUP, 4);
+    assert_eq!(
+        WARMUP_RUNS.load(Ordering::SeqCst),
+        4,
+        "warmup = 4 runs the body 4 times"
+    );
+    assert_eq!(
+        CAPTURE_RUNS.load(Ordering::SeqCst),
+        1,
+        "the body is captured once"
+    );
+    assert_eq!(
+        OTHER_STREAM.load(Ordering::SeqCst),
+        0,
+        "warmup and capture saw one stream"
+    );
+    let seen = SEEN_STREAM.load(Ordering::SeqCst);
+    assert_eq!(
+        seen,
+        rt.stream().cu_stream() as usize,
+        "that stream is the runtime's"
+    );
+    assert_ne!(seen, 0, "never the legacy default stream");
+
+    for v in [4.0f32, 5.0, 6.0] {
+        let out = graph.replay(&[v, v, v])?;
+        assert_eq!(rt.stream().clone_dtoh(out.y)?, vec![v; 3]);
+    }
+    assert_eq!(
+        WARMUP_RUNS.load(Ordering::SeqCst) + CAPTURE_RUNS.load(Ordering::SeqCst),
+        5,
+        "replays do not run the body"
+    );
+    assert_eq!(phase(), Phase::Eager);
+
+    // The function is still an ordinary function.
+    let mut y = rt.stream().alloc_zeros::<f32>(3)?;
+    counted(rt.stream(), &x, &mut y)?;
+    assert_eq!(EAGER_RUNS.load(Ordering::SeqCst), 1);
+    assert_eq!(rt.stream().clone_dtoh(&y)?, vec![1.0, 2.0, 3.0]);
+    Ok(())
+}
+
+/// A linear layer and GELU: `y = gelu(x · wᵀ + b)` for row-major `x: [batch, inp]`,
+/// `w: [out, inp]`, `y: [batch, out]`.
+#[cuda_graph(warmup = 3)]
+fn linear_gelu(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    #[constant] dims: (usize, usize, usize),
+) -> Result<(), GraphError> {
+    let (batch, inp, out) = dims;
+    let mut tmp = rt.stream().alloc_zeros::<f32>(batch * out)?;
+    // Column-major view: tmpᵀ [out, batch] = w [out, inp] (stored as wᵀ col-major) · xᵀ [inp, batch].
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: out as i32,
+        n: batch as i32,
+        k: inp as i32,
+        alpha: 1.0f32,
+        lda: inp as i32,
+        ldb: inp as i32,
+        beta: 0.0f32,
+        ldc: out as i32,
+    };
+    // SAFETY: the dimensions match the buffers' lengths (batch·inp, out·inp, batch·out).
+    unsafe { rt.blas().gemm(cfg, w, x, &mut tmp) }?;
+    let f = rt.function(ELEMENTWISE, "bias_gelu")?;
+    let (rows, cols) = (batch as i32, out as i32);
+    // SAFETY: reads rows·cols floats of `tmp`, cols of `b`; writes rows·cols of `y`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(&tmp)
+            .arg(b)
+            .arg(&mut *y)
+            .arg(&rows)
+            .arg(&cols)
+            .launch(grid(rows * cols))?;
+    }
+    Ok(())
+}
+
+fn gelu(v: f32) -> f32 {
+    0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh())
+}
+
+#[test]
+fn cublas_gemm_inside_the_graph() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("cublas_gemm_inside_the_graph") else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng("cublas_gemm_inside_the_graph");
+    let (batch, inp, out) = (8, 256, 128);
+    let s = rt.stream().clone();
+    let host_w = random_vec(&mut rng, out * inp);
+    let host_b = random_vec(&mut rng, out);
+    let (w, b) = (s.clone_htod(&host_w)?, s.clone_htod(&host_b)?);
+    let x0 = random_vec(&mut rng, batch * inp);
+    let dims = (batch, inp, out);
+    let mut graph = LinearGeluGraph::capture(&rt, &x0, &w, &b, batch * out, dims)?;
+    let mut eager_y = s.alloc_zeros::<f32>(batch * out)?;
+    for replay in 0..5 {
+        let host_x = random_vec(&mut rng, batch * inp);
+        let x = s.clone_htod(&host_x)?;
+        let got = s.clone_dtoh(graph.replay(&x)?.y)?;
+        linear_gelu(&rt, &x, &w, &b, &mut eager_y, dims)?;
+        assert_eq!(
+            got,
+            s.clone_dtoh(&eager_y)?,
+            "replay {replay}: cuBLAS graph differs from eager"
+        );
+        let cpu: Vec<f32> = (0..batch * out)
+            .map(|i| {
+                let (r, c) = (i / out, i % out);
+                let dot: f32 = (0..inp)
+                    .map(|k| host_x[r * inp + k] * host_w[c * inp + k])
+                    .sum();
+                gelu(dot + host_b[c])
+            })
+            .collect();
+        assert!(
+            max_abs_diff(&got, &cpu) < 1e-3,
+            "replay {replay}: differs from the CPU"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn inputs_from_another_stream_are_ordered() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("inputs_from_another_stream_are_ordered") else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng("inputs_from_another_stream_are_ordered");
+    let n = 1 << 20;
+    let s = rt.stream().clone();
+    let w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let b = s.clone_htod(&random_vec(&mut rng, n))?;
+    let x0 = random_vec(&mut rng, n);
+    let mut graph = AffineTanhGraph::capture(&rt, &x0, &w, &b, n)?;
+    let side = rt.context().new_stream()?;
+    let mut eager_y = s.alloc_zeros::<f32>(n)?;
+    for _ in 0..3 {
+        let host_x = random_vec(&mut rng, n);
+        // Written (asynchronously) on the side stream, read by the replay's copy, then freed
+        // on the side stream: the copy must wait for the write and the free for the copy.
+        let x = side.clone_htod(&host_x)?;
+        let got = graph.replay(&x)?.y.clone();
+        drop(x);
+        let got = s.clone_dtoh(&got)?;
+        let x = s.clone_htod(&host_x)?;
+        affine_tanh(&rt, &x, &w, &b, &mut eager_y)?;
+        assert_eq!(got, s.clone_dtoh(&eager_y)?);
+    }
+    Ok(())
+}
+
+#[test]
+fn launch_replays_what_was_written_in_place() -> Result<(), GraphError> {
+    let Some(rt) = runtime_or_skip("launch_replays_what_was_written_in_place") else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng("launch_replays_what_was_written_in_place");
+    let n = 512;
+    let s = rt.stream().clone();
+    let mut w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let mut graph = ScaleGraph::capture(&rt, &vec![0.0f32; n], &mut w, n)?;
+    let host_w = s.clone_dtoh(graph.state_mut().w)?;
+    for _ in 0..3 {
+        let host_x = random_vec(&mut rng, n);
+        s.memcpy_htod(&host_x, graph.inputs_mut().x)?;
+        let got = s.clone_dtoh(graph.launch()?.y)?;
+        let want: Vec<f32> = host_x.iter().zip(&host_w).map(|(a, b)| a * b).collect();
+        assert_eq!(got, want);
+    }
+    Ok(())
+}
+
+#[test]
+fn graphs_are_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<AffineTanhGraph<'static>>();
+    assert_send::<ScaleGraph<'static>>();
+}

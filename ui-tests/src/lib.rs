@@ -1,0 +1,1 @@
+//! trybuild cases live in tests/; this crate has no code of its own.
