@@ -293,9 +293,6 @@ pub(crate) fn capture_graph(
         instantiate_time: Duration::ZERO,
     };
     let built = Graph::instantiate(rt, raw, info)?;
-    if built.info().nodes == 0 {
-        return Err(GraphError::EmptyGraph { graph });
-    }
     tracing::debug!(
         graph,
         nodes = built.info().nodes,

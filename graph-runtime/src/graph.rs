@@ -235,6 +235,9 @@ fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<NodeKinds, GraphErr
     let mut count = 0usize;
     // SAFETY: `raw` is a valid graph; a null array asks only for the count.
     unsafe { sys::cuGraphGetNodes(raw, std::ptr::null_mut(), &mut count) }.result()?;
+    if count == 0 {
+        return Err(GraphError::EmptyGraph { graph });
+    }
     let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
     // SAFETY: `nodes` has room for `count` handles, the number CUDA just reported.
     unsafe { sys::cuGraphGetNodes(raw, nodes.as_mut_ptr(), &mut count) }.result()?;
