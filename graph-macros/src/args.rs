@@ -1,4 +1,5 @@
-//! The attribute's arguments: `#[cuda_graph(warmup = 3, mode = "global", crate = "path")]`.
+//! The attribute's arguments:
+//! `#[cuda_graph(warmup = 3, mode = "global", crate = "path", host_effects_not_replayed)]`.
 
 use proc_macro2::Span;
 use syn::parse::Parser;
@@ -8,7 +9,14 @@ use syn::{Expr, ExprLit, Lit, Meta, Token};
 use crate::ctxt::Ctxt;
 
 /// The keys `#[cuda_graph]` accepts, in the order the error message lists them.
-pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`";
+pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`, `host_effects_not_replayed`";
+
+/// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
+/// consequence: those effects run in the warmup runs and the capture, never on replay.
+pub const HOST_EFFECTS_KEY: &str = "host_effects_not_replayed";
+
+/// Every key, for the unknown-key check and the "did you mean" hint.
+const KEYS: [&str; 4] = ["warmup", "mode", "crate", HOST_EFFECTS_KEY];
 
 /// Warmup runs when the attribute does not say (PyTorch's `make_graphed_callables` uses 3).
 pub const DEFAULT_WARMUP: u32 = 3;
@@ -19,6 +27,8 @@ pub struct GraphArgs {
     pub warmup: Option<(u32, Span)>,
     pub mode: Option<(CaptureMode, Span)>,
     pub krate: Option<syn::Path>,
+    /// `host_effects_not_replayed` was given (and not `= false`).
+    pub host_effects: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,11 +91,13 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             );
             continue;
         };
-        let known = matches!(key.as_str(), "warmup" | "mode" | "crate");
-        if !known {
+        if !KEYS.contains(&key.as_str()) {
             cx.error_spanned_by(
                 meta.path(),
-                format!("unknown `#[cuda_graph]` key `{key}`; expected one of: {VALID_KEYS}"),
+                format!(
+                    "unknown `#[cuda_graph]` key `{key}`; expected one of: {VALID_KEYS}{}",
+                    hint(&key)
+                ),
             );
             continue;
         }
@@ -97,6 +109,10 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             continue;
         }
         seen.push(key.clone());
+        if key == HOST_EFFECTS_KEY {
+            parse_host_effects(&meta, cx, &mut args);
+            continue;
+        }
         let value = match &meta {
             Meta::NameValue(nv) => &nv.value,
             _ => {
@@ -115,6 +131,68 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         }
     }
     args
+}
+
+/// A "did you mean" suffix for an unknown key: a valid key one or two edits away, or the
+/// host-effects opt-in for keys that look like an attempt at it.
+fn hint(key: &str) -> String {
+    let lower = key.to_ascii_lowercase();
+    let about_effects = lower.split('_').any(|part| {
+        ["host", "effect", "print", "log", "println"].iter().any(|w| part.starts_with(w))
+            || part == "io"
+    });
+    if about_effects {
+        return format!(
+            " (to allow printing, logging, I/O, sleeping or clock reads in the body, write \
+             `{HOST_EFFECTS_KEY}`: they then run during warmup and capture, never on replay)"
+        );
+    }
+    KEYS.iter()
+        .filter(|k| edit_distance(&lower, k) <= 2)
+        .min_by_key(|k| edit_distance(&lower, k))
+        .map(|k| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default()
+}
+
+/// Levenshtein distance, for the key hint.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(cur).min(row[j])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn parse_host_effects(meta: &Meta, cx: &mut Ctxt, args: &mut GraphArgs) {
+    match meta {
+        Meta::Path(_) => args.host_effects = true,
+        Meta::NameValue(nv) => match &nv.value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Bool(b), ..
+            }) => args.host_effects = b.value,
+            other => cx.error_spanned_by(
+                other,
+                format!(
+                    "`{HOST_EFFECTS_KEY}` is a flag: write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
+                ),
+            ),
+        },
+        Meta::List(_) => cx.error_spanned_by(
+            meta,
+            format!("`{HOST_EFFECTS_KEY}` is a flag and takes no list: write `{HOST_EFFECTS_KEY}`"),
+        ),
+    }
 }
 
 fn example(key: &str) -> &'static str {

@@ -26,6 +26,11 @@ impl Ctxt {
         self.errors.push(error);
     }
 
+    /// How many errors were recorded so far.
+    pub fn len(&self) -> usize {
+        self.errors.len()
+    }
+
     /// Whether any error was recorded.
     pub fn has_errors(&self) -> bool {
         !self.errors.is_empty()

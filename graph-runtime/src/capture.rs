@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
 use crate::error::GraphError;
-use crate::graph::{Graph, GraphInfo};
+use crate::graph::{Graph, GraphInfo, RngAdvance};
+use crate::rng::RngState;
 use crate::runtime::Runtime;
 
 /// How strictly CUDA polices other CUDA calls while a stream captures.
@@ -73,6 +74,29 @@ pub enum Phase {
 
 thread_local! {
     static PHASE: Cell<Phase> = const { Cell::new(Phase::Eager) };
+    /// The graph whose capture procedure (warmup included) runs on this thread.
+    static PROCEDURE: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Marks the thread as running the capture procedure of one graph, until dropped.
+struct ProcedureScope;
+
+impl ProcedureScope {
+    fn enter(graph: &'static str) -> Result<Self, &'static str> {
+        PROCEDURE.with(|p| match p.get() {
+            Some(outer) => Err(outer),
+            None => {
+                p.set(Some(graph));
+                Ok(ProcedureScope)
+            }
+        })
+    }
+}
+
+impl Drop for ProcedureScope {
+    fn drop(&mut self) {
+        PROCEDURE.with(|p| p.set(None));
+    }
 }
 
 /// The current thread's [`Phase`].
@@ -209,6 +233,33 @@ fn clear_recorded_errors(rt: &Runtime, graph: &'static str) -> Option<DriverErro
     e
 }
 
+/// The eager warmup runs, then a synchronize so that an asynchronous failure is reported as
+/// one, then a check of the errors cudarc recorded meanwhile.
+fn warm_up(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    body: &mut dyn FnMut() -> Result<(), GraphError>,
+) -> Result<(), GraphError> {
+    let graph = site.name;
+    let failed = |iteration: u32, e: GraphError| GraphError::Warmup {
+        graph,
+        iteration,
+        warmup: site.warmup,
+        source: Box::new(e),
+    };
+    for run in 1..=site.warmup {
+        let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
+        body().map_err(|e| failed(run, e))?;
+    }
+    rt.stream()
+        .synchronize()
+        .map_err(|e| failed(site.warmup, e.into()))?;
+    match clear_recorded_errors(rt, graph) {
+        Some(e) => Err(failed(site.warmup, e.into())),
+        None => Ok(()),
+    }
+}
+
 /// Warmup, capture, instantiate and upload `body`. See the module docs.
 pub(crate) fn capture_graph(
     rt: &Runtime,
@@ -216,35 +267,41 @@ pub(crate) fn capture_graph(
     body: &mut dyn FnMut() -> Result<(), GraphError>,
 ) -> Result<Graph, GraphError> {
     let graph = site.name;
-    if let Phase::Capture { graph: outer } = phase() {
-        return Err(GraphError::NestedCapture { graph, outer });
-    }
+    // One capture procedure per thread at a time: a body that captures another graph, during
+    // its warmup or its capture, gets an error instead of a deadlock on the capture lock.
+    let _procedure = match ProcedureScope::enter(graph) {
+        Ok(scope) => scope,
+        Err(outer) => return Err(GraphError::NestedCapture { graph, outer }),
+    };
     let _serial = rt.capture_lock();
 
     let started = Instant::now();
-    for run in 1..=site.warmup {
-        let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
-        body().map_err(|e| GraphError::Warmup {
-            graph,
-            iteration: run,
-            warmup: site.warmup,
-            source: Box::new(e),
-        })?;
+    // Warmup draws random numbers; snapshot every generator first and put them back after,
+    // so that the first replay draws what the first eager call would (see `crate::rng`).
+    let generators = rt.live_generators();
+    let mut saved = Vec::with_capacity(generators.len());
+    let mut offsets_before = Vec::with_capacity(generators.len());
+    for g in &generators {
+        let mut snapshot = RngState::new(rt)?;
+        g.save_state(rt, &mut snapshot)?;
+        saved.push(snapshot);
+        offsets_before.push(g.state(rt)?.1);
     }
-    rt.stream().synchronize().map_err(|e| GraphError::Warmup {
-        graph,
-        iteration: site.warmup,
-        warmup: site.warmup,
-        source: Box::new(e.into()),
-    })?;
-    if let Some(e) = clear_recorded_errors(rt, graph) {
-        return Err(GraphError::Warmup {
-            graph,
-            iteration: site.warmup,
-            warmup: site.warmup,
-            source: Box::new(e.into()),
-        });
+    let warmed = warm_up(rt, site, body);
+    let mut rng = Vec::new();
+    for ((g, snapshot), before) in generators.iter().zip(&saved).zip(offsets_before) {
+        if warmed.is_ok() {
+            let after = g.state(rt)?.1;
+            if after != before {
+                rng.push(RngAdvance {
+                    generator: g.id(),
+                    counters_per_replay: (after - before) / u64::from(site.warmup),
+                });
+            }
+        }
+        g.restore_state(rt, snapshot)?;
     }
+    warmed?;
     let warmup_time = started.elapsed();
 
     let capture_started = Instant::now();
@@ -284,6 +341,7 @@ pub(crate) fn capture_graph(
     }
 
     let info = GraphInfo {
+        rng,
         name: graph,
         nodes: 0,
         kinds: Default::default(),

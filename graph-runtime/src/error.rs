@@ -187,6 +187,37 @@ pub enum GraphError {
         direction: &'static str,
     },
 
+    /// A generator's host-side state accessor was called inside a captured body.
+    #[error(
+        "`{op}` at {location} reads or writes the generator's seed and offset on the host, but it was called \
+         while capturing `{graph}`: it would run once, at capture, and every replay would reuse (or rewind to) \
+         that value. Fix: inside a graph use `{instead}`, which copies the state on the device each replay"
+    )]
+    RngHostStateInCapture {
+        /// The refused operation.
+        op: &'static str,
+        /// The graph-safe operation to use instead.
+        instead: &'static str,
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the operation was called from.
+        location: &'static Location<'static>,
+    },
+
+    /// A generator was created inside a captured body.
+    #[error(
+        "a random generator was created at {location} while capturing `{graph}`: its seed would be written \
+         once, at capture, and every replay would start it from that seed again, drawing the same numbers. \
+         Fix: create generators before capture (`rt.generator(seed)`, or use `rt.rng()`) and pass them in as \
+         `#[state]` or reach them through the runtime"
+    )]
+    GeneratorInCapture {
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the generator was created.
+        location: &'static Location<'static>,
+    },
+
     /// The body returned without putting any GPU work on the runtime's stream.
     #[error(
         "capturing `{graph}` recorded no GPU work: the body did not launch anything on the runtime's stream. \
@@ -402,7 +433,12 @@ impl GraphError {
                 },
             },
             e if e.capture_code().is_some() => e,
-            e @ (GraphError::NestedCapture { .. } | GraphError::EmptyGraph { .. }) => e,
+            // Already about this capture, in the user's terms: pass them through unwrapped.
+            e @ (GraphError::NestedCapture { .. }
+            | GraphError::EmptyGraph { .. }
+            | GraphError::PageableCopyCaptured { .. }
+            | GraphError::RngHostStateInCapture { .. }
+            | GraphError::GeneratorInCapture { .. }) => e,
             other => GraphError::Body {
                 graph,
                 source: Box::new(other),

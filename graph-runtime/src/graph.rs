@@ -26,6 +26,18 @@ pub struct GraphInfo {
     pub capture_time: Duration,
     /// Time to instantiate and upload the graph.
     pub instantiate_time: Duration,
+    /// How far each replay moves the generators the body draws from (measured on the
+    /// warmup runs; the graph itself moves them on the device).
+    pub rng: Vec<RngAdvance>,
+}
+
+/// How far one replay moves one generator, in Philox counters (4 values each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RngAdvance {
+    /// [`Generator::id`](crate::Generator::id) of the generator.
+    pub generator: u64,
+    /// Counters consumed per replay.
+    pub counters_per_replay: u64,
 }
 
 /// How many nodes of each kind a captured graph holds.

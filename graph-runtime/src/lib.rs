@@ -81,6 +81,7 @@ mod buffer;
 mod capture;
 mod error;
 mod graph;
+pub mod rng;
 mod runtime;
 
 #[doc(hidden)]
@@ -89,7 +90,8 @@ pub mod __private;
 pub use buffer::{InputSource, StaticBuffer};
 pub use capture::{ensure_not_capturing, is_capturing, phase, CaptureMode, GraphSite, Phase};
 pub use error::{BoxError, GraphError};
-pub use graph::{Graph, GraphInfo, NodeKinds, Staging};
+pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance, Staging};
+pub use rng::{Generator, RngState};
 pub use runtime::{driver_available, Runtime, CUBLAS_WORKSPACE_BYTES};
 
 use std::sync::Arc;

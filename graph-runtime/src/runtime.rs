@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
@@ -11,6 +11,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use crate::capture;
 use crate::error::GraphError;
+use crate::rng::{Generator, GeneratorInner, DEFAULT_SEED};
 
 /// Bytes of cuBLAS workspace the runtime sets up front. cuBLAS otherwise allocates its
 /// workspace lazily, which is not allowed while a stream is capturing; NVIDIA recommends
@@ -44,9 +45,12 @@ pub struct Runtime {
     kernels: Mutex<HashMap<SourceKey, LoadedModule>>,
     capture_lock: Mutex<()>,
     gate: Arc<StreamGate>,
+    rng: Generator,
+    generators: Mutex<Vec<Weak<GeneratorInner>>>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     compute_capability: (i32, i32),
+    multiprocessors: u32,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -134,6 +138,9 @@ impl Runtime {
             .result()?;
         }
         let compute_capability = ctx.compute_capability()?;
+        let multiprocessors = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32;
         stream.synchronize()?;
         tracing::debug!(
             ordinal,
@@ -141,15 +148,19 @@ impl Runtime {
             ?compute_capability,
             "cuda-graph runtime ready"
         );
+        let rng = Generator::create(&stream, DEFAULT_SEED)?;
         Ok(Runtime {
             blas,
             _blas_workspace: workspace,
             kernels: Mutex::new(HashMap::new()),
             capture_lock: Mutex::new(()),
             gate: Arc::new(StreamGate::default()),
+            generators: Mutex::new(vec![rng.downgrade()]),
+            rng,
             stream,
             ctx,
             compute_capability,
+            multiprocessors,
         })
     }
 
@@ -204,6 +215,45 @@ impl Runtime {
             })?;
         entry.functions.insert(name.to_owned(), f.clone());
         Ok(f)
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    /// The runtime's default random generator (seed [`DEFAULT_SEED`](crate::rng::DEFAULT_SEED)).
+    /// Every graph may draw from it with no registration; see [`crate::rng`].
+    pub fn rng(&self) -> &Generator {
+        &self.rng
+    }
+
+    /// A new random generator starting at `seed`, offset 0. The runtime remembers it so that
+    /// warmup runs before a capture can be undone for it too (see [`crate::rng`]).
+    ///
+    /// Inside a captured body this is refused with [`GraphError::GeneratorInCapture`].
+    #[track_caller]
+    pub fn generator(&self, seed: u64) -> Result<Generator, GraphError> {
+        if let crate::capture::Phase::Capture { graph } = crate::capture::phase() {
+            return Err(GraphError::GeneratorInCapture {
+                graph,
+                location: Location::caller(),
+            });
+        }
+        let g = Generator::create(&self.stream, seed)?;
+        let mut all = self.generators.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(g.downgrade());
+        Ok(g)
+    }
+
+    /// Every generator created from this runtime that is still alive.
+    pub(crate) fn live_generators(&self) -> Vec<Generator> {
+        let all = self.generators.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .map(Generator::from_inner)
+            .collect()
     }
 
     /// Waits until all work queued on [`Runtime::stream`] has finished.
