@@ -515,3 +515,204 @@ fn failing_warmup_names_the_run() -> Result<(), GraphError> {
     assert!(err.to_string().contains("warmup run 2 of 3"), "{err}");
     assert_runtime_usable(&rt, test)
 }
+
+// --- the scoped fork/join: a parallel branch that always rejoins the capture ------------
+
+fn add_scalar_on(
+    stream: &Arc<CudaStream>,
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    a: f32,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let f = rt.function(ELEMENTWISE, "add_scalar")?;
+    // SAFETY: reads `n` floats of `x`, writes `n` of `y`; both hold `n`.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&a)
+            .arg(&n)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    Ok(())
+}
+
+fn add_into(
+    rt: &Runtime,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let n = a.len() as i32;
+    let f = rt.function(ELEMENTWISE, "add")?;
+    // SAFETY: reads `n` floats of `a` and `b`, writes `n` of `c`; all hold `n`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(a)
+            .arg(b)
+            .arg(&mut *c)
+            .arg(&n)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    Ok(())
+}
+
+/// `a = x + 1` on a side stream while `b = x + 2` runs on the runtime's stream, then
+/// `c = a + b` on the runtime's stream after the join.
+#[cuda_graph(warmup = 2)]
+fn forked_branches(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    a: &mut CudaSlice<f32>,
+    b: &mut CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    rt.fork(|side| {
+        add_scalar_on(side, rt, x, a, 1.0)?;
+        add_scalar(rt, x, b, 2.0)
+    })?;
+    add_into(rt, a, b, c)
+}
+
+#[test]
+fn fork_join_records_a_parallel_branch_and_replays_like_eager() -> Result<(), GraphError> {
+    let test = "fork_join_records_a_parallel_branch_and_replays_like_eager";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng(test);
+    let n = 1000;
+    let s = rt.stream().clone();
+    let mut graph = ForkedBranchesGraph::capture(&rt, &random_vec(&mut rng, n), n, n, n)?;
+    assert!(
+        graph.info().kinds.kernels >= 3,
+        "both branches and the join are in the graph: {:?}",
+        graph.info()
+    );
+    let (mut ea, mut eb, mut ec) = (
+        s.alloc_zeros::<f32>(n)?,
+        s.alloc_zeros::<f32>(n)?,
+        s.alloc_zeros::<f32>(n)?,
+    );
+    for replay in 0..4 {
+        let host = random_vec(&mut rng, n);
+        let out = graph.replay(&host)?;
+        let (ga, gb, gc) = (
+            s.clone_dtoh(out.a)?,
+            s.clone_dtoh(out.b)?,
+            s.clone_dtoh(out.c)?,
+        );
+        let x = s.clone_htod(&host)?;
+        forked_branches(&rt, &x, &mut ea, &mut eb, &mut ec)?; // eager, same fork
+        assert_eq!(ga, s.clone_dtoh(&ea)?, "replay {replay}: side branch");
+        assert_eq!(gb, s.clone_dtoh(&eb)?, "replay {replay}: main branch");
+        assert_eq!(gc, s.clone_dtoh(&ec)?, "replay {replay}: after the join");
+        let want: Vec<f32> = host.iter().map(|v| (v + 1.0) + (v + 2.0)).collect();
+        assert_eq!(gc, want, "replay {replay}: against the CPU");
+    }
+    assert_runtime_usable(&rt, test)
+}
+
+/// The side branch queues a kernel and then fails; the body handles the error. The join
+/// must still happen: without it the capture would end with unjoined work (CUDA error 904).
+#[cuda_graph(warmup = 1)]
+fn fork_error_handled(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let side = rt.fork(|side| {
+        add_scalar_on(side, rt, x, y, 3.0)?;
+        Err::<(), _>(GraphError::User(
+            "the side branch gives up after its kernel".into(),
+        ))
+    });
+    if side.is_ok() {
+        return Err(GraphError::User(
+            "the side branch was expected to fail".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn fork_rejoins_when_the_side_branch_fails() -> Result<(), GraphError> {
+    let test = "fork_rejoins_when_the_side_branch_fails";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let mut rng = fresh_rng(test);
+    let mut graph = ForkErrorHandledGraph::capture(&rt, &random_vec(&mut rng, 256), 256)?;
+    for _ in 0..3 {
+        let host = random_vec(&mut rng, 256);
+        let got = rt.stream().clone_dtoh(graph.replay(&host)?.y)?;
+        let want: Vec<f32> = host.iter().map(|v| v + 3.0).collect();
+        assert_eq!(got, want, "the side kernel is in the graph");
+    }
+    drop(graph);
+    assert_runtime_usable(&rt, test)
+}
+
+/// Forks only while capturing, so no side stream was made before the capture.
+#[cuda_graph(warmup = 1)]
+fn forks_only_while_capturing(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    add_scalar(rt, x, y, 1.0)?;
+    if is_capturing() {
+        rt.fork(|side| add_scalar_on(side, rt, x, y, 1.0))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn fork_that_would_create_a_stream_in_capture_is_refused() -> Result<(), GraphError> {
+    let test = "fork_that_would_create_a_stream_in_capture_is_refused";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let x = rt.stream().clone_htod(&[1.0f32; 64])?;
+    let err = ForksOnlyWhileCapturingGraph::capture(&rt, &x, 64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::SideStreamInCapture {
+                graph: "forks_only_while_capturing",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.capture_code(), Some(900));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("needs a side stream") && msg.contains("capture_failures.rs"),
+        "{msg}"
+    );
+    assert_runtime_usable(&rt, test)
+}
+
+#[test]
+fn fork_reuses_its_side_stream_and_nests_on_another() -> Result<(), GraphError> {
+    let test = "fork_reuses_its_side_stream_and_nests_on_another";
+    let Some(rt) = runtime_or_skip(test) else {
+        return Ok(());
+    };
+    let first = rt.fork(|side| Ok(side.cu_stream() as usize))?;
+    let again = rt.fork(|side| Ok(side.cu_stream() as usize))?;
+    assert_eq!(first, again, "one side stream, created once and reused");
+    assert_ne!(first, rt.stream().cu_stream() as usize);
+    let (outer, inner) = rt.fork(|outer| {
+        let inner = rt.fork(|inner| Ok(inner.cu_stream() as usize))?;
+        Ok((outer.cu_stream() as usize, inner))
+    })?;
+    assert_eq!(outer, first);
+    assert_ne!(inner, outer, "a nested fork gets a stream of its own");
+    Ok(())
+}

@@ -9,14 +9,14 @@ use syn::{Expr, ExprLit, Lit, Meta, Token};
 use crate::ctxt::Ctxt;
 
 /// The keys `#[cuda_graph]` accepts, in the order the error message lists them.
-pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`, `host_effects_not_replayed`";
+pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`, `host_effects_not_replayed`, `buckets`";
 
 /// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
 /// consequence: those effects run in the warmup runs and the capture, never on replay.
 pub const HOST_EFFECTS_KEY: &str = "host_effects_not_replayed";
 
 /// Every key, for the unknown-key check and the "did you mean" hint.
-const KEYS: [&str; 4] = ["warmup", "mode", "crate", HOST_EFFECTS_KEY];
+const KEYS: [&str; 5] = ["warmup", "mode", "crate", HOST_EFFECTS_KEY, "buckets"];
 
 /// Warmup runs when the attribute does not say (PyTorch's `make_graphed_callables` uses 3).
 pub const DEFAULT_WARMUP: u32 = 3;
@@ -29,6 +29,8 @@ pub struct GraphArgs {
     pub krate: Option<syn::Path>,
     /// `host_effects_not_replayed` was given (and not `= false`).
     pub host_effects: bool,
+    /// `buckets(batch = [...])`: one graph per batch size.
+    pub buckets: Option<crate::buckets::BucketArgs>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +115,16 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             parse_host_effects(&meta, cx, &mut args);
             continue;
         }
+        if key == "buckets" {
+            match &meta {
+                Meta::List(list) => args.buckets = crate::buckets::parse(list, cx),
+                _ => cx.error_spanned_by(
+                    &meta,
+                    "`buckets` takes a list: `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter",
+                ),
+            }
+            continue;
+        }
         let value = match &meta {
             Meta::NameValue(nv) => &nv.value,
             _ => {
@@ -138,7 +150,9 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
 fn hint(key: &str) -> String {
     let lower = key.to_ascii_lowercase();
     let about_effects = lower.split('_').any(|part| {
-        ["host", "effect", "print", "log", "println"].iter().any(|w| part.starts_with(w))
+        ["host", "effect", "print", "log", "println"]
+            .iter()
+            .any(|w| part.starts_with(w))
             || part == "io"
     });
     if about_effects {
@@ -333,6 +347,51 @@ mod tests {
         assert!(errors[3].contains("`warmup` set multiple times"));
         assert!(errors[4].contains("`mode` set multiple times"));
         assert_eq!(args.warmup(), DEFAULT_WARMUP);
+    }
+
+    #[test]
+    fn host_effects_opt_in() {
+        let (args, errors) = parse_str(quote!());
+        assert!(errors.is_empty() && !args.host_effects);
+        let (args, errors) = parse_str(quote!(warmup = 2, host_effects_not_replayed));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.host_effects);
+        let (args, errors) = parse_str(quote!(host_effects_not_replayed = true));
+        assert!(errors.is_empty() && args.host_effects, "{errors:?}");
+        let (args, errors) = parse_str(quote!(host_effects_not_replayed = false));
+        assert!(errors.is_empty() && !args.host_effects, "{errors:?}");
+        let (_, errors) = parse_str(quote!(host_effects_not_replayed = "yes"));
+        assert!(errors[0].contains("is a flag"), "{errors:?}");
+        let (_, errors) = parse_str(quote!(host_effects_not_replayed(print)));
+        assert!(errors[0].contains("takes no list"), "{errors:?}");
+        let (_, errors) = parse_str(quote!(host_effects_not_replayed, host_effects_not_replayed));
+        assert!(errors[0].contains("set multiple times"), "{errors:?}");
+    }
+
+    #[test]
+    fn unknown_keys_get_a_hint() {
+        let (_, errors) = parse_str(quote!(warmups = 3));
+        assert!(
+            errors[0].ends_with("(did you mean `warmup`?)"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse_str(quote!(allow_host_effects));
+        assert!(
+            errors[0].contains("write `host_effects_not_replayed`"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse_str(quote!(allow_println = true));
+        assert!(
+            errors[0].contains("write `host_effects_not_replayed`"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse_str(quote!(pool = "shared"));
+        assert!(
+            errors[0].ends_with(VALID_KEYS),
+            "no hint for a far key: {errors:?}"
+        );
+        assert_eq!(edit_distance("mdoe", "mode"), 2);
+        assert_eq!(edit_distance("", "crate"), 5);
     }
 
     #[test]

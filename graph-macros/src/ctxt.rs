@@ -27,7 +27,7 @@ impl Ctxt {
     }
 
     /// How many errors were recorded so far.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.errors.len()
     }
 

@@ -31,18 +31,42 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let args = args::parse(args, &mut cx);
     check::check_body(&item, &args, &mut cx);
-    let model = model::analyze(item, &mut cx);
-    if cx.has_errors() {
-        return fallback(&model.item, &cx);
+    let before = cx.count();
+    let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
+    let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
+    let signature_ok = cx.count() == before;
+    if !cx.has_errors() {
+        return expand(&model, &args);
     }
-    expand(&model, &args)
+    if signature_ok {
+        // Only the body or the arguments are wrong: emit the graph type anyway (with the
+        // default for any invalid argument), so that code using it does not add errors of
+        // its own to the ones that matter.
+        let mut out = expand(&model, &args);
+        out.extend(cx.to_compile_errors());
+        return out;
+    }
+    fallback(&model.item, &cx)
 }
 
-/// On error: the user's function (so the rest of the crate and the IDE keep working) and
-/// every error.
+/// On a signature error: the user's function (so the rest of the crate and the IDE keep
+/// working) and every error.
 fn fallback(item: &ItemFn, cx: &Ctxt) -> TokenStream {
     let errors = cx.to_compile_errors();
     quote!(#item #errors)
+}
+
+/// The `GraphSite` literal of the function: its name, warmup count and capture mode.
+fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
+    let krate = args.krate();
+    let name = model.item.sig.ident.to_string();
+    let warmup = args.warmup();
+    let mode = Ident::new(args.mode().variant(), Span::call_site());
+    quote!(#krate::__private::GraphSite {
+        name: #name,
+        warmup: #warmup,
+        mode: #krate::__private::CaptureMode::#mode,
+    })
 }
 
 /// `scale_add` → `ScaleAdd`.
@@ -61,6 +85,14 @@ pub fn camel(ident: &Ident) -> String {
 }
 
 fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
+    if let Some(buckets) = &args.buckets {
+        let krate = args.krate();
+        let item = &model.item;
+        let base = camel(&item.sig.ident);
+        let site = site_tokens(model, args);
+        let family = crate::buckets::expand(model, &krate, site, buckets, &base);
+        return quote!(#item #family);
+    }
     let krate = args.krate();
     let pr = quote!(#krate::__private);
     let item = &model.item;
@@ -73,7 +105,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let outputs_ty = format_ident!("{}Outputs", base, span = fn_ident.span());
     let state_ty = format_ident!("{}State", base, span = fn_ident.span());
     let warmup = args.warmup();
-    let mode = Ident::new(args.mode().variant(), Span::call_site());
+    let site = site_tokens(model, args);
     let ctx_ty = &model.context.as_ref().expect("checked by analyze").ty;
 
     let inputs: Vec<_> = model.of(|r| r == Role::Input).collect();
@@ -108,7 +140,8 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
             Role::Output => quote!(#i: <#t as #pr::StaticBuffer>::Shape),
             Role::State { mutable: true } => quote!(#i: &'s mut #t),
             Role::State { mutable: false } => quote!(#i: &'s #t),
-            Role::Constant => quote!(#i: #t),
+            // Only bucket families have a batch parameter; they are expanded elsewhere.
+            Role::Constant | Role::Bucket => quote!(#i: #t),
         }
     });
     let capture_generics = model
@@ -124,16 +157,24 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let stage = model.params.iter().enumerate().filter_map(|(n, p)| {
         let (i, t) = (&p.ident, &p.ty);
         let local = local(n);
+        let name = i.to_string();
         match p.role {
             Role::Input => Some(quote_spanned!(t.span()=>
-                let #local: #t = #pr::stage_input::<#t, _>(rt, #i)?;
+                let #local: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
             )),
             Role::Output => Some(quote_spanned!(t.span()=>
-                let mut #local: #t = <#t as #pr::StaticBuffer>::alloc_static(rt, #i)?;
+                let mut #local: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
             )),
             _ => None,
         }
     });
+    let static_locals: Vec<Ident> = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.role, Role::Input | Role::Output))
+        .map(|(n, _)| local(n))
+        .collect();
     let call_args = model.params.iter().enumerate().map(|(n, p)| {
         let i = &p.ident;
         let local = local(n);
@@ -142,7 +183,9 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
             Role::Output => quote!(&mut #local),
             Role::State { mutable: true } => quote!(&mut *#i),
             Role::State { mutable: false } => quote!(#i),
-            Role::Constant => quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#i)),
+            Role::Constant | Role::Bucket => {
+                quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#i))
+            }
         }
     });
     let init_fields = model
@@ -241,7 +284,6 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
                       runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape is \
                       checked before anything is queued: a mismatch is [`GraphError::InputShape`] and launches \
                       nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape";
-    let site_name = fn_name.clone();
     let graph_name = graph_ty.to_string();
 
     quote! {
@@ -295,11 +337,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
             pub const WARMUP: u32 = #warmup;
 
             fn __site() -> &'static #pr::GraphSite {
-                static SITE: #pr::GraphSite = #pr::GraphSite {
-                    name: #site_name,
-                    warmup: #warmup,
-                    mode: #pr::CaptureMode::#mode,
-                };
+                static SITE: #pr::GraphSite = #site;
                 &SITE
             }
 
@@ -311,10 +349,11 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
             ) -> ::core::result::Result<Self, #krate::GraphError> {
                 let __site = Self::__site();
                 #(#stage)*
+                let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
                 let __graph = {
                     let __ctx = #ctx_call;
                     let mut __body = || #body_result(#fn_ident(__ctx, #(#call_args),*));
-                    #pr::capture(rt, __site, &mut __body)?
+                    #pr::capture(rt, __site, __static_bytes, &mut __body)?
                 };
                 ::core::result::Result::Ok(Self {
                     __graph,

@@ -25,8 +25,12 @@ pub const ROLE_ATTRS: [&str; 4] = ["input", "output", "state", "constant"];
 pub enum Role {
     Input,
     Output,
-    State { mutable: bool },
+    State {
+        mutable: bool,
+    },
     Constant,
+    /// The batch parameter of a bucket family (`buckets(batch = [...])`).
+    Bucket,
 }
 
 pub struct Param {
@@ -76,7 +80,7 @@ pub fn strip_role_attrs(item: &mut ItemFn) -> Vec<Vec<Attribute>> {
 }
 
 /// Builds the model, recording every signature problem in `cx`.
-pub fn analyze(mut item: ItemFn, cx: &mut Ctxt) -> GraphFn {
+pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     let role_attrs = strip_role_attrs(&mut item);
     check_signature(&item, cx);
 
@@ -90,7 +94,15 @@ pub fn analyze(mut item: ItemFn, cx: &mut Ctxt) -> GraphFn {
              `rt: &Runtime` or `stream: &Arc<CudaStream>`: the graph passes its own runtime there so that \
              the body's GPU work lands on the capture stream",
         ),
-        Some((FnArg::Receiver(_), _)) => {} // reported by check_signature
+        Some((FnArg::Receiver(_), _)) => {
+            // Reported by check_signature; the other parameters of a method are not
+            // classified, their roles would only add noise to that one error.
+            return GraphFn {
+                item,
+                context,
+                params,
+            };
+        }
         Some((FnArg::Typed(first), roles)) => {
             for a in &roles {
                 cx.error_spanned_by(
@@ -116,8 +128,43 @@ pub fn analyze(mut item: ItemFn, cx: &mut Ctxt) -> GraphFn {
         let Some(ident) = binding_ident(&pt.pat, cx) else {
             continue;
         };
+        if ident == "rt" {
+            cx.error_spanned_by(
+                &ident,
+                "parameter `rt` clashes with the first parameter of the generated `capture(rt: &Runtime, …)`, \
+                 which passes the runtime; rename this parameter",
+            );
+            continue;
+        }
+        if bucket == Some(&ident) {
+            if let Some(param) = classify_bucket(ident, &pt.ty, &roles, cx) {
+                params.push(param);
+            }
+            continue;
+        }
         if let Some(param) = classify(ident, &pt.ty, &roles, cx) {
             params.push(param);
+        }
+    }
+    if let Some(b) = bucket {
+        if !params.iter().any(|p| p.role == Role::Bucket) && context.is_some() {
+            cx.error_spanned_by(
+                b,
+                format!(
+                    "`buckets({b} = …)` names a parameter `{b}` that the function does not have; add `{b}: usize`, \
+                     which receives each bucket's batch size"
+                ),
+            );
+        }
+        if params.iter().any(|p| p.role == Role::Bucket)
+            && !params
+                .iter()
+                .any(|p| matches!(p.role, Role::Input | Role::Output))
+        {
+            cx.error_spanned_by(
+                b,
+                "a bucket family needs at least one input or output batched along `batch` rows",
+            );
         }
     }
     GraphFn {
@@ -125,6 +172,32 @@ pub fn analyze(mut item: ItemFn, cx: &mut Ctxt) -> GraphFn {
         context,
         params,
     }
+}
+
+/// The batch parameter of a bucket family: a by-value integer without a role attribute.
+fn classify_bucket(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Option<Param> {
+    if let Some(a) = roles.first() {
+        cx.error_spanned_by(
+            a,
+            format!("`{ident}` is the batch parameter named in `buckets(…)`; it takes no role attribute"),
+        );
+        return None;
+    }
+    let is_integer = matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.get_ident().is_some_and(|i| {
+        ["usize", "u32", "u64", "i32", "i64", "isize", "u16", "i16"].contains(&i.to_string().as_str())
+    }));
+    if !is_integer {
+        cx.error_spanned_by(
+            ty,
+            format!("the batch parameter `{ident}` must be an integer passed by value, e.g. `{ident}: usize`"),
+        );
+        return None;
+    }
+    Some(Param {
+        ident,
+        role: Role::Bucket,
+        ty: ty.clone(),
+    })
 }
 
 fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
@@ -139,7 +212,8 @@ fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
     if let Some(t) = &sig.constness {
         cx.error_spanned_by(
             t,
-            "`#[cuda_graph]` cannot be put on a `const fn`: GPU work runs at run time",
+            "`#[cuda_graph]` cannot be put on a `const fn`: a graph records GPU work, which only exists at run \
+             time; remove `const`",
         );
     }
     if let Some(t) = &sig.unsafety {
@@ -152,7 +226,9 @@ fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
     if let Some(abi) = &sig.abi {
         cx.error_spanned_by(
             abi,
-            "`#[cuda_graph]` requires a Rust fn, without an `extern` ABI",
+            "`#[cuda_graph]` requires a Rust fn, without an `extern` ABI: the generated graph type calls it as \
+             one; remove the ABI, and call the graph's `replay` from an `extern` function of your own if C must \
+             reach it",
         );
     }
     if let Some(v) = &sig.variadic {
@@ -260,12 +336,14 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
             );
             return None;
         }
-        (Some((_, span)), None) => {
+        (Some((role, span)), None) => {
+            let ty_text = ty.to_token_stream().to_string().replace(' ', "");
             cx.error_at(
                 span,
                 format!(
                     "parameter `{ident}` is passed by value, so it can only be a `#[constant]`: inputs, outputs \
-                     and state are device buffers passed by reference"
+                     and state are device buffers passed by reference; write `#[{role}] {ident}: &{ty_text}` \
+                     (or `&mut` for state the graph updates)"
                 ),
             );
             return None;
@@ -290,6 +368,36 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         (Role::Constant, _) | (_, None) => ty.clone(),
         (_, Some((_, elem))) => elem,
     };
+    if matches!(role, Role::Input | Role::Output) {
+        if let Some(elem) = host_element(&ty) {
+            let (what, fix) = if role == Role::Input {
+                (
+                    "input",
+                    format!(
+                        "declare it as a device buffer, `{ident}: &CudaSlice<{elem}>`: `replay` still accepts host data \
+                         (`graph.replay(&host_vec)`) and copies it in"
+                    ),
+                )
+            } else {
+                (
+                    "output",
+                    format!(
+                        "declare it as a device buffer, `{ident}: &mut CudaSlice<{elem}>`, and copy it to the host \
+                         after `replay()` returns (`stream.clone_dtoh(out.{ident})`)"
+                    ),
+                )
+            };
+            cx.error_spanned_by(
+                &ty,
+                format!(
+                    "{what} `{ident}` is host memory (`{}`), but a graph's inputs and outputs are device buffers \
+                     the graph owns at fixed addresses; {fix}",
+                    ty.to_token_stream().to_string().replace(' ', "")
+                ),
+            );
+            return None;
+        }
+    }
     if role != Role::Constant {
         if let Some(span) = first_lifetime(&ty) {
             cx.error_at(
@@ -311,6 +419,41 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         return None;
     }
     Some(Param { ident, role, ty })
+}
+
+/// The element type of a host buffer type (`Vec<T>`, `[T]`, `[T; N]`, `Box<[T]>`) or of a
+/// scalar (`f32`): types a user may write for an input or output that can only be host
+/// memory.
+fn host_element(ty: &Type) -> Option<String> {
+    const SCALARS: [&str; 14] = [
+        "f32", "f64", "i8", "i16", "i32", "i64", "isize", "u8", "u16", "u32", "u64", "usize",
+        "bool", "char",
+    ];
+    let text = |t: &Type| t.to_token_stream().to_string().replace(' ', "");
+    match ty {
+        Type::Slice(s) => Some(text(&s.elem)),
+        Type::Array(a) => Some(text(&a.elem)),
+        Type::Paren(p) => host_element(&p.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            let last = p.path.segments.last()?;
+            let name = last.ident.to_string();
+            if SCALARS.contains(&name.as_str()) && p.path.segments.len() == 1 {
+                return Some(name);
+            }
+            let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            let Some(syn::GenericArgument::Type(inner)) = args.args.first() else {
+                return None;
+            };
+            match name.as_str() {
+                "Vec" | "VecDeque" => Some(text(inner)),
+                "Box" => host_element(inner),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 fn first_lifetime(ty: &Type) -> Option<Span> {

@@ -4,6 +4,7 @@
 //! change in any release without notice. Write against the types re-exported at the crate
 //! root instead.
 
+pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Pick};
 pub use crate::buffer::{InputSource, StaticBuffer};
 pub use crate::capture::{CaptureMode, GraphSite};
 pub use crate::error::{BoxError, GraphError};
@@ -19,9 +20,10 @@ use cudarc::driver::DriverError;
 pub fn capture(
     rt: &Runtime,
     site: &'static GraphSite,
+    static_bytes: usize,
     body: &mut dyn FnMut() -> Result<(), GraphError>,
 ) -> Result<Graph, GraphError> {
-    crate::capture::capture_graph(rt, site, body)
+    crate::capture::capture_graph(rt, site, static_bytes, body)
 }
 
 /// Compares a replay input's shape with its static buffer before anything is queued.
@@ -35,12 +37,36 @@ pub fn check_shape<B: StaticBuffer, S: InputSource<B> + ?Sized>(
     crate::buffer::check_shape(site.name, input, dst, src)
 }
 
+/// Allocates a zeroed static buffer of `shape` for graph `site` (capture only); out of
+/// memory names the graph, the buffer and its size.
+pub fn alloc_static<B: StaticBuffer>(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    name: &'static str,
+    shape: B::Shape,
+) -> Result<B, GraphError> {
+    B::alloc_static(rt, shape).map_err(|e| {
+        e.with_oom_context(
+            rt,
+            || format!("allocating the static buffer `{name}` of `{}`", site.name),
+            Some(B::bytes_for(shape)),
+        )
+    })
+}
+
+/// Bytes a static buffer takes, for the graph's memory report.
+pub fn static_bytes<B: StaticBuffer>(b: &B) -> usize {
+    B::bytes_for(b.shape())
+}
+
 /// Allocates a static buffer shaped like `src` and copies `src` into it (capture only).
 pub fn stage_input<B: StaticBuffer, S: InputSource<B> + ?Sized>(
     rt: &Runtime,
+    site: &'static GraphSite,
+    name: &'static str,
     src: &S,
 ) -> Result<B, GraphError> {
-    let mut dst = B::alloc_static(rt, src.shape())?;
+    let mut dst = alloc_static::<B>(rt, site, name, src.shape())?;
     crate::graph::copy_outside_replay(rt, src, &mut dst)?;
     Ok(dst)
 }

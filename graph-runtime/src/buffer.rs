@@ -27,6 +27,9 @@ pub trait StaticBuffer: Sized {
 
     /// Allocates a zero-filled buffer of `shape` on the runtime's stream.
     fn alloc_static(rt: &Runtime, shape: Self::Shape) -> Result<Self, GraphError>;
+
+    /// Bytes of device memory a buffer of `shape` takes.
+    fn bytes_for(shape: Self::Shape) -> usize;
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits> StaticBuffer for CudaSlice<T> {
@@ -38,6 +41,10 @@ impl<T: DeviceRepr + ValidAsZeroBits> StaticBuffer for CudaSlice<T> {
 
     fn alloc_static(rt: &Runtime, len: usize) -> Result<Self, GraphError> {
         Ok(rt.stream().alloc_zeros::<T>(len)?)
+    }
+
+    fn bytes_for(len: usize) -> usize {
+        len.saturating_mul(std::mem::size_of::<T>())
     }
 }
 

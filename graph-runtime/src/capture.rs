@@ -264,6 +264,7 @@ fn warm_up(
 pub(crate) fn capture_graph(
     rt: &Runtime,
     site: &'static GraphSite,
+    static_bytes: usize,
     body: &mut dyn FnMut() -> Result<(), GraphError>,
 ) -> Result<Graph, GraphError> {
     let graph = site.name;
@@ -287,7 +288,17 @@ pub(crate) fn capture_graph(
         saved.push(snapshot);
         offsets_before.push(g.state(rt)?.1);
     }
-    let warmed = warm_up(rt, site, body);
+    let warmed = warm_up(rt, site, body).map_err(|e| {
+        let run = match &e {
+            GraphError::Warmup { iteration, .. } => *iteration,
+            _ => 1,
+        };
+        e.with_oom_context(
+            rt,
+            || format!("warmup run {run} of `{graph}` (the body's own allocations)"),
+            None,
+        )
+    });
     let mut rng = Vec::new();
     for ((g, snapshot), before) in generators.iter().zip(&saved).zip(offsets_before) {
         if warmed.is_ok() {
@@ -342,6 +353,8 @@ pub(crate) fn capture_graph(
 
     let info = GraphInfo {
         rng,
+        temp_bytes: 0,
+        static_bytes,
         name: graph,
         nodes: 0,
         kinds: Default::default(),
@@ -354,6 +367,8 @@ pub(crate) fn capture_graph(
     tracing::debug!(
         graph,
         nodes = built.info().nodes,
+        temp_bytes = built.info().temp_bytes,
+        static_bytes,
         warmup = site.warmup,
         warmup_ms = warmup_time.as_secs_f64() * 1e3,
         capture_ms = capture_time.as_secs_f64() * 1e3,

@@ -204,6 +204,21 @@ pub enum GraphError {
         location: &'static Location<'static>,
     },
 
+    /// A fork inside a captured body needed a side stream that no earlier (eager) run made.
+    #[error(
+        "the fork at {location} needs a side stream, and none was made before `{graph}` began capturing; a \
+         stream cannot be created inside a capture (CUDA error 900, operation not permitted when stream is \
+         capturing). Fix: fork the same way in the warmup runs as in the capture (a fork outside a capture \
+         creates the side stream and the capture reuses it): do not put `fork` behind `is_capturing()`, and \
+         nest forks as deeply in every run"
+    )]
+    SideStreamInCapture {
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the fork was called.
+        location: &'static Location<'static>,
+    },
+
     /// A generator was created inside a captured body.
     #[error(
         "a random generator was created at {location} while capturing `{graph}`: its seed would be written \
@@ -270,6 +285,33 @@ pub enum GraphError {
         got: String,
     },
 
+    /// Capturing one bucket of a bucket family failed.
+    #[error("capturing bucket {bucket} of `{graph}` failed: {source}")]
+    Bucket {
+        /// The annotated function.
+        graph: &'static str,
+        /// The bucket (batch size) whose capture failed.
+        bucket: usize,
+        /// Why.
+        #[source]
+        source: Box<GraphError>,
+    },
+
+    /// A replay asked for a batch larger than the largest bucket.
+    #[error(
+        "replay of `{graph}` with batch {batch}, but the largest bucket is {largest}; nothing was launched. Fix: \
+         add a bucket of at least {batch} to `buckets(…)`, split the batch, or allow eager execution above the \
+         buckets with `buckets(…, fallback = \"eager\")`"
+    )]
+    BatchAboveBuckets {
+        /// The annotated function.
+        graph: &'static str,
+        /// The batch that was asked for.
+        batch: usize,
+        /// The largest bucket.
+        largest: usize,
+    },
+
     /// `capture` was called from inside another graph's captured body.
     #[error(
         "cannot capture `{graph}` while `{outer}` is being captured on this thread; captures do not nest. \
@@ -295,12 +337,19 @@ pub enum GraphError {
 
     /// The device ran out of memory.
     #[error(
-        "out of device memory while {during}; free buffers you no longer need, capture fewer or smaller graphs, \
-         or share a memory pool between graphs that replay one after another"
+        "out of device memory while {during}{}{}. Fix: free buffers you no longer need; capture graphs that \
+         replay one after another on the same `Runtime`, so that they share one graph memory pool; use fewer \
+         or smaller shape buckets",
+        .requested_bytes.map(|b| format!(", asking for {}", crate::error::bytes(b))).unwrap_or_default(),
+        .free_bytes.map(|b| format!(" with {} free on the device", crate::error::bytes(b))).unwrap_or_default()
     )]
     OutOfMemory {
-        /// What the runtime was doing.
+        /// What the runtime was doing, naming the graph where there is one.
         during: String,
+        /// How much was asked for, where the runtime knows.
+        requested_bytes: Option<usize>,
+        /// Free device memory right after the failure, where it could be read.
+        free_bytes: Option<usize>,
     },
 
     /// NVRTC could not compile a kernel source.
@@ -332,6 +381,53 @@ pub enum GraphError {
     User(BoxError),
 }
 
+/// `1536` → `1.5 KiB`: byte counts as people read them.
+pub(crate) fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+impl GraphError {
+    /// Whether this is an out-of-memory error.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            GraphError::OutOfMemory { .. } => true,
+            GraphError::Warmup { source, .. }
+            | GraphError::Body { source, .. }
+            | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
+    /// Adds what the runtime knows to an out-of-memory error: what it was doing, the size
+    /// asked for, and the device's free memory now. Other errors pass through.
+    pub(crate) fn with_oom_context(
+        self,
+        rt: &crate::Runtime,
+        during: impl FnOnce() -> String,
+        requested: Option<usize>,
+    ) -> Self {
+        if !self.is_out_of_memory() {
+            return self;
+        }
+        GraphError::OutOfMemory {
+            during: during(),
+            requested_bytes: requested,
+            free_bytes: rt.mem_info().ok().map(|(free, _)| free),
+        }
+    }
+}
+
 fn code_name(e: &DriverError) -> String {
     e.error_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -349,6 +445,8 @@ impl From<DriverError> for GraphError {
         match e.0 {
             CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
                 during: "running a CUDA call".to_owned(),
+                requested_bytes: None,
+                free_bytes: None,
             },
             _ => GraphError::Driver(e),
         }
@@ -374,10 +472,10 @@ impl GraphError {
             GraphError::CaptureImplicit { .. } => 906,
             GraphError::CapturedEvent { .. } => 907,
             GraphError::CaptureWrongThread { .. } => 908,
-            GraphError::SyncInCapture { .. } => 900,
-            GraphError::Body { source, .. } | GraphError::Warmup { source, .. } => {
-                return source.capture_code()
-            }
+            GraphError::SyncInCapture { .. } | GraphError::SideStreamInCapture { .. } => 900,
+            GraphError::Body { source, .. }
+            | GraphError::Warmup { source, .. }
+            | GraphError::Bucket { source, .. } => return source.capture_code(),
             _ => return None,
         })
     }
@@ -405,6 +503,8 @@ impl GraphError {
             }
             CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
                 during: format!("capturing `{graph}`"),
+                requested_bytes: None,
+                free_bytes: None,
             },
             _ => GraphError::Driver(e),
         }
@@ -422,8 +522,14 @@ impl GraphError {
                 },
                 mapped => mapped,
             },
-            GraphError::OutOfMemory { .. } => GraphError::OutOfMemory {
+            GraphError::OutOfMemory {
+                requested_bytes,
+                free_bytes,
+                ..
+            } => GraphError::OutOfMemory {
                 during: format!("capturing `{graph}`"),
+                requested_bytes,
+                free_bytes,
             },
             GraphError::User(u) => match u.downcast::<DriverError>() {
                 Ok(d) => GraphError::in_capture(graph, GraphError::Driver(*d)),

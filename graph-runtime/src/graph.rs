@@ -29,6 +29,11 @@ pub struct GraphInfo {
     /// How far each replay moves the generators the body draws from (measured on the
     /// warmup runs; the graph itself moves them on the device).
     pub rng: Vec<RngAdvance>,
+    /// Bytes of the temporaries the body allocates (graph allocation nodes): fixed
+    /// addresses for the graph's life, backed by the runtime's graph memory pool.
+    pub temp_bytes: usize,
+    /// Bytes of the static input and output buffers the graph type owns.
+    pub static_bytes: usize,
 }
 
 /// How far one replay moves one generator, in Philox counters (4 values each).
@@ -100,8 +105,9 @@ impl Graph {
         // AUTO_FREE_ON_LAUNCH a relaunch frees any that the body did not free itself, so a
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        let exec = inspected.and_then(|kinds| {
+        let exec = inspected.and_then(|(kinds, temp_bytes)| {
             info.kinds = kinds;
+            info.temp_bytes = temp_bytes;
             // SAFETY: `raw` is a valid graph; instantiation does not take ownership of it.
             unsafe { result::graph::instantiate(raw, flags) }
                 .map_err(|e| GraphError::from_driver(info.name, e))
@@ -137,14 +143,21 @@ impl Graph {
             info,
         };
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
-        unsafe { result::graph::upload(g.exec, g.stream.cu_stream()) }
-            .map_err(|e| GraphError::from_driver(g.info.name, e))?;
+        // Uploading maps the graph's temporaries to physical memory now, so an out-of-memory
+        // failure surfaces here, at capture, and not at the first replay.
+        unsafe { result::graph::upload(g.exec, g.stream.cu_stream()) }.map_err(|e| {
+            GraphError::from_driver(g.info.name, e).with_oom_context(
+                rt,
+                || format!("uploading the graph of `{}` (its temporaries)", g.info.name),
+                Some(g.info.temp_bytes),
+            )
+        })?;
         let mut g = g;
         g.info.instantiate_time = started.elapsed();
         Ok(g)
     }
 
-    /// Facts about the capture: node count and timings.
+    /// Facts about the capture: node count, memory and timings.
     pub fn info(&self) -> &GraphInfo {
         &self.info
     }
@@ -191,6 +204,13 @@ impl Drop for Graph {
         unsafe {
             ctx.record_err(result::graph::exec_destroy(self.exec));
             ctx.record_err(result::graph::destroy(self.graph));
+        }
+        if self.info.temp_bytes > 0 {
+            // Give the physical memory of this graph's temporaries back to the device, unless
+            // another graph (or a launch still in flight) uses it.
+            // SAFETY: trims the device's graph memory pool; no precondition beyond a valid
+            // device, which the context holds.
+            ctx.record_err(unsafe { sys::cuDeviceGraphMemTrim(ctx.cu_device()) }.result());
         }
     }
 }
@@ -243,7 +263,7 @@ impl NodeKinds {
 /// the GPU ran, and every replay would read or write that address again, long after the
 /// `Vec` was freed. Pinned (page-locked) host buffers are allowed: they are how data is
 /// staged on purpose.
-fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<NodeKinds, GraphError> {
+fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<(NodeKinds, usize), GraphError> {
     let mut count = 0usize;
     // SAFETY: `raw` is a valid graph; a null array asks only for the count.
     unsafe { sys::cuGraphGetNodes(raw, std::ptr::null_mut(), &mut count) }.result()?;
@@ -255,6 +275,7 @@ fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<NodeKinds, GraphErr
     unsafe { sys::cuGraphGetNodes(raw, nodes.as_mut_ptr(), &mut count) }.result()?;
     nodes.truncate(count);
     let mut kinds = NodeKinds::default();
+    let mut temp_bytes = 0usize;
     for node in nodes {
         let mut kind = std::mem::MaybeUninit::uninit();
         // SAFETY: `node` belongs to `raw`, which is alive; CUDA writes the type.
@@ -281,12 +302,19 @@ fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<NodeKinds, GraphErr
                 }
             }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => kinds.memsets += 1,
-            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => kinds.allocs += 1,
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+                kinds.allocs += 1;
+                let mut p = std::mem::MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
+                // SAFETY: `node` is an allocation node of a live graph; CUDA fills `p`.
+                unsafe { sys::cuGraphMemAllocNodeGetParams(node, p.as_mut_ptr()) }.result()?;
+                // SAFETY: initialised (zeroed, then filled by the call above).
+                temp_bytes += unsafe { p.assume_init() }.bytesize;
+            }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => kinds.frees += 1,
             _ => kinds.other += 1,
         }
     }
-    Ok(kinds)
+    Ok((kinds, temp_bytes))
 }
 
 /// Whether a copy endpoint is host memory the driver does not know (pageable).

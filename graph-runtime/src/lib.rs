@@ -58,6 +58,8 @@
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`Graph`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
 //! | phase | whether this thread is running eagerly, warming up or capturing | [`phase`], [`ensure_not_capturing`] |
+//! | fork/join | a parallel branch on a side stream made before the capture, always rejoined | [`Runtime::fork`], [`fork_join`] |
+//! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
 //! The examples are numbered: `01-first-graph` (annotate, capture, replay, compare with
@@ -77,9 +79,11 @@
 pub use cudarc;
 pub use graph_macros::cuda_graph;
 
+pub mod buckets;
 mod buffer;
 mod capture;
 mod error;
+mod fork;
 mod graph;
 pub mod rng;
 mod runtime;
@@ -87,12 +91,18 @@ mod runtime;
 #[doc(hidden)]
 pub mod __private;
 
+/// Coverage of known CUDA-graph failures: what the types, the macro and the runtime catch.
+///
+#[doc = include_str!("coverage.md")]
+pub mod coverage {}
+
 pub use buffer::{InputSource, StaticBuffer};
 pub use capture::{ensure_not_capturing, is_capturing, phase, CaptureMode, GraphSite, Phase};
 pub use error::{BoxError, GraphError};
+pub use fork::{fork_join, ForkedStream};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance, Staging};
 pub use rng::{Generator, RngState};
-pub use runtime::{driver_available, Runtime, CUBLAS_WORKSPACE_BYTES};
+pub use runtime::{driver_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
 
 use std::sync::Arc;
 

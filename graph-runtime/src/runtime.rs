@@ -267,6 +267,66 @@ impl Runtime {
         Ok(())
     }
 
+    /// The runtime's graph memory pool: where the temporaries of every graph live. All graphs
+    /// of a runtime launch on its one stream, one after another, so CUDA can back their
+    /// temporaries with the same physical memory: the pool holds what the largest graph
+    /// needs, not the sum. The figures are the device's, across runtimes.
+    pub fn graph_memory(&self) -> Result<GraphMemory, GraphError> {
+        use cudarc::driver::sys::CUgraphMem_attribute as A;
+        let read = |attr: A| -> Result<usize, GraphError> {
+            let mut v: u64 = 0;
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the device is valid for this context and `v` is the 64-bit value the
+            // attribute query writes.
+            unsafe {
+                cudarc::driver::sys::cuDeviceGetGraphMemAttribute(
+                    self.ctx.cu_device(),
+                    attr,
+                    (&mut v as *mut u64).cast(),
+                )
+            }
+            .result()?;
+            Ok(v as usize)
+        };
+        Ok(GraphMemory {
+            used: read(A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+            used_high: read(A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
+            reserved: read(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: read(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    /// Resets the high-water marks of [`Runtime::graph_memory`] to the current values.
+    pub fn reset_graph_memory_high(&self) -> Result<(), GraphError> {
+        use cudarc::driver::sys::CUgraphMem_attribute as A;
+        self.ctx.bind_to_thread()?;
+        for attr in [
+            A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: resetting a high-water mark takes a pointer to a 64-bit zero.
+            unsafe {
+                cudarc::driver::sys::cuDeviceSetGraphMemAttribute(
+                    self.ctx.cu_device(),
+                    attr,
+                    (&mut zero as *mut u64).cast(),
+                )
+            }
+            .result()?;
+        }
+        Ok(())
+    }
+
+    /// Gives physical graph memory that no live graph uses back to the device. Dropping a
+    /// graph with temporaries does this already.
+    pub fn trim_graph_memory(&self) -> Result<(), GraphError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: trims the pool of this context's device; no other precondition.
+        unsafe { cudarc::driver::sys::cuDeviceGraphMemTrim(self.ctx.cu_device()) }.result()?;
+        Ok(())
+    }
+
     /// Free and total device memory in bytes, as the driver reports them.
     pub fn mem_info(&self) -> Result<(usize, usize), GraphError> {
         Ok(self.ctx.mem_get_info()?)
@@ -326,6 +386,19 @@ fn kernel_label(source: &str) -> String {
         .and_then(|decl| decl.split_whitespace().last())
         .map(str::to_owned)
         .unwrap_or_else(|| "<unnamed source>".to_owned())
+}
+
+/// The device's graph memory pool, in bytes (see [`Runtime::graph_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphMemory {
+    /// Memory currently mapped for live graphs' temporaries.
+    pub used: usize,
+    /// The most `used` has been since the last reset.
+    pub used_high: usize,
+    /// Memory the pool holds, in use or cached for the next graph.
+    pub reserved: usize,
+    /// The most `reserved` has been.
+    pub reserved_high: usize,
 }
 
 /// Keeps replays out of a stream while it is capturing.

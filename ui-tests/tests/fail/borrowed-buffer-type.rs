@@ -1,0 +1,12 @@
+// A view as an input: the graph must own its static buffers.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+use graph_runtime::cudarc::driver::CudaView;
+
+#[cuda_graph(warmup = 2)]
+fn step(rt: &Runtime, x: &CudaView<'_, f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+// A host value without #[constant]: it would be frozen at capture without saying so.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+#[cuda_graph(warmup = 2)]
+fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, scale: f32) -> Result<(), GraphError> {
+    let _ = scale;
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+// The context taken by &mut.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+#[cuda_graph(warmup = 2)]
+fn step(rt: &mut Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+fn main() {}

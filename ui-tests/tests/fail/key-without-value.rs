@@ -1,0 +1,11 @@
+// A key that needs a value, given without one.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+#[cuda_graph(warmup)]
+fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+fn main() {}

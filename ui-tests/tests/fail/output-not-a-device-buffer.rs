@@ -1,0 +1,11 @@
+// A host slice as an output: outputs are device buffers the graph owns.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+#[cuda_graph(warmup = 2)]
+fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut [f32]) -> Result<(), GraphError> {
+    let _ = (rt, x, y);
+    Ok(())
+}
+
+fn main() {}

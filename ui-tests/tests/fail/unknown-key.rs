@@ -1,0 +1,11 @@
+// A misspelled key: the error lists the valid keys and suggests the closest.
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+#[cuda_graph(warmpu = 3)]
+fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+fn main() {}
