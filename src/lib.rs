@@ -4,5 +4,6 @@
 //!
 //! This crate is not published; the library is `graph-runtime`.
 
+pub mod bench;
 pub mod kernels;
 pub mod testing;

@@ -1,5 +1,10 @@
 //! The `#[cuda_graph]` attribute. Use it through `graph_runtime`, which re-exports it and
 //! holds everything the generated code calls.
+//!
+//! The crate is thin on purpose: `args` parses the attribute, `check` walks the body with
+//! one rule table, `model` gives every parameter its role, `expand` and `buckets` emit the
+//! graph type, and on any error the user's function is emitted unchanged next to every
+//! error at once.
 
 mod args;
 mod buckets;
@@ -12,7 +17,59 @@ use proc_macro::TokenStream;
 
 /// Turns a function that launches GPU work into the same function plus a CUDA graph type.
 ///
-/// See the `graph_runtime` crate documentation for the full guide.
+/// ```ignore
+/// #[cuda_graph(warmup = 3)]
+/// fn step(
+///     rt: &Runtime,                   // 1st: the execution context (&Runtime, &Arc<CudaStream>, &CudaStream)
+///     x: &CudaSlice<f32>,             // input: a static buffer, refilled by every replay
+///     #[state] w: &CudaSlice<f32>,    // state: read in place, borrowed while the graph lives
+///     #[state] kv: &mut CudaSlice<f32>, // mutable state: updated in place, lent back by state_mut()
+///     y: &mut CudaSlice<f32>,         // output: a static buffer the graph owns
+///     #[constant] eps: f32,           // a host value frozen into the graph at capture
+/// ) -> Result<(), GraphError> { /* cudarc launches on rt.stream(), cuBLAS via rt.blas() */ }
+/// ```
+///
+/// You keep `step`, unchanged and callable eagerly, and get `StepGraph<'s>`:
+///
+/// | item | what it does |
+/// | --- | --- |
+/// | `StepGraph::capture(&rt, &x, &w, &mut kv, y_len, eps)` | allocates the static buffers (inputs shaped like the example `x`, outputs by length), runs `step` `warmup` times eagerly on the runtime's stream, captures one run, instantiates and uploads the graph |
+/// | `graph.replay(&x_new)` | checks the input's shape, copies it into the static input, launches the graph; returns `StepOutputs { y: &CudaSlice<f32> }`, borrowed until the next replay |
+/// | `graph.launch()` | replays with the static inputs as they are (write them through `inputs_mut()`) |
+/// | `graph.state_mut()` | lends the `&mut` state back between replays |
+/// | `graph.info()` | node count, temporaries, static bytes, warmup/capture/instantiate time |
+///
+/// # Equivalent code without `#[cuda_graph]`
+/// What `StepGraph::capture` and `replay` do, written by hand with the runtime:
+///
+/// ```ignore
+/// // capture
+/// let mut x_static = rt.stream().alloc_zeros::<f32>(x.len())?;
+/// rt.stream().memcpy_dtod(&x, &mut x_static)?;
+/// let mut y_static = rt.stream().alloc_zeros::<f32>(y_len)?;
+/// for _ in 0..3 {
+///     step(&rt, &x_static, &w, &mut kv, &mut y_static, eps)?;      // warmup, eager
+/// }
+/// rt.stream().synchronize()?;
+/// rt.stream().begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+/// let body = step(&rt, &x_static, &w, &mut kv, &mut y_static, eps); // recorded, not run
+/// let graph = rt.stream().end_capture(CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?; // even if `body` failed
+/// body?;
+/// let graph = graph.ok_or("nothing was recorded")?;
+/// graph.upload()?;
+///
+/// // replay
+/// assert_eq!(x_new.len(), x_static.len());
+/// rt.stream().memcpy_dtod(&x_new, &mut x_static)?;
+/// graph.launch()?;
+/// let y: &CudaSlice<f32> = &y_static; // nothing stops you from holding it across the next launch
+/// ```
+///
+/// The generated code adds what the hand-written version leaves to you: the capture is
+/// ended even when the body returns an error or panics; CUDA's error codes come back as
+/// typed errors naming `step`; copies of pageable host memory recorded into the graph are
+/// refused; random generators are restored after the warmup; `w` cannot be freed while the
+/// graph exists and `y` cannot be held across the next replay (both are borrow errors).
 ///
 /// # Arguments
 /// * `warmup = N`: eager runs before the capture (default 3, at least 1);
@@ -21,7 +78,14 @@ use proc_macro::TokenStream;
 /// * `crate = "path"`: where the runtime crate is, if renamed;
 /// * `host_effects_not_replayed`: lets the body print, log, do I/O, sleep, read clocks and
 ///   update host collections; those effects run in the warmup runs and the capture, never
-///   on replay.
+///   on replay;
+/// * `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: one graph per batch size. `batch`
+///   names a by-value integer parameter that receives the bucket size; every input and
+///   output holds `batch` rows. The generated `StepBuckets::capture` takes the elements per
+///   row of each input and output, and `replay` runs the smallest bucket that holds the
+///   input's rows (padding rows zero-filled, only the valid output rows handed out). A batch
+///   above the largest bucket is `GraphError::BatchAboveBuckets`, or runs eagerly with
+///   `fallback = "eager"`.
 ///
 /// # Compile-time capture checks
 /// The body is checked for calls that a capture refuses or that would run only at capture

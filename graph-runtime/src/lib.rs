@@ -55,15 +55,31 @@
 //! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph | generated `FooGraph<'s>` |
 //! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
 //! | constant (`#[constant] T`) | a host value fixed at capture; the graph replays with the captured value | generated `capture` |
-//! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`Graph`] |
+//! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
+//! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
+//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | [`buckets`] |
+//! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
 //! | phase | whether this thread is running eagerly, warming up or capturing | [`phase`], [`ensure_not_capturing`] |
 //! | fork/join | a parallel branch on a side stream made before the capture, always rejoined | [`Runtime::fork`], [`fork_join`] |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
-//! The examples are numbered: `01-first-graph` (annotate, capture, replay, compare with
-//! eager), `02-chain` (launch overhead: eager vs graph vs raw cudarc, the benchmark).
+//! The examples are numbered and build on each other:
+//! 1. `01-first-graph`: annotate a cudarc function, capture, replay, compare with eager;
+//! 2. `02-chain`: launch overhead of N tiny kernels, eager vs graph vs a raw cudarc capture
+//!    vs PyTorch (the main benchmark);
+//! 3. `03-rng-fill`: graph-safe random numbers, and their bandwidth;
+//! 4. and up: model-sized examples (MLP inference over batch sizes, a decode step, a
+//!    training step, dropout training) and the benchmark report.
+//!
+//! # Memory
+//! A graph holds three kinds of memory, all reported in [`GraphInfo`]: its static inputs and
+//! outputs (`static_bytes`, allocated at capture, freed with the graph), the temporaries its
+//! body allocates (`temp_bytes`, graph allocation nodes in the runtime's graph memory pool),
+//! and the borrowed state (not owned). Replays allocate nothing. Out of memory during a
+//! capture is [`GraphError::OutOfMemory`], naming the graph, what it was allocating and the
+//! free memory, and the runtime stays usable.
 //!
 //! # What the runtime takes care of
 //! * cudarc's per-buffer event tracking is turned off on the runtime's context: with it on and
@@ -73,6 +89,12 @@
 //! * Kernels compile once per process and load once per runtime ([`Runtime::function`]).
 //! * Graphs are instantiated with auto-free-on-launch and uploaded right away, so the first
 //!   replay costs what every other one does.
+//! * Every captured copy is inspected: one that reads or writes pageable host memory (a
+//!   `Vec` the body copied to or from) would touch freed memory on replay and is refused
+//!   ([`GraphError::PageableCopyCaptured`]).
+//! * A replay attempted while another thread captures on the same stream is refused
+//!   ([`GraphError::StreamCapturing`]) instead of being recorded into that graph; the check
+//!   costs two uncontended atomic operations per replay.
 
 #![warn(missing_docs)]
 
