@@ -19,18 +19,16 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cuda_graphs::bench::{gpu_us, median, wall_us, REPEATS};
 use cuda_graphs::kernels::ELEMENTWISE;
 use cuda_graphs::testing::runtime_or_skip;
-use graph_runtime::cudarc::driver::sys::{
-    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
+use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use graph_runtime::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 
 const ELEMS: usize = 256;
-const REPEATS: usize = 7;
 
 /// `y = x + 1`, then `kernels - 1` times `y += 1`.
 #[cuda_graph(warmup = 2)]
@@ -69,30 +67,6 @@ fn launch_chain(
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median over REPEATS of the wall time per call of `f` run `iters` times back to back.
-fn wall_per_call(
-    s: &CudaStream,
-    iters: usize,
-    mut f: impl FnMut() -> Result<(), GraphError>,
-) -> Result<f64, GraphError> {
-    let mut per = Vec::new();
-    for _ in 0..REPEATS {
-        s.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..iters {
-            f()?;
-        }
-        s.synchronize()?;
-        per.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
-    }
-    Ok(median(per))
-}
-
 /// Host time spent inside one call of `a` and of `b` (µs, medians): bursts of 16 calls that
 /// the GPU queue absorbs, timed without the sync that follows; `a` and `b` alternate so that
 /// both see the same machine state. 51 rounds.
@@ -119,25 +93,6 @@ fn host_per_call_pair(
         tb.push(burst(&mut b)?);
     }
     Ok((median(ta), median(tb)))
-}
-
-/// Median over REPEATS of the GPU time of `iters` calls, measured with CUDA events.
-fn gpu_per_call(
-    s: &CudaStream,
-    iters: usize,
-    mut f: impl FnMut() -> Result<(), GraphError>,
-) -> Result<f64, GraphError> {
-    let mut per = Vec::new();
-    for _ in 0..REPEATS {
-        let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for _ in 0..iters {
-            f()?;
-        }
-        let end = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        end.synchronize()?;
-        per.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
-    }
-    Ok(median(per))
 }
 
 /// The same chain captured by hand with cudarc, as a user would without this library.
@@ -189,7 +144,7 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
     let mut y = s.alloc_zeros::<f32>(ELEMS)?;
     chain(rt, &src, &mut y, n)?;
     assert_eq!(s.clone_dtoh(&y)?, want, "eager chain");
-    let eager_us = wall_per_call(&s, iters.div_ceil(4).max(2), || chain(rt, &src, &mut y, n))?;
+    let eager_us = wall_us(&s, iters.div_ceil(4).max(2), || chain(rt, &src, &mut y, n))?;
 
     // Ours: capture three times, keep the last graph, report median times.
     let (mut totals, mut captures) = (Vec::new(), Vec::new());
@@ -208,9 +163,9 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
     let info = graph.info().clone();
     assert_eq!(info.nodes, n, "one node per kernel");
     assert_eq!(s.clone_dtoh(graph.replay(&src)?.y)?, want, "graph replay");
-    let ours_us = wall_per_call(&s, iters, || graph.replay(&src).map(|_| ()))?;
-    let ours_launch_us = wall_per_call(&s, iters, || graph.launch().map(|_| ()))?;
-    let ours_gpu_us = gpu_per_call(&s, iters, || graph.replay(&src).map(|_| ()))?;
+    let ours_us = wall_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
+    let ours_launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
+    let ours_gpu_us = gpu_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
 
     // Raw cudarc, same kernels, same stream, same input copy.
     let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
@@ -232,9 +187,9 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
     };
     raw_replay(&mut xs)?;
     assert_eq!(s.clone_dtoh(&ys)?, want, "raw replay");
-    let raw_us = wall_per_call(&s, iters, || raw_replay(&mut xs))?;
-    let raw_gpu_us = gpu_per_call(&s, iters, || raw_replay(&mut xs))?;
-    let raw_launch_us = wall_per_call(&s, iters, || Ok(raw.launch()?))?;
+    let raw_us = wall_us(&s, iters, || raw_replay(&mut xs))?;
+    let raw_gpu_us = gpu_us(&s, iters, || raw_replay(&mut xs))?;
+    let raw_launch_us = wall_us(&s, iters, || Ok(raw.launch()?))?;
 
     let (ours_host_us, raw_host_us) = host_per_call_pair(
         &s,

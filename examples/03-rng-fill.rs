@@ -11,38 +11,18 @@
 
 use std::process::Command;
 
+use cuda_graphs::bench::{gpu_us, REPEATS};
 use cuda_graphs::testing::runtime_or_skip;
-use graph_runtime::cudarc::driver::sys::CUevent_flags;
-use graph_runtime::cudarc::driver::{CudaSlice, CudaStream};
+use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 
 const BYTES: usize = 256 << 20;
 const ITERS: usize = 20;
-const REPEATS: usize = 7;
 
 /// Noise for, say, a diffusion step: drawn from the runtime's default generator.
 #[cuda_graph(warmup = 2)]
 fn noise(rt: &Runtime, out: &mut CudaSlice<f32>) -> Result<(), GraphError> {
     rt.rng().normal(rt, out, 0.0, 1.0)
-}
-
-/// Median over REPEATS of the GPU time (ms) of ITERS calls of `f`, with CUDA events.
-fn gpu_ms(
-    s: &CudaStream,
-    mut f: impl FnMut() -> Result<(), GraphError>,
-) -> Result<f64, GraphError> {
-    let mut per = Vec::new();
-    for _ in 0..REPEATS {
-        let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for _ in 0..ITERS {
-            f()?;
-        }
-        let end = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        end.synchronize()?;
-        per.push(start.elapsed_ms(&end)? as f64 / ITERS as f64);
-    }
-    per.sort_by(f64::total_cmp);
-    Ok(per[REPEATS / 2])
 }
 
 fn gbps(bytes: usize, ms: f64) -> f64 {
@@ -69,12 +49,12 @@ fn main() -> Result<(), GraphError> {
     let mut buf = s.alloc_zeros::<f32>(n)?;
     let other = s.alloc_zeros::<f32>(n)?;
     let g = rt.generator(1234)?;
-    let uniform_ms = gpu_ms(&s, || g.uniform(&rt, &mut buf, 0.0, 1.0))?;
-    let normal_ms = gpu_ms(&s, || g.normal(&rt, &mut buf, 0.0, 1.0))?;
+    let uniform_ms = gpu_us(&s, ITERS, || g.uniform(&rt, &mut buf, 0.0, 1.0))? / 1e3;
+    let normal_ms = gpu_us(&s, ITERS, || g.normal(&rt, &mut buf, 0.0, 1.0))? / 1e3;
     let mut big = NoiseGraph::capture(&rt, n)?;
-    let graph_ms = gpu_ms(&s, || big.launch().map(|_| ()))?;
-    let memset_ms = gpu_ms(&s, || Ok(s.memset_zeros(&mut buf)?))?;
-    let copy_ms = gpu_ms(&s, || Ok(s.memcpy_dtod(&other, &mut buf)?))?;
+    let graph_ms = gpu_us(&s, ITERS, || big.launch().map(|_| ()))? / 1e3;
+    let memset_ms = gpu_us(&s, ITERS, || Ok(s.memset_zeros(&mut buf)?))? / 1e3;
+    let copy_ms = gpu_us(&s, ITERS, || Ok(s.memcpy_dtod(&other, &mut buf)?))? / 1e3;
 
     let device = rt.context().name().unwrap_or_default();
     println!("\nfill 256 MiB of f32 on {device} (median of {REPEATS} × {ITERS}, CUDA events)");

@@ -222,7 +222,11 @@ def decode_bench(runs=5):
             torch.cuda.synchronize()
             eager_times.append((time.perf_counter() - t) * 1e6 / tokens)
             eager_seqs.append(dec.tokens.clone())
+        # The eager runs left the position at the end of the cache: start over before the
+        # warmup steps, and again before capturing, so every step stays inside the cache.
+        dec.restart()
         warm_on_side_stream(dec.step)
+        dec.restart()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             dec.step()

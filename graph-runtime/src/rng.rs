@@ -285,22 +285,7 @@ impl Generator {
         lo: f32,
         hi: f32,
     ) -> Result<(), GraphError> {
-        let f = rt.function(RNG_KERNELS, "rng_uniform_f32")?;
-        let (state, n, span) = (self.state_ptr(rt), out.len() as u64, hi - lo);
-        let cfg = Self::launch_config(rt, out.len());
-        // SAFETY: `state` points to this generator's 4-word state; the kernel writes exactly
-        // `n` floats of `out`, which holds `n`.
-        unsafe {
-            rt.stream()
-                .launch_builder(&f)
-                .arg(&state)
-                .arg(out)
-                .arg(&n)
-                .arg(&lo)
-                .arg(&span)
-                .launch(cfg)?;
-        }
-        Ok(())
+        self.fill(rt, "rng_uniform_f32", out, lo, hi - lo)
     }
 
     /// Fills `out` with normal values of the given mean and standard deviation (Box–Muller).
@@ -311,18 +296,31 @@ impl Generator {
         mean: f32,
         std: f32,
     ) -> Result<(), GraphError> {
-        let f = rt.function(RNG_KERNELS, "rng_normal_f32")?;
+        self.fill(rt, "rng_normal_f32", out, mean, std)
+    }
+
+    /// Launches one of the fill kernels, which all take `(state, out, n, a, b)`.
+    fn fill(
+        &self,
+        rt: &Runtime,
+        kernel: &str,
+        out: &mut CudaSlice<f32>,
+        a: f32,
+        b: f32,
+    ) -> Result<(), GraphError> {
+        let f = rt.function(RNG_KERNELS, kernel)?;
         let (state, n) = (self.state_ptr(rt), out.len() as u64);
         let cfg = Self::launch_config(rt, out.len());
-        // SAFETY: as in `uniform`: the kernel writes exactly `n` floats of `out`.
+        // SAFETY: `state` points to this generator's 4-word state; every fill kernel writes
+        // exactly `n` floats of `out`, which holds `n`, and reads two float parameters.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
                 .arg(&state)
                 .arg(out)
                 .arg(&n)
-                .arg(&mean)
-                .arg(&std)
+                .arg(&a)
+                .arg(&b)
                 .launch(cfg)?;
         }
         Ok(())
