@@ -161,7 +161,7 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
     let mut graph = graph.expect("captured three times");
     let (ours_capture_total_ms, ours_capture_ms) = (median(totals), median(captures));
     let info = graph.info().clone();
-    assert_eq!(info.nodes, n, "one node per kernel");
+    assert_eq!(info.nodes(), n, "one node per kernel");
     assert_eq!(s.clone_dtoh(graph.replay(&src)?.y)?, want, "graph replay");
     let ours_us = wall_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
     let ours_launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;

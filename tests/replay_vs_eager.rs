@@ -71,7 +71,7 @@ fn replay_equals_eager_on_changing_inputs() -> Result<(), GraphError> {
 
     let mut graph = AffineTanhGraph::capture(&rt, &x0, &w, &b, n)?;
     assert!(
-        graph.info().nodes >= 3,
+        graph.info().nodes() >= 3,
         "three kernels at least: {:?}",
         graph.info()
     );

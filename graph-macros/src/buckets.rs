@@ -245,14 +245,10 @@ pub fn expand(
         let i = &p.ident;
         quote!(self.#i.stage(#i, __rows, __bucket, __staging)?;)
     });
-    let mark_outputs = outputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(self.#i.mark_graph();)
-    });
     let eager_inputs = inputs.iter().map(|p| {
         let i = &p.ident;
         let a = format_ident!("__alias_{}", i);
-        quote!(let #a = self.#i.eager_alias(self.__rt, __rows, ::core::option::Option::Some(#i))?;)
+        quote!(let #a = self.#i.eager_alias(self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
     });
     let eager_outputs = outputs.iter().map(|p| {
         let i = &p.ident;
@@ -276,7 +272,7 @@ pub fn expand(
     });
     let output_init = outputs.iter().map(|p| {
         let i = &p.ident;
-        quote!(#i: self.#i.valid(self.__rows))
+        quote!(#i: self.#i.valid(self.__rows, self.__eager))
     });
     let init_fields = model
         .params
@@ -289,12 +285,12 @@ pub fn expand(
     let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
     let no_inputs = first_input.is_none();
     let rows_when_no_input = if no_inputs {
-        quote!(let __rows = __batch;)
+        quote!(let __rows = #batch_ident;)
     } else {
         quote!()
     };
     let replay_batch_param = if no_inputs {
-        quote!(__batch: usize)
+        quote!(#batch_ident: usize)
     } else {
         quote!()
     };
@@ -320,6 +316,8 @@ pub fn expand(
             __buckets: #pr::Buckets,
             __rt: &'s #krate::Runtime,
             __rows: usize,
+            /// Whether the last replay ran eagerly (batch above every bucket).
+            __eager: bool,
             #(#slot_fields,)*
             #(#state_fields,)*
             #(#const_fields,)*
@@ -373,6 +371,7 @@ pub fn expand(
                     __buckets,
                     __rt: rt,
                     __rows: 0,
+                    __eager: false,
                     #(#init_fields,)*
                 })
             }
@@ -397,14 +396,16 @@ pub fn expand(
                             #(#stages)*
                             ::core::result::Result::Ok(())
                         })?;
-                        #(#mark_outputs)*
+                        self.__eager = false;
                     }
                     #pr::Pick::Eager => {
                         let __b = __rows;
                         let __ctx = #ctx_call_eager;
+                        let __staging = self.__buckets.graph(0).staging();
                         #(#eager_inputs)*
                         #(#eager_outputs)*
                         #body_result(#fn_ident(__ctx, #(#eager_call),*))?;
+                        self.__eager = true;
                     }
                 }
                 self.__rows = __rows;

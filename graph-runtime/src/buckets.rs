@@ -78,8 +78,6 @@ pub struct BatchedSlot<T> {
     /// Used when a batch larger than every bucket runs eagerly (`fallback = "eager"`); grown
     /// on demand, never touched by a graph.
     overflow: Option<CudaSlice<T>>,
-    /// Whether the last replay ran eagerly in `overflow`.
-    last_eager: bool,
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
@@ -97,7 +95,6 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
             row,
             name,
             overflow: None,
-            last_eager: false,
         })
     }
 
@@ -153,7 +150,6 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         bucket: usize,
         staging: &Staging<'_>,
     ) -> Result<(), GraphError> {
-        self.last_eager = false;
         let mut dst = Self::alias_of(&self.owner, rows * self.row);
         src.copy_into(&mut dst, staging)?;
         let pad = (bucket - rows) * self.row * std::mem::size_of::<T>();
@@ -168,28 +164,23 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         Ok(())
     }
 
-    /// Marks the slot as an output of a graph replay.
-    pub fn mark_graph(&mut self) {
-        self.last_eager = false;
-    }
-
     /// For a batch above every bucket: makes room for `rows` rows outside the graphs'
-    /// memory and returns a `CudaSlice` over them, with `src` copied in when it is an input.
+    /// memory and returns a `CudaSlice` over them, with `src` copied in (on `staging`'s
+    /// stream) when it is an input.
     pub fn eager_alias<S: InputSource<CudaSlice<T>> + ?Sized>(
         &mut self,
         rt: &Runtime,
         rows: usize,
-        src: Option<&S>,
+        src: Option<(&S, &Staging<'_>)>,
     ) -> Result<Alias<T>, GraphError> {
         let len = rows * self.row;
         if self.overflow.as_ref().is_none_or(|o| o.len() < len) {
             self.overflow = Some(rt.stream().alloc_zeros::<T>(len)?);
         }
-        self.last_eager = true;
         let buf = self.overflow.as_ref().expect("allocated above");
         let mut alias = Self::alias_of(buf, len);
-        if let Some(src) = src {
-            crate::graph::copy_outside_replay(rt, src, &mut *alias)?;
+        if let Some((src, staging)) = src {
+            src.copy_into(&mut alias, staging)?;
         }
         Ok(alias)
     }
@@ -200,9 +191,10 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         self.eager_alias::<CudaSlice<T>>(rt, rows, None)
     }
 
-    /// The first `rows` rows as the last replay left them.
-    pub fn valid(&self, rows: usize) -> CudaView<'_, T> {
-        let buf = match (&self.overflow, self.last_eager) {
+    /// The first `rows` rows as the last replay left them: in the graphs' buffer, or in the
+    /// overflow buffer when that replay ran `eager`.
+    pub fn valid(&self, rows: usize, eager: bool) -> CudaView<'_, T> {
+        let buf = match (&self.overflow, eager) {
             (Some(o), true) => o,
             _ => &self.owner,
         };
@@ -272,7 +264,7 @@ impl Buckets {
                 bucket,
                 done = sizes.len() - k,
                 of = sizes.len(),
-                nodes = g.info().nodes,
+                nodes = g.info().nodes(),
                 temp_bytes = g.info().temp_bytes,
                 ms = t.elapsed().as_secs_f64() * 1e3,
                 "captured bucket"

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
 use crate::error::GraphError;
-use crate::graph::{Graph, GraphInfo, RngAdvance};
-use crate::rng::RngState;
+use crate::graph::{Graph, GraphInfo};
+use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
 
 /// How strictly CUDA polices other CUDA calls while a stream captures.
@@ -277,17 +277,9 @@ pub(crate) fn capture_graph(
     let _serial = rt.capture_lock();
 
     let started = Instant::now();
-    // Warmup draws random numbers; snapshot every generator first and put them back after,
-    // so that the first replay draws what the first eager call would (see `crate::rng`).
-    let generators = rt.live_generators();
-    let mut saved = Vec::with_capacity(generators.len());
-    let mut offsets_before = Vec::with_capacity(generators.len());
-    for g in &generators {
-        let mut snapshot = RngState::new(rt)?;
-        g.save_state(rt, &mut snapshot)?;
-        saved.push(snapshot);
-        offsets_before.push(g.state(rt)?.1);
-    }
+    // Warmup draws random numbers; every generator is put back afterwards, so that the first
+    // replay draws what the first eager call would (see `crate::rng`).
+    let generators = WarmupSnapshot::take(rt)?;
     let warmed = warm_up(rt, site, body).map_err(|e| {
         let run = match &e {
             GraphError::Warmup { iteration, .. } => *iteration,
@@ -299,20 +291,9 @@ pub(crate) fn capture_graph(
             None,
         )
     });
-    let mut rng = Vec::new();
-    for ((g, snapshot), before) in generators.iter().zip(&saved).zip(offsets_before) {
-        if warmed.is_ok() {
-            let after = g.state(rt)?.1;
-            if after != before {
-                rng.push(RngAdvance {
-                    generator: g.id(),
-                    counters_per_replay: (after - before) / u64::from(site.warmup),
-                });
-            }
-        }
-        g.restore_state(rt, snapshot)?;
-    }
-    warmed?;
+    let restored = generators.restore(rt, site.warmup);
+    warmed?; // a failed warmup is the error to report, not what followed from it
+    let rng = restored?;
     let warmup_time = started.elapsed();
 
     let capture_started = Instant::now();
@@ -356,7 +337,6 @@ pub(crate) fn capture_graph(
         temp_bytes: 0,
         static_bytes,
         name: graph,
-        nodes: 0,
         kinds: Default::default(),
         warmup: site.warmup,
         warmup_time,
@@ -366,7 +346,7 @@ pub(crate) fn capture_graph(
     let built = Graph::instantiate(rt, raw, info)?;
     tracing::debug!(
         graph,
-        nodes = built.info().nodes,
+        nodes = built.info().nodes(),
         temp_bytes = built.info().temp_bytes,
         static_bytes,
         warmup = site.warmup,

@@ -397,37 +397,6 @@ pub(crate) fn bytes(n: usize) -> String {
     }
 }
 
-impl GraphError {
-    /// Whether this is an out-of-memory error.
-    pub fn is_out_of_memory(&self) -> bool {
-        match self {
-            GraphError::OutOfMemory { .. } => true,
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
-            _ => false,
-        }
-    }
-
-    /// Adds what the runtime knows to an out-of-memory error: what it was doing, the size
-    /// asked for, and the device's free memory now. Other errors pass through.
-    pub(crate) fn with_oom_context(
-        self,
-        rt: &crate::Runtime,
-        during: impl FnOnce() -> String,
-        requested: Option<usize>,
-    ) -> Self {
-        if !self.is_out_of_memory() {
-            return self;
-        }
-        GraphError::OutOfMemory {
-            during: during(),
-            requested_bytes: requested,
-            free_bytes: rt.mem_info().ok().map(|(free, _)| free),
-        }
-    }
-}
-
 fn code_name(e: &DriverError) -> String {
     e.error_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -460,6 +429,35 @@ impl From<CublasError> for GraphError {
 }
 
 impl GraphError {
+    /// Whether this is an out-of-memory error.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            GraphError::OutOfMemory { .. } => true,
+            GraphError::Warmup { source, .. }
+            | GraphError::Body { source, .. }
+            | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
+    /// Adds what the runtime knows to an out-of-memory error: what it was doing, the size
+    /// asked for, and the device's free memory now. Other errors pass through.
+    pub(crate) fn with_oom_context(
+        self,
+        rt: &crate::Runtime,
+        during: impl FnOnce() -> String,
+        requested: Option<usize>,
+    ) -> Self {
+        if !self.is_out_of_memory() {
+            return self;
+        }
+        GraphError::OutOfMemory {
+            during: during(),
+            requested_bytes: requested,
+            free_bytes: rt.mem_info().ok().map(|(free, _)| free),
+        }
+    }
+
     /// The CUDA capture error code this error stands for (900–908), if it is one.
     pub fn capture_code(&self) -> Option<u32> {
         Some(match self {
@@ -530,13 +528,6 @@ impl GraphError {
                 during: format!("capturing `{graph}`"),
                 requested_bytes,
                 free_bytes,
-            },
-            GraphError::User(u) => match u.downcast::<DriverError>() {
-                Ok(d) => GraphError::in_capture(graph, GraphError::Driver(*d)),
-                Err(u) => GraphError::Body {
-                    graph,
-                    source: Box::new(GraphError::User(u)),
-                },
             },
             e if e.capture_code().is_some() => e,
             // Already about this capture, in the user's terms: pass them through unwrapped.

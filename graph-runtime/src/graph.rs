@@ -14,9 +14,7 @@ use crate::runtime::{Runtime, StreamGate};
 pub struct GraphInfo {
     /// The annotated function's name.
     pub name: &'static str,
-    /// Nodes in the captured graph (kernels, copies, memsets, allocations, …).
-    pub nodes: usize,
-    /// The nodes by kind.
+    /// The nodes by kind; [`GraphInfo::nodes`] is their total.
     pub kinds: NodeKinds,
     /// Warmup runs before the capture.
     pub warmup: u32,
@@ -34,6 +32,13 @@ pub struct GraphInfo {
     pub temp_bytes: usize,
     /// Bytes of the static input and output buffers the graph type owns.
     pub static_bytes: usize,
+}
+
+impl GraphInfo {
+    /// Nodes in the captured graph (kernels, copies, memsets, allocations, …).
+    pub fn nodes(&self) -> usize {
+        self.kinds.total()
+    }
 }
 
 /// How far one replay moves one generator, in Philox counters (4 values each).
@@ -100,40 +105,30 @@ impl Graph {
         mut info: GraphInfo,
     ) -> Result<Self, GraphError> {
         let started = Instant::now();
-        let inspected = inspect(raw, info.name);
         // Temporaries the body allocates during capture become allocation nodes; with
         // AUTO_FREE_ON_LAUNCH a relaunch frees any that the body did not free itself, so a
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        let exec = inspected.and_then(|(kinds, temp_bytes)| {
+        let built = (|| {
+            let (kinds, temp_bytes) = inspect(raw, info.name)?;
             info.kinds = kinds;
             info.temp_bytes = temp_bytes;
+            let (before, after) = (timing_free_event(rt)?, timing_free_event(rt)?);
             // SAFETY: `raw` is a valid graph; instantiation does not take ownership of it.
-            unsafe { result::graph::instantiate(raw, flags) }
-                .map_err(|e| GraphError::from_driver(info.name, e))
-        });
-        let exec = match exec {
-            Ok(exec) => exec,
+            let exec = unsafe { result::graph::instantiate(raw, flags) }
+                .map_err(|e| GraphError::from_driver(info.name, e))?;
+            Ok((exec, before, after))
+        })();
+        let (exec, before, after) = match built {
+            Ok(parts) => parts,
             Err(e) => {
-                // SAFETY: `raw` is owned here and not referenced by any executable graph.
+                // SAFETY: `raw` is owned here and no executable graph was made from it.
                 let _ = unsafe { result::graph::destroy(raw) };
                 return Err(e);
             }
         };
-        let events = timing_free_event(rt).and_then(|a| Ok((a, timing_free_event(rt)?)));
-        let (before, after) = match events {
-            Ok(ev) => ev,
-            Err(e) => {
-                // SAFETY: both handles are owned here and no longer used.
-                unsafe {
-                    let _ = result::graph::exec_destroy(exec);
-                    let _ = result::graph::destroy(raw);
-                }
-                return Err(e);
-            }
-        };
-        info.nodes = info.kinds.total();
-        let g = Graph {
+        // From here on `Drop` owns both handles, also if the upload fails.
+        let mut g = Graph {
             exec,
             graph: raw,
             stream: rt.stream().clone(),
@@ -152,7 +147,6 @@ impl Graph {
                 Some(g.info.temp_bytes),
             )
         })?;
-        let mut g = g;
         g.info.instantiate_time = started.elapsed();
         Ok(g)
     }
@@ -165,6 +159,16 @@ impl Graph {
     /// The stream this graph launches on (the runtime's stream).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The graph's stream and ordering events, for copies queued outside a replay (a bucket
+    /// family's eager fallback) without creating events each time.
+    pub fn staging(&self) -> Staging<'_> {
+        Staging {
+            stream: &self.stream,
+            before: &self.before,
+            after: &self.after,
+        }
     }
 
     /// Launches the graph as it is, without touching its inputs.
@@ -182,11 +186,7 @@ impl Graph {
     ) -> Result<(), GraphError> {
         self.gate.launch(self.info.name, || {
             self.stream.context().bind_to_thread()?;
-            stage(&Staging {
-                stream: &self.stream,
-                before: &self.before,
-                after: &self.after,
-            })?;
+            stage(&self.staging())?;
             // SAFETY: `exec` is a live executable graph owned by `self`, instantiated for
             // this stream's context, which is bound to this thread just above.
             unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }

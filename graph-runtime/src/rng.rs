@@ -38,6 +38,7 @@ use cudarc::driver::{
 
 use crate::capture::{phase, Phase};
 use crate::error::GraphError;
+use crate::graph::RngAdvance;
 use crate::runtime::Runtime;
 
 /// The seed of [`Runtime::rng`], the runtime's default generator.
@@ -438,6 +439,46 @@ impl Generator {
         // SAFETY: as in `save_state`, in the other direction.
         unsafe { result::memcpy_dtod_async(dst, src, 16, rt.stream().cu_stream()) }?;
         Ok(())
+    }
+}
+
+/// Every generator of a runtime as it was before a capture's warmup runs, so that the
+/// warmup's draws can be undone (see the module docs).
+pub(crate) struct WarmupSnapshot {
+    saved: Vec<(Generator, RngState, u64)>,
+}
+
+impl WarmupSnapshot {
+    /// Saves every live generator of `rt` (on the device) and reads its offset.
+    pub(crate) fn take(rt: &Runtime) -> Result<Self, GraphError> {
+        let saved = rt
+            .live_generators()
+            .into_iter()
+            .map(|g| {
+                let mut snapshot = RngState::new(rt)?;
+                g.save_state(rt, &mut snapshot)?;
+                let offset = g.state(rt)?.1;
+                Ok((g, snapshot, offset))
+            })
+            .collect::<Result<_, GraphError>>()?;
+        Ok(WarmupSnapshot { saved })
+    }
+
+    /// Puts every generator back and reports how far `warmup` runs moved each one that
+    /// moved, per run.
+    pub(crate) fn restore(self, rt: &Runtime, warmup: u32) -> Result<Vec<RngAdvance>, GraphError> {
+        let mut moved = Vec::new();
+        for (g, snapshot, before) in self.saved {
+            let after = g.state(rt)?.1;
+            if after != before {
+                moved.push(RngAdvance {
+                    generator: g.id(),
+                    counters_per_replay: after.wrapping_sub(before) / u64::from(warmup),
+                });
+            }
+            g.restore_state(rt, &snapshot)?;
+        }
+        Ok(moved)
     }
 }
 

@@ -12,8 +12,8 @@ fn copy(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), 
 fn run(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
     let graph = CopyGraph::capture(rt, x, x.len())?;
     std::thread::scope(|s| {
-        s.spawn(|| graph.info().nodes);
-        s.spawn(|| graph.info().nodes);
+        s.spawn(|| graph.info().nodes());
+        s.spawn(|| graph.info().nodes());
     });
     Ok(())
 }
