@@ -1,13 +1,27 @@
 //! # 04 — MLP inference: one graph per batch size
 //!
-//! The model: 16 × (Linear 512→512 + bias + GELU), the layer of `tests/replay_vs_eager.rs`
-//! stacked: a cuBLAS GEMM and the `bias_gelu` kernel per layer, 32 launches per forward.
-//! A graph's shapes are fixed at capture, so the batch size is a `#[constant]` and each
-//! batch size gets its own graph from its own `capture` call.
+//! The model: 16 × (Linear 512→512 + bias + GELU). A graph's shapes are fixed at capture, so
+//! the batch size is a `#[constant]` and each batch size gets its own graph from its own
+//! `capture` call.
+//!
+//! A layer runs one of four ways, also a `#[constant]` (`--kernels`):
+//! * `sgemm`: a cuBLAS GEMM, then the `bias_gelu` kernel: two launches per layer, the
+//!   straightforward cudarc program;
+//! * `lt`: one cuBLASLt call with the bias + GELU epilogue (`cuda_graphs::bench::lt`), FP32;
+//! * `fused`: the `linear_bias_gelu` kernel (`cuda_graphs::kernels::LINEAR`), one launch per
+//!   layer, written for small batches;
+//! * `early`: the same kernel started with [`Runtime::launch_early`]: each layer loads its
+//!   weights while the layer before it finishes, and the graph keeps that overlap as
+//!   programmatic edges.
+//!
+//! The default (`auto`) picks the fastest way measured on an H100: `early` up to batch
+//! [`FUSED_MAX`], `sgemm` up to [`SGEMM_MAX`], `lt` above, where the GEMMs are large enough
+//! for cuBLASLt's tiles and its fused epilogue saves a pass over the activations.
+//! `--kernels all` runs and times every way.
 //!
 //! For every batch size the example
 //! 1. runs the function eagerly and replays its graph on the same input, and checks that the
-//!    outputs are equal bit for bit (same kernels, same order, same cuBLAS calls);
+//!    outputs are equal bit for bit (same kernels, same order, same algorithms);
 //! 2. checks three rows of the eager output against the host reference
 //!    (`cuda_graphs::bench::reference::mlp_inference`);
 //! 3. times eager calls, replays (input copy + launch) and launches alone.
@@ -16,63 +30,215 @@
 //! GEMMs, not the launches, set the time, which is where a graph stops helping.
 //!
 //! Run: `cargo run --release --example 04-mlp-inference` (add `-- --batches 1,8,64` to
-//! choose, `-- --json` for machine-readable lines).
+//! choose, `-- --kernels all` to compare the four ways, `-- --json` for machine-readable
+//! lines).
 
 use cuda_graphs::bench::blas::{matmul, MatMul};
 use cuda_graphs::bench::json::Record;
+use cuda_graphs::bench::lt::LtLinear;
 use cuda_graphs::bench::reference::{mlp_inference, uniform};
 use cuda_graphs::bench::table::{times, us, Table};
 use cuda_graphs::bench::{first_mismatch, gpu_us, iters_for, max_scaled_diff, wall_us, Cli};
-use cuda_graphs::kernels::ELEMENTWISE;
+use cuda_graphs::kernels::{ELEMENTWISE, LINEAR};
 use cuda_graphs::testing::{random_vec, runtime_or_skip, seeded_rng};
-use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
 
 const LAYERS: usize = 16;
 const DIM: usize = 512;
 const BATCHES: &[usize] = &[1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096];
+/// Largest batch that `auto` runs on the fused kernel.
+const FUSED_MAX: usize = 64;
+/// Largest batch that `auto` runs on cuBLAS's sgemm; cuBLASLt above.
+const SGEMM_MAX: usize = 512;
 /// Tolerance of the eager output against the f64 host reference (|Δ| / max(1, |ref|)).
 const CPU_TOLERANCE: f32 = 1e-3;
 
+/// How a layer runs (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Sgemm,
+    Lt,
+    Fused,
+    Early,
+}
+
+impl Kernels {
+    const ALL: [Kernels; 4] = [Kernels::Sgemm, Kernels::Lt, Kernels::Fused, Kernels::Early];
+
+    /// The fastest way for `batch` on an H100 (the `--kernels all` table): the fused kernel
+    /// while the weights dominate, cuBLAS's sgemm around batch 256, cuBLASLt above.
+    fn auto(batch: usize) -> Self {
+        if batch <= FUSED_MAX {
+            Kernels::Early
+        } else if batch <= SGEMM_MAX {
+            Kernels::Sgemm
+        } else {
+            Kernels::Lt
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kernels::Sgemm => "sgemm",
+            Kernels::Lt => "lt",
+            Kernels::Fused => "fused",
+            Kernels::Early => "early",
+        }
+    }
+}
+
+/// The buffers a forward pass works in: two activations it alternates between (a layer
+/// cannot overwrite the input it is still reading), and the cuBLASLt plan for `lt`.
+struct Work {
+    h: [CudaSlice<f32>; 2],
+    lt: Option<LtLinear>,
+}
+
+impl Work {
+    fn new(rt: &Runtime, batch: usize, kernels: Kernels) -> Result<Self, GraphError> {
+        let lt = match kernels {
+            Kernels::Lt => Some(LtLinear::new(rt, batch, DIM, DIM)?),
+            _ => None,
+        };
+        Self::with_plan(rt, batch, lt)
+    }
+
+    /// Buffers of the same size and the same cuBLASLt algorithm: the eager twin of a graph's
+    /// `Work`, so that both run exactly the same kernels.
+    fn twin(&self, rt: &Runtime) -> Result<Self, GraphError> {
+        let lt = self.lt.as_ref().map(|p| p.duplicate(rt)).transpose()?;
+        Self::with_plan(rt, self.h[0].len() / DIM, lt)
+    }
+
+    fn with_plan(rt: &Runtime, batch: usize, lt: Option<LtLinear>) -> Result<Self, GraphError> {
+        let s = rt.stream();
+        Ok(Work {
+            h: [s.alloc_zeros(batch * DIM)?, s.alloc_zeros(batch * DIM)?],
+            lt,
+        })
+    }
+}
+
 // 1. The model. `x` is the input (copied into the graph on every replay), `y` the output;
-//    the weights are state read in place. `scratch` holds each GEMM's result before
-//    bias + GELU; it is state too, so the eager run launches exactly the kernels the graph
-//    replays (a temporary would add an allocation to every eager call). Layer l reads `x`
-//    (l = 0) or `y`, writes `scratch`, and bias + GELU writes `y` back.
+//    the weights are state read in place, and so is `work`: the eager run launches exactly
+//    the kernels the graph replays (temporaries would add allocations to every eager call).
+#[allow(clippy::too_many_arguments)] // the model's parameters, one per role
 #[cuda_graph(warmup = 2)]
 fn mlp(
     rt: &Runtime,
     x: &CudaSlice<f32>,
     #[state] w: &CudaSlice<f32>,
     #[state] b: &CudaSlice<f32>,
-    #[state] scratch: &mut CudaSlice<f32>,
+    #[state] work: &mut Work,
     y: &mut CudaSlice<f32>,
     #[constant] batch: usize,
+    #[constant] kernels: Kernels,
 ) -> Result<(), GraphError> {
-    let bias_gelu = rt.function(ELEMENTWISE, "bias_gelu")?;
-    let (rows, cols) = (batch as i32, DIM as i32);
-    let cfg = LaunchConfig::for_num_elems((batch * DIM) as u32);
-    // y = x · Wᵀ with W stored [out, in], as PyTorch's Linear.
-    let mm = MatMul::nt(batch, DIM, DIM);
+    let Work { h, lt } = work;
+    let [h0, h1] = h;
     for l in 0..LAYERS {
         let wl = w.slice(l * DIM * DIM..(l + 1) * DIM * DIM);
         let bl = b.slice(l * DIM..(l + 1) * DIM);
-        if l == 0 {
-            matmul(rt, x, &wl, scratch, mm)?;
-        } else {
-            matmul(rt, &*y, &wl, scratch, mm)?;
+        if kernels == Kernels::Sgemm {
+            // `y` holds the activations, `h0` each GEMM's result before bias + GELU.
+            let src = if l == 0 { x } else { &*y };
+            matmul(rt, src, &wl, h0, MatMul::nt(batch, DIM, DIM))?;
+            bias_gelu(rt, h0, &bl, y, batch)?;
+            continue;
         }
-        // SAFETY: `bias_gelu` reads rows·cols floats of `scratch` (it holds at least that:
-        // `matmul` checked) and cols of `bl`, and writes rows·cols of `y`, which holds
-        // batch·DIM.
+        // Layer l reads x, h0 or h1 and writes h0, h1 or (last) y.
+        let (src, dst) = if l % 2 == 0 {
+            (&*h1, &mut *h0)
+        } else {
+            (&*h0, &mut *h1)
+        };
+        let src = if l == 0 { x } else { src };
+        let dst = if l + 1 == LAYERS { &mut *y } else { dst };
+        match kernels {
+            Kernels::Lt => lt
+                .as_mut()
+                .expect("an `lt` forward needs its plan")
+                .forward(rt, src, &wl, &bl, dst)?,
+            _ => linear_bias_gelu(rt, kernels == Kernels::Early, src, &wl, &bl, dst, batch)?,
+        }
+    }
+    Ok(())
+}
+
+/// `y = gelu(z + bias)` per row.
+fn bias_gelu(
+    rt: &Runtime,
+    z: &CudaSlice<f32>,
+    bias: &CudaView<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    let f = rt.function(ELEMENTWISE, "bias_gelu")?;
+    let (rows, cols) = (batch as i32, DIM as i32);
+    // SAFETY: `bias_gelu` reads rows·cols floats of `z` (it holds batch·DIM: `matmul`
+    // checked) and cols of `bias`, and writes rows·cols of `y`, which holds batch·DIM.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(z)
+            .arg(bias)
+            .arg(y)
+            .arg(&rows)
+            .arg(&cols)
+            .launch(LaunchConfig::for_num_elems((batch * DIM) as u32))?;
+    }
+    Ok(())
+}
+
+/// `y = gelu(x · Wᵀ + bias)` in one `linear_bias_gelu` launch, early or in order.
+fn linear_bias_gelu(
+    rt: &Runtime,
+    early: bool,
+    x: &CudaSlice<f32>,
+    w: &CudaView<f32>,
+    bias: &CudaView<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    assert!(x.len() >= batch * DIM && y.len() >= batch * DIM);
+    let f = rt.function(LINEAR, "linear_bias_gelu")?;
+    let (rows, n, k) = (batch as i32, DIM as i32, DIM as i32);
+    // One warp per output feature and tile of 8 rows, four warps per block.
+    let cfg = LaunchConfig {
+        grid_dim: (DIM.div_ceil(4) as u32, batch.div_ceil(8) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if early {
+        // SAFETY: the kernel reads batch·DIM floats of `x` (asserted), DIM·DIM of `w` and
+        // DIM of `bias` (the slices), writes batch·DIM of `y` (asserted); DIM is a multiple
+        // of 4 and cudarc's allocations are 256-byte aligned, the slices start at multiples
+        // of DIM floats. Early-launch contract: before `griddepcontrol.wait` it reads only
+        // `w` and `bias`, which no kernel of this program writes.
+        unsafe {
+            rt.launch_early(&f)
+                .buf(x)
+                .buf(w)
+                .buf(bias)
+                .buf_mut(y)
+                .arg(rows)
+                .arg(n)
+                .arg(k)
+                .launch(cfg)?;
+        }
+    } else {
+        // SAFETY: as above, launched in order.
         unsafe {
             rt.stream()
-                .launch_builder(&bias_gelu)
-                .arg(&*scratch)
-                .arg(&bl)
-                .arg(&mut *y)
+                .launch_builder(&f)
+                .arg(x)
+                .arg(w)
+                .arg(bias)
+                .arg(y)
                 .arg(&rows)
-                .arg(&cols)
+                .arg(&n)
+                .arg(&k)
                 .launch(cfg)?;
         }
     }
@@ -81,7 +247,9 @@ fn mlp(
 
 struct Row {
     batch: usize,
+    kernels: Kernels,
     nodes: usize,
+    early_edges: usize,
     eager_us: f64,
     graph_us: f64,
     launch_us: f64,
@@ -97,6 +265,18 @@ fn main() -> Result<(), BoxError> {
     if batches.is_empty() || batches.contains(&0) {
         return Err("--batches: give batch sizes of at least 1".into());
     }
+    let ways: Vec<Option<Kernels>> = match cli.value("kernels").unwrap_or("auto") {
+        "auto" => vec![None],
+        "all" => Kernels::ALL.into_iter().map(Some).collect(),
+        name => match Kernels::ALL.into_iter().find(|k| k.name() == name) {
+            Some(k) => vec![Some(k)],
+            None => {
+                return Err(
+                    format!("--kernels {name}: auto, all, sgemm, lt, fused or early").into(),
+                )
+            }
+        },
+    };
     let Some(rt) = runtime_or_skip("04-mlp-inference") else {
         return Ok(());
     };
@@ -117,69 +297,65 @@ fn main() -> Result<(), BoxError> {
         .map(|h| s.clone_htod(h))
         .collect::<Result<Vec<_>, _>>()?;
 
-    // 3. One graph per batch size: `batch` is a constant, so each `capture` records the
-    //    shapes of its own batch. Each graph borrows its own scratch buffer for its life.
-    let mut scratches = batches
-        .iter()
-        .map(|&n| s.alloc_zeros::<f32>(n * DIM))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut graphs = Vec::with_capacity(batches.len());
-    for ((&n, x), scratch) in batches.iter().zip(&xs).zip(scratches.iter_mut()) {
-        graphs.push(MlpGraph::capture(&rt, x, &w, &b, scratch, n * DIM, n)?);
-    }
-
-    // The eager calls share one scratch buffer of the largest size.
-    let largest = batches.iter().copied().max().unwrap_or(1);
-    let mut eager_scratch = s.alloc_zeros::<f32>(largest * DIM)?;
+    // 3. One graph per batch size (and way of running the layers): `batch` and `kernels` are
+    //    constants, so each `capture` records its own shapes and kernels. The graph borrows
+    //    its `Work` for its life; the eager calls get their own.
     let mut rows = Vec::new();
-    for (i, graph) in graphs.iter_mut().enumerate() {
-        let (n, x) = (batches[i], &xs[i]);
-        let mut y = s.alloc_zeros::<f32>(n * DIM)?;
+    for (i, &n) in batches.iter().enumerate() {
+        for way in &ways {
+            let kernels = way.unwrap_or(Kernels::auto(n));
+            let x = &xs[i];
+            let mut graph_work = Work::new(&rt, n, kernels)?;
+            let mut eager_work = graph_work.twin(&rt)?;
+            let mut graph =
+                MlpGraph::capture(&rt, x, &w, &b, &mut graph_work, n * DIM, n, kernels)?;
+            let mut y = s.alloc_zeros::<f32>(n * DIM)?;
+            let mut eager =
+                |y: &mut CudaSlice<f32>| mlp(&rt, x, &w, &b, &mut eager_work, y, n, kernels);
 
-        // 4. Eager and graph on the same input: bitwise equal.
-        mlp(&rt, x, &w, &b, &mut eager_scratch, &mut y, n)?;
-        let eager = s.clone_dtoh(&y)?;
-        let graphed = s.clone_dtoh(graph.replay(x)?.y)?;
-        let bitwise = first_mismatch(&eager, &graphed).is_none();
+            // 4. Eager and graph on the same input: bitwise equal.
+            eager(&mut y)?;
+            let eager_out = s.clone_dtoh(&y)?;
+            let graphed = s.clone_dtoh(graph.replay(x)?.y)?;
+            let bitwise = first_mismatch(&eager_out, &graphed).is_none();
 
-        // 5. And eager against the host on the first, middle and last rows.
-        let mut cpu_err = 0.0f32;
-        let mut picked = vec![0, n / 2, n - 1];
-        picked.dedup();
-        for r in picked {
-            let want = mlp_inference(
-                &host_x[i][r * DIM..(r + 1) * DIM],
-                &host_w,
-                &host_b,
-                LAYERS,
-                DIM,
-            );
-            cpu_err = cpu_err.max(max_scaled_diff(&eager[r * DIM..(r + 1) * DIM], &want));
+            // 5. And eager against the host on the first, middle and last rows.
+            let mut cpu_err = 0.0f32;
+            let mut picked = vec![0, n / 2, n - 1];
+            picked.dedup();
+            for r in picked {
+                let want = mlp_inference(
+                    &host_x[i][r * DIM..(r + 1) * DIM],
+                    &host_w,
+                    &host_b,
+                    LAYERS,
+                    DIM,
+                );
+                cpu_err = cpu_err.max(max_scaled_diff(&eager_out[r * DIM..(r + 1) * DIM], &want));
+            }
+
+            // 6. Timings: about 50 ms of back-to-back calls per measurement.
+            let estimate = wall_us(&s, 3, || eager(&mut y))?;
+            let iters = iters_for(estimate, 50_000.0, 5, 2_000);
+            let eager_us = wall_us(&s, iters, || eager(&mut y))?;
+            let graph_us = wall_us(&s, iters, || graph.replay(x).map(|_| ()))?;
+            let launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
+            let eager_gpu_us = gpu_us(&s, iters, || eager(&mut y))?;
+            let graph_gpu_us = gpu_us(&s, iters, || graph.replay(x).map(|_| ()))?;
+            rows.push(Row {
+                batch: n,
+                kernels,
+                nodes: graph.info().kinds.kernels,
+                early_edges: graph.info().early_edges,
+                eager_us,
+                graph_us,
+                launch_us,
+                eager_gpu_us,
+                graph_gpu_us,
+                bitwise,
+                cpu_err,
+            });
         }
-
-        // 6. Timings: about 50 ms of back-to-back calls per measurement.
-        let estimate = wall_us(&s, 3, || mlp(&rt, x, &w, &b, &mut eager_scratch, &mut y, n))?;
-        let iters = iters_for(estimate, 50_000.0, 5, 2_000);
-        let eager_us = wall_us(&s, iters, || {
-            mlp(&rt, x, &w, &b, &mut eager_scratch, &mut y, n)
-        })?;
-        let graph_us = wall_us(&s, iters, || graph.replay(x).map(|_| ()))?;
-        let launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
-        let eager_gpu_us = gpu_us(&s, iters, || {
-            mlp(&rt, x, &w, &b, &mut eager_scratch, &mut y, n)
-        })?;
-        let graph_gpu_us = gpu_us(&s, iters, || graph.replay(x).map(|_| ()))?;
-        rows.push(Row {
-            batch: n,
-            nodes: graph.info().kinds.kernels,
-            eager_us,
-            graph_us,
-            launch_us,
-            eager_gpu_us,
-            graph_gpu_us,
-            bitwise,
-            cpu_err,
-        });
     }
 
     // 7. The table (and JSON lines for the report).
@@ -189,7 +365,9 @@ fn main() -> Result<(), BoxError> {
     );
     let mut t = Table::new(&[
         ">batch",
+        "layers run as",
         ">kernels in graph",
+        ">early edges",
         ">eager µs",
         ">graph replay µs",
         ">graph launch-only µs",
@@ -202,7 +380,9 @@ fn main() -> Result<(), BoxError> {
     for r in &rows {
         t.row(vec![
             r.batch.to_string(),
+            r.kernels.name().to_owned(),
             r.nodes.to_string(),
+            r.early_edges.to_string(),
             us(r.eager_us),
             us(r.graph_us),
             us(r.launch_us),
@@ -224,6 +404,7 @@ fn main() -> Result<(), BoxError> {
                 .set("layers", LAYERS)
                 .set("dim", DIM)
                 .set("kernels", r.nodes)
+                .set("layer_kernels", r.kernels.name())
                 .set("eager_us", r.eager_us)
                 .set("graph_us", r.graph_us)
                 .set("graph_launch_us", r.launch_us)
@@ -236,18 +417,18 @@ fn main() -> Result<(), BoxError> {
         }
     }
 
-    let differ: Vec<usize> = rows
+    let differ: Vec<(usize, &str)> = rows
         .iter()
         .filter(|r| !r.bitwise)
-        .map(|r| r.batch)
+        .map(|r| (r.batch, r.kernels.name()))
         .collect();
     if !differ.is_empty() {
         return Err(format!("eager and graph outputs differ at batch sizes {differ:?}").into());
     }
-    let off: Vec<usize> = rows
+    let off: Vec<(usize, &str)> = rows
         .iter()
         .filter(|r| r.cpu_err >= CPU_TOLERANCE)
-        .map(|r| r.batch)
+        .map(|r| (r.batch, r.kernels.name()))
         .collect();
     if !off.is_empty() {
         return Err(format!(

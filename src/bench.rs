@@ -1,6 +1,6 @@
 //! Host helpers of the model examples (`examples/04-…` to `07-…`) and of the benchmark report
 //! (`examples/08-report.rs`): timing, tables, JSON lines, the SVG plot, cuBLAS row-major
-//! helpers and host reference implementations of the example models.
+//! and cuBLASLt helpers and host reference implementations of the example models.
 //!
 //! Everything here except [`wall_us`], [`gpu_us`] and the launch helpers in [`blas`] runs on
 //! the CPU and is unit-tested there.
@@ -20,6 +20,7 @@ use graph_runtime::GraphError;
 
 pub mod blas;
 pub mod json;
+pub mod lt;
 pub mod reference;
 pub mod report;
 pub mod svg;

@@ -41,6 +41,99 @@ extern "C" __global__ void bias_gelu(const float *x, const float *b, float *y, i
 }
 "#;
 
+/// A fused linear layer for small batches: `y = gelu(x · Wᵀ + b)` in one kernel, the weights
+/// stored `[out, in]` like PyTorch's `Linear.weight`. Written for the launch-bound end of the
+/// MLP example (batch 1 to 64), where cuBLAS's FP32 GEMM kernels leave most of the GPU idle.
+///
+/// `linear_bias_gelu(x, w, bias, y, rows, n_out, k)`: one warp per output feature and tile
+/// of 8 rows; launch 128 threads per block on a `(ceil(n_out / 4), ceil(rows / 8))` grid.
+/// `k` must be a multiple of 4 and every buffer 16-byte aligned. Each warp sums in a fixed
+/// order, so results are bitwise reproducible.
+///
+/// Every load is unconditional (indices are clamped, out-of-range terms multiplied by zero
+/// weights or dropped at the store): a load under a condition cannot be hoisted, and a
+/// chain of them costs one memory latency each.
+///
+/// The kernel is ready for an [early launch](graph_runtime::launch): it loads its weight row
+/// and bias (which nothing in the model writes) before `griddepcontrol.wait`, and `x` (the
+/// previous layer's output) only after it. Launched normally, the two instructions do nothing.
+pub const LINEAR: &str = r#"
+#define LIN_TILE 8
+#define LIN_WREG 4
+
+__device__ __forceinline__ float lin_gelu(float v) {
+    float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+    return 0.5f * v * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// x is deliberately neither const __restrict__ nor read through __ldg: it is the previous
+// kernel's output, read after griddepcontrol.wait through the coherent path.
+extern "C" __global__ void linear_bias_gelu(const float *x, const float *__restrict__ w,
+                                            const float *__restrict__ bias, float *y,
+                                            int rows, int n_out, int k) {
+    const int lane = threadIdx.x & 31;
+    const int o_raw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int o = min(o_raw, n_out - 1);
+    const int r0 = blockIdx.y * LIN_TILE;
+    const int kv = k >> 2;
+    const float4 *w4 = reinterpret_cast<const float4 *>(w) + (size_t)o * kv;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    // 1. Independent of the previous layer: this warp's weight row (the first 128 · LIN_WREG
+    //    floats, in registers) and its bias.
+    float4 wr[LIN_WREG];
+#pragma unroll
+    for (int j = 0; j < LIN_WREG; ++j) {
+        int c = lane + 32 * j;
+        float4 v = __ldg(w4 + min(c, kv - 1));
+        wr[j] = c < kv ? v : zero;
+    }
+    const float bo = __ldg(bias + o);
+
+    // 2. Let the next layer be scheduled, then wait for the previous one.
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+
+    // 3. Each lane sums its slice of k for the tile's rows, then the warp reduces.
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    size_t xrow[LIN_TILE];
+#pragma unroll
+    for (int t = 0; t < LIN_TILE; ++t) xrow[t] = (size_t)min(r0 + t, rows - 1) * kv;
+    float acc[LIN_TILE];
+#pragma unroll
+    for (int t = 0; t < LIN_TILE; ++t) acc[t] = 0.f;
+#pragma unroll
+    for (int j = 0; j < LIN_WREG; ++j) {
+        int c = min(lane + 32 * j, kv - 1);
+#pragma unroll
+        for (int t = 0; t < LIN_TILE; ++t) acc[t] += dot4(wr[j], x4[xrow[t] + c]);
+    }
+    for (int c = lane + 32 * LIN_WREG; c < kv; c += 32) {
+        float4 wv = __ldg(w4 + c);
+#pragma unroll
+        for (int t = 0; t < LIN_TILE; ++t) acc[t] += dot4(wv, x4[xrow[t] + c]);
+    }
+#pragma unroll
+    for (int t = 0; t < LIN_TILE; ++t)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
+    // Lane t writes row r0 + t (a select chain, not a dynamic register index).
+    float v = 0.f;
+#pragma unroll
+    for (int t = 0; t < LIN_TILE; ++t)
+        if (lane == t) v = acc[t];
+    if (o_raw < n_out && lane < LIN_TILE && r0 + lane < rows)
+        y[(size_t)(r0 + lane) * n_out + o] = lin_gelu(v + bo);
+}
+"#;
+
 /// Kernels of the training examples (`06-train-step`, `07-dropout-train`): the pieces of a
 /// small MLP's forward and backward pass that are not GEMMs, an MSE loss, the global
 /// gradient norm and AdamW. Row-major matrices; `n` is an element count.

@@ -32,6 +32,10 @@ pub struct GraphInfo {
     pub temp_bytes: usize,
     /// Bytes of the static input and output buffers the graph type owns.
     pub static_bytes: usize,
+    /// Programmatic edges: dependencies that let a kernel start while the one before it
+    /// finishes, recorded from [early launches](crate::launch). 0 when the body launched
+    /// every kernel in order.
+    pub early_edges: usize,
 }
 
 impl GraphInfo {
@@ -113,6 +117,7 @@ impl Graph {
             let (kinds, temp_bytes) = inspect(raw, info.name)?;
             info.kinds = kinds;
             info.temp_bytes = temp_bytes;
+            info.early_edges = programmatic_edges(raw)?;
             let (before, after) = (timing_free_event(rt)?, timing_free_event(rt)?);
             // SAFETY: `raw` is a valid graph; instantiation does not take ownership of it.
             let exec = unsafe { result::graph::instantiate(raw, flags) }
@@ -315,6 +320,45 @@ fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<(NodeKinds, usize),
         }
     }
     Ok((kinds, temp_bytes))
+}
+
+/// How many of the graph's edges are programmatic (early-launch) dependencies.
+fn programmatic_edges(raw: sys::CUgraph) -> Result<usize, GraphError> {
+    let mut count = 0usize;
+    // SAFETY: `raw` is a valid graph; null arrays ask only for the edge count.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            raw,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut count,
+        )
+    }
+    .result()?;
+    if count == 0 {
+        return Ok(0);
+    }
+    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+    // SAFETY: all-zero edge data is a valid value of this plain C struct.
+    let mut data: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; count];
+    // SAFETY: the three arrays have room for `count` entries, the number CUDA just reported.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            raw,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            data.as_mut_ptr(),
+            &mut count,
+        )
+    }
+    .result()?;
+    let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+    Ok(data[..count.min(data.len())]
+        .iter()
+        .filter(|e| e.type_ == programmatic)
+        .count())
 }
 
 /// Whether a copy endpoint is host memory the driver does not know (pageable).

@@ -61,6 +61,7 @@
 //! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
 //! | phase | whether this thread is running eagerly, warming up or capturing | [`phase`], [`ensure_not_capturing`] |
+//! | early launch | a kernel started while the one before it finishes (programmatic dependent launch, sm_90+): it loads what no running kernel writes, then waits; captured as a programmatic graph edge | [`launch`], [`Runtime::launch_early`], [`GraphInfo::early_edges`] |
 //! | fork/join | a parallel branch on a side stream made before the capture, always rejoined | [`Runtime::fork`], [`fork_join`] |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
@@ -107,6 +108,7 @@ mod capture;
 mod error;
 mod fork;
 mod graph;
+pub mod launch;
 pub mod rng;
 mod runtime;
 
@@ -123,6 +125,7 @@ pub use capture::{ensure_not_capturing, is_capturing, phase, CaptureMode, GraphS
 pub use error::{BoxError, GraphError};
 pub use fork::{fork_join, ForkedStream};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance, Staging};
+pub use launch::EarlyLaunch;
 pub use rng::{Generator, RngState};
 pub use runtime::{driver_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
 

@@ -180,6 +180,14 @@ impl Runtime {
         &self.blas
     }
 
+    /// An [early launch](crate::launch) of `func` on [`Runtime::stream`]: the kernel may start
+    /// while the kernel before it finishes, and a capture records that as a programmatic
+    /// graph edge. The kernel must wait with `griddepcontrol.wait` before reading what
+    /// earlier kernels wrote; see [`crate::launch`].
+    pub fn launch_early<'a>(&'a self, func: &'a CudaFunction) -> crate::EarlyLaunch<'a> {
+        crate::EarlyLaunch::new(&self.stream, func)
+    }
+
     /// The device's compute capability, e.g. `(9, 0)` on an H100.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
