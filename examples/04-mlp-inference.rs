@@ -35,11 +35,12 @@
 
 use cuda_graphs::bench::blas::{matmul, MatMul};
 use cuda_graphs::bench::json::Record;
+use cuda_graphs::bench::linear::linear_bias_gelu;
 use cuda_graphs::bench::lt::LtLinear;
 use cuda_graphs::bench::reference::{mlp_inference, uniform};
 use cuda_graphs::bench::table::{times, us, Table};
 use cuda_graphs::bench::{first_mismatch, gpu_us, iters_for, max_scaled_diff, wall_us, Cli};
-use cuda_graphs::kernels::{ELEMENTWISE, LINEAR};
+use cuda_graphs::kernels::ELEMENTWISE;
 use cuda_graphs::testing::{random_vec, runtime_or_skip, seeded_rng};
 use graph_runtime::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
@@ -160,7 +161,17 @@ fn mlp(
                 .as_mut()
                 .expect("an `lt` forward needs its plan")
                 .forward(rt, src, &wl, &bl, dst)?,
-            _ => linear_bias_gelu(rt, kernels == Kernels::Early, src, &wl, &bl, dst, batch)?,
+            _ => linear_bias_gelu(
+                rt,
+                kernels == Kernels::Early,
+                src,
+                &wl,
+                &bl,
+                dst,
+                batch,
+                DIM,
+                DIM,
+            )?,
         }
     }
     Ok(())
@@ -187,60 +198,6 @@ fn bias_gelu(
             .arg(&rows)
             .arg(&cols)
             .launch(LaunchConfig::for_num_elems((batch * DIM) as u32))?;
-    }
-    Ok(())
-}
-
-/// `y = gelu(x · Wᵀ + bias)` in one `linear_bias_gelu` launch, early or in order.
-fn linear_bias_gelu(
-    rt: &Runtime,
-    early: bool,
-    x: &CudaSlice<f32>,
-    w: &CudaView<f32>,
-    bias: &CudaView<f32>,
-    y: &mut CudaSlice<f32>,
-    batch: usize,
-) -> Result<(), GraphError> {
-    assert!(x.len() >= batch * DIM && y.len() >= batch * DIM);
-    let f = rt.function(LINEAR, "linear_bias_gelu")?;
-    let (rows, n, k) = (batch as i32, DIM as i32, DIM as i32);
-    // One warp per output feature and tile of 8 rows, four warps per block.
-    let cfg = LaunchConfig {
-        grid_dim: (DIM.div_ceil(4) as u32, batch.div_ceil(8) as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    if early {
-        // SAFETY: the kernel reads batch·DIM floats of `x` (asserted), DIM·DIM of `w` and
-        // DIM of `bias` (the slices), writes batch·DIM of `y` (asserted); DIM is a multiple
-        // of 4 and cudarc's allocations are 256-byte aligned, the slices start at multiples
-        // of DIM floats. Early-launch contract: before `griddepcontrol.wait` it reads only
-        // `w` and `bias`, which no kernel of this program writes.
-        unsafe {
-            rt.launch_early(&f)
-                .buf(x)
-                .buf(w)
-                .buf(bias)
-                .buf_mut(y)
-                .arg(rows)
-                .arg(n)
-                .arg(k)
-                .launch(cfg)?;
-        }
-    } else {
-        // SAFETY: as above, launched in order.
-        unsafe {
-            rt.stream()
-                .launch_builder(&f)
-                .arg(x)
-                .arg(w)
-                .arg(bias)
-                .arg(y)
-                .arg(&rows)
-                .arg(&n)
-                .arg(&k)
-                .launch(cfg)?;
-        }
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use graph_runtime::GraphError;
 
 pub mod blas;
 pub mod json;
+pub mod linear;
 pub mod lt;
 pub mod reference;
 pub mod report;

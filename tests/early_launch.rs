@@ -7,10 +7,10 @@
 //! GPU tests: they skip (printing why) without a driver, and fail instead when
 //! `CUDA_GRAPH_REQUIRE_GPU=1`.
 
+use cuda_graphs::bench::linear::linear_bias_gelu;
 use cuda_graphs::bench::reference::gelu;
-use cuda_graphs::kernels::LINEAR;
 use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
-use graph_runtime::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::{CudaSlice, CudaView};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 
 /// Widths: 96 → 640 → 200 → 40. 640 inputs exceed the 512 the kernel keeps in registers, so
@@ -38,47 +38,7 @@ fn layer(
     b: &CudaView<f32>,
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let (k, n) = (DIMS[l], DIMS[l + 1]);
-    assert!(x.len() >= ROWS * k && y.len() >= ROWS * n);
-    let f = rt.function(LINEAR, "linear_bias_gelu")?;
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(4) as u32, ROWS.div_ceil(8) as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (rows, n, k) = (ROWS as i32, n as i32, k as i32);
-    if early {
-        // SAFETY: the kernel reads ROWS·k floats of `x`, n·k of `w` and n of `b`, writes
-        // ROWS·n of `y` (asserted above; the slices have exactly the layer's sizes); every
-        // slice starts at a multiple of 4 floats. Before `griddepcontrol.wait` it reads only
-        // `w` and `b`, which nothing in this program writes while it runs.
-        unsafe {
-            rt.launch_early(&f)
-                .buf(x)
-                .buf(w)
-                .buf(b)
-                .buf_mut(y)
-                .arg(rows)
-                .arg(n)
-                .arg(k)
-                .launch(cfg)?;
-        }
-    } else {
-        // SAFETY: as above, launched in order.
-        unsafe {
-            rt.stream()
-                .launch_builder(&f)
-                .arg(x)
-                .arg(w)
-                .arg(b)
-                .arg(y)
-                .arg(&rows)
-                .arg(&n)
-                .arg(&k)
-                .launch(cfg)?;
-        }
-    }
-    Ok(())
+    linear_bias_gelu(rt, early, x, w, b, y, ROWS, DIMS[l + 1], DIMS[l])
 }
 
 #[allow(clippy::too_many_arguments)] // the model's parameters, one per role
