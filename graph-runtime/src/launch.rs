@@ -29,8 +29,10 @@
 //!   normal launch;
 //! * `griddepcontrol.launch_dependents` only lets the next kernel be *scheduled*; it never
 //!   makes this kernel's writes visible early, so it may come first thing in the kernel;
-//! * a kernel without `griddepcontrol.wait` that is launched early reads the previous
-//!   kernel's output too soon. Launch such kernels with cudarc's `launch_builder` instead.
+//! * a kernel that never executes `griddepcontrol.wait` gets no ordering at all once the
+//!   kernel before it has let dependents start: launch such kernels with cudarc's
+//!   `launch_builder`. (A kernel that never executes `launch_dependents` lets the next one
+//!   start only when it exits, as in an ordinary launch.)
 //!
 //! Both instructions need the kernel compiled for `sm_90` or newer, which is what
 //! [`Runtime::function`](crate::Runtime::function) does on such a device. Older devices
