@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from torch_models import wall_us  # same directory: one timing loop for both scripts
+
 ELEMS = 256
 REPEATS = 7
 
@@ -21,18 +23,6 @@ def chain(x, n):
     for _ in range(n - 1):
         y.add_(1.0)
     return y
-
-
-def wall_per_call(fn, iters):
-    per = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e6 / iters)
-    return statistics.median(per)
 
 
 def host_per_call(fn, burst=16):
@@ -52,7 +42,7 @@ def main():
     src = torch.arange(ELEMS, device="cuda", dtype=torch.float32)
     for n in ns:
         iters = max(3, min(2000, 200_000 // n))
-        eager = wall_per_call(lambda: chain(src, n), max(2, (iters + 3) // 4))
+        eager = wall_us(lambda: chain(src, n), max(2, (iters + 3) // 4))
 
         static_x = src.clone()
         side = torch.cuda.Stream()
@@ -76,7 +66,7 @@ def main():
         replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, src + n), "torch graph replay is wrong"
-        graph = wall_per_call(replay, iters)
+        graph = wall_us(replay, iters)
         host = host_per_call(replay)
         print(f"chain {n} {eager / n:.4f} {graph:.3f} {host:.3f} {capture_ms:.3f}", flush=True)
 

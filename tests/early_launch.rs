@@ -12,6 +12,7 @@ use cuda_graphs::bench::reference::gelu;
 use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::driver::{CudaSlice, CudaView};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
+use rand::rngs::SmallRng;
 
 /// Widths: 96 → 640 → 200 → 40. 640 inputs exceed the 512 the kernel keeps in registers, so
 /// the second layer also runs the kernel's streaming loop; 40 outputs leave a partial block.
@@ -78,6 +79,16 @@ fn host(x: &[f32], w: &[f32], b: &[f32]) -> Vec<f64> {
     a
 }
 
+/// Weights (scaled so that activations stay in GELU's curved range) and biases of all
+/// three layers, concatenated as `w_range` and `b_range` address them.
+fn random_weights(rng: &mut SmallRng) -> (Vec<f32>, Vec<f32>) {
+    let w = random_vec(rng, w_range(2).end)
+        .into_iter()
+        .map(|v| v * 0.1)
+        .collect();
+    (w, random_vec(rng, b_range(2).end))
+}
+
 #[test]
 fn early_launched_layers_agree_with_in_order_eager_and_host() -> Result<(), GraphError> {
     let test = "early_launched_layers_agree_with_in_order_eager_and_host";
@@ -86,11 +97,7 @@ fn early_launched_layers_agree_with_in_order_eager_and_host() -> Result<(), Grap
     };
     let mut rng = fresh_rng(test);
     let s = rt.stream().clone();
-    let host_w: Vec<f32> = random_vec(&mut rng, w_range(2).end)
-        .into_iter()
-        .map(|v| v * 0.1)
-        .collect();
-    let host_b = random_vec(&mut rng, b_range(2).end);
+    let (host_w, host_b) = random_weights(&mut rng);
     let (w, b) = (s.clone_htod(&host_w)?, s.clone_htod(&host_b)?);
     let x0 = s.clone_htod(&random_vec(&mut rng, ROWS * DIMS[0]))?;
     let hidden = |i: usize| s.alloc_zeros::<f32>(ROWS * DIMS[i]);
@@ -151,14 +158,8 @@ fn back_to_back_early_launches_keep_their_order() -> Result<(), GraphError> {
     };
     let mut rng = fresh_rng(test);
     let s = rt.stream().clone();
-    let host_w: Vec<f32> = random_vec(&mut rng, w_range(2).end)
-        .into_iter()
-        .map(|v| v * 0.1)
-        .collect();
-    let (w, b) = (
-        s.clone_htod(&host_w)?,
-        s.clone_htod(&random_vec(&mut rng, b_range(2).end))?,
-    );
+    let (host_w, host_b) = random_weights(&mut rng);
+    let (w, b) = (s.clone_htod(&host_w)?, s.clone_htod(&host_b)?);
     let x = s.clone_htod(&random_vec(&mut rng, ROWS * DIMS[0]))?;
     let (mut h0, mut h1) = (
         s.alloc_zeros::<f32>(ROWS * DIMS[1])?,

@@ -42,16 +42,12 @@ where
     B: DevicePtr<f32>,
     Y: DevicePtrMut<f32>,
 {
-    assert!(
-        x.len() >= rows * k
-            && w.len() >= n_out * k
-            && bias.len() >= n_out
-            && y.len() >= rows * n_out,
-        "linear [{rows}, {k}] → [{rows}, {n_out}]: buffers of {}, {}, {}, {} elements",
-        x.len(),
-        w.len(),
-        bias.len(),
-        y.len()
+    check_lens(
+        "linear_bias_gelu",
+        rows,
+        n_out,
+        k,
+        [x.len(), w.len(), bias.len(), y.len()],
     );
     assert!(
         k.is_multiple_of(4),
@@ -59,33 +55,35 @@ where
     );
     let f = rt.function(LINEAR, "linear_bias_gelu")?;
     let s = rt.stream();
-    let (xp, _x) = x.device_ptr(s);
-    let (wp, _w) = w.device_ptr(s);
-    let (bp, _b) = bias.device_ptr(s);
-    let (yp, _y) = y.device_ptr_mut(s);
-    assert!(
-        xp.is_multiple_of(16) && wp.is_multiple_of(16),
-        "linear_bias_gelu reads float4s: x and w must start 16-byte aligned"
-    );
+    {
+        let ((xp, _x), (wp, _w)) = (x.device_ptr(s), w.device_ptr(s));
+        assert!(
+            xp.is_multiple_of(16) && wp.is_multiple_of(16),
+            "linear_bias_gelu reads float4s: x and w must start 16-byte aligned"
+        );
+    }
     let (r, n, kk) = (rows as i32, n_out as i32, k as i32);
     let cfg = linear_config(rows, n_out);
     if early {
-        // SAFETY: the kernel reads rows·k floats at `xp`, n_out·k at `wp` and n_out at `bp`,
-        // and writes rows·n_out at `yp` (all asserted above), as float4s where it reads x and
+        // SAFETY: the kernel reads rows·k floats of `x`, n_out·k of `w` and n_out of `bias`,
+        // and writes rows·n_out of `y` (all checked above), as float4s where it reads x and
         // w (alignment and k asserted). Early-launch contract: before `griddepcontrol.wait`
         // it reads only `w` and `bias`, which the caller guarantees no running kernel writes.
         unsafe {
             rt.launch_early(&f)
-                .arg(xp)
-                .arg(wp)
-                .arg(bp)
-                .arg(yp)
+                .buf(x)
+                .buf(w)
+                .buf(bias)
+                .buf_mut(y)
                 .arg(r)
                 .arg(n)
                 .arg(kk)
                 .launch(cfg)?;
         }
     } else {
+        // cudarc's builder takes concrete buffer types; the generic ones go as addresses.
+        let ((xp, _x), (wp, _w), (bp, _b)) = (x.device_ptr(s), w.device_ptr(s), bias.device_ptr(s));
+        let (yp, _y) = y.device_ptr_mut(s);
         // SAFETY: as above, launched in order.
         unsafe {
             s.launch_builder(&f)
@@ -102,9 +100,33 @@ where
     Ok(())
 }
 
+/// Asserts that buffers of `lens = [x, w, bias, y]` elements hold what a linear layer
+/// `x [rows, k]`, `w [n_out, k]`, `bias [n_out]` → `y [rows, n_out]` addresses; `what` names
+/// the caller in the message.
+pub fn check_lens(what: &str, rows: usize, n_out: usize, k: usize, lens: [usize; 4]) {
+    let need = [rows * k, n_out * k, n_out, rows * n_out];
+    assert!(
+        lens.iter().zip(need).all(|(&have, need)| have >= need),
+        "{what} [{rows}, {k}] → [{rows}, {n_out}]: buffers of {lens:?} elements, need {need:?}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_are_checked_per_buffer() {
+        // x [3, 8], w [5, 8], bias [5], y [3, 5].
+        check_lens("t", 3, 5, 8, [24, 40, 5, 15]);
+        check_lens("t", 3, 5, 8, [30, 40, 6, 15]);
+        for short in 0..4 {
+            let mut lens = [24, 40, 5, 15];
+            lens[short] -= 1;
+            let r = std::panic::catch_unwind(|| check_lens("t", 3, 5, 8, lens));
+            assert!(r.is_err(), "buffer {short} one element short was accepted");
+        }
+    }
 
     #[test]
     fn the_grid_covers_every_feature_and_row() {

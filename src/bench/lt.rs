@@ -19,10 +19,11 @@ use std::ffi::c_void;
 use graph_runtime::cudarc::cublas::sys::cublasOperation_t as CublasOp;
 use graph_runtime::cudarc::cublaslt::result as lt;
 use graph_runtime::cudarc::cublaslt::sys;
-use graph_runtime::cudarc::driver::sys::CUevent_flags;
 use graph_runtime::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use graph_runtime::{GraphError, Runtime};
 
+use crate::bench::gpu_us;
+use crate::bench::linear::check_lens;
 use crate::testing::{random_vec, seeded_rng};
 
 /// Workspace of each plan; what cuBLASLt may use for split-K reductions. Measured on an
@@ -32,10 +33,9 @@ use crate::testing::{random_vec, seeded_rng};
 pub const LT_WORKSPACE_BYTES: usize = 4 << 20;
 /// Algorithms asked of the heuristic and timed by [`LtLinear::new`].
 pub const LT_CANDIDATES: usize = 8;
-/// Timed calls per candidate and round (after one untimed call).
+/// Calls per timing of a candidate (after one untimed call); the median of
+/// [`crate::bench::REPEATS`] timings counts.
 const TIMED_CALLS: usize = 10;
-/// Rounds over all candidates; each candidate's best round counts.
-const TIMING_ROUNDS: usize = 3;
 
 fn lt_err(what: &'static str) -> impl Fn(lt::CublasError) -> GraphError {
     move |e| GraphError::User(format!("cuBLASLt {what}: {e:?}").into())
@@ -57,11 +57,9 @@ pub struct LtLinear {
 }
 
 // SAFETY: the handle and descriptors are plain host objects with no thread affinity;
-// cuBLASLt allows a handle to be used from any thread. `LtLinear` mutates its descriptor only
-// through `&mut self`, so a shared reference never races with a mutation.
+// cuBLASLt allows a handle to be used from any thread, and `LtLinear` touches them only
+// through `&mut self` or in `Drop`. (Not `Sync`: nothing needs to share one plan.)
 unsafe impl Send for LtLinear {}
-// SAFETY: through `&LtLinear` nothing can be changed (see `Send` above).
-unsafe impl Sync for LtLinear {}
 
 impl std::fmt::Debug for LtLinear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,9 +203,8 @@ impl LtLinear {
 
     /// Times each candidate on buffers of the plan's shape holding values in the range of
     /// real activations (zeros would let the GPU clock higher than real data does) and
-    /// returns the fastest. [`TIMING_ROUNDS`] rounds over all candidates, the best round of
-    /// each counts, so a hiccup in one round does not decide. Queues work on the runtime's
-    /// stream and waits for it: not inside a capture.
+    /// returns the fastest, by the median GPU time of [`crate::bench::gpu_us`]. Queues work
+    /// on the runtime's stream and waits for it: not inside a capture.
     fn fastest(
         &mut self,
         rt: &Runtime,
@@ -226,22 +223,13 @@ impl LtLinear {
         for &algo in candidates {
             self.algo = algo;
             if self.forward(rt, &x, &w, &b, &mut y).is_ok() {
-                usable.push((f32::INFINITY, algo));
+                usable.push((f64::INFINITY, algo));
             }
         }
-        for _ in 0..TIMING_ROUNDS {
-            for (best_ms, algo) in usable.iter_mut() {
-                self.algo = *algo;
-                let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                for _ in 0..TIMED_CALLS {
-                    self.forward(rt, &x, &w, &b, &mut y)?;
-                }
-                let end = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                end.synchronize()?;
-                *best_ms = best_ms.min(start.elapsed_ms(&end)?);
-            }
+        for (us, algo) in usable.iter_mut() {
+            self.algo = *algo;
+            *us = gpu_us(s, TIMED_CALLS, || self.forward(rt, &x, &w, &b, &mut y))?;
         }
-        s.synchronize()?;
         Ok(usable
             .iter()
             .min_by(|a, b| a.0.total_cmp(&b.0))
@@ -266,18 +254,8 @@ impl LtLinear {
         B: DevicePtr<f32>,
         Y: DevicePtrMut<f32>,
     {
-        let (rows, n_out, k) = (self.rows, self.n_out, self.k);
-        assert!(
-            x.len() >= rows * k
-                && w.len() >= n_out * k
-                && bias.len() >= n_out
-                && y.len() >= rows * n_out,
-            "LtLinear [{rows}, {k}] → [{rows}, {n_out}]: buffers of {}, {}, {}, {} elements",
-            x.len(),
-            w.len(),
-            bias.len(),
-            y.len()
-        );
+        let lens = [x.len(), w.len(), bias.len(), y.len()];
+        check_lens("LtLinear", self.rows, self.n_out, self.k, lens);
         let s = rt.stream();
         let (xp, _x) = x.device_ptr(s);
         let (wp, _w) = w.device_ptr(s);
@@ -323,8 +301,8 @@ impl LtLinear {
 
 impl Drop for LtLinear {
     fn drop(&mut self) {
-        // SAFETY: each handle was created by `new` (or is null when `new` failed before it;
-        // those are skipped) and is destroyed once, here. Work queued with them holds no
+        // SAFETY: each handle was created by `describe` (the descriptors are null when it
+        // failed before making them; those are skipped) and is destroyed once, here. Work queued with them holds no
         // reference to the descriptors after `cublasLtMatmul` returns.
         unsafe {
             for layout in [self.w_layout, self.x_layout, self.y_layout] {
