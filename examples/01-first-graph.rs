@@ -5,10 +5,12 @@
 //!
 //! Run: `cargo run --release --example 01-first-graph`
 
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::runtime_or_skip;
+use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, GraphError, Runtime};
+use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
+use workloads::check::verified;
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::runtime_or_skip;
 
 // 1. The function. `rt` is the execution context (always the first parameter); `x` is an
 //    input (`&`), `w` is state the graph reads in place (`#[state]`), `y` is an output
@@ -42,7 +44,12 @@ fn scale_then_tanh(
     Ok(())
 }
 
+/// Your first graph: a cudarc function captured with one attribute, replayed with new inputs.
+#[derive(Parser)]
+struct Args {}
+
 fn main() -> Result<(), GraphError> {
+    Args::parse();
     // 2. The runtime: device 0, its capture stream, cuBLAS, the kernel cache.
     let Some(rt) = runtime_or_skip("01-first-graph") else {
         return Ok(());
@@ -60,7 +67,11 @@ fn main() -> Result<(), GraphError> {
     // 4. Capture: 3 warmup runs on the runtime's stream, one recorded run, instantiate.
     //    Inputs are given as example values, outputs by size, state by reference.
     let mut graph = ScaleThenTanhGraph::capture(&rt, &x, &w, n)?;
-    println!("captured {:?}", graph.info());
+    println!("captured:\n{graph}");
+
+    // 4b. The library checks the graph against the function for you: the eager run on copies
+    //     of the inputs, then a replay, every output compared bit for bit.
+    println!("{}", verified(graph.verify(&x, Tolerance::BITWISE)?)?);
 
     // 5. Replay with new inputs: one copy into the graph's static input, one launch.
     //    The output is borrowed from the graph until the next replay.

@@ -4,31 +4,63 @@
 //! 1000, 10000), measured four ways in one run:
 //!
 //! * eager: the annotated function called directly, one cudarc launch per kernel;
-//! * ours: the `#[cuda_graph]` replay (input copy + graph launch) and `launch` (no copy);
+//! * ours: the `#[cuda_graph]` replay (the graph's input node pointed at the new input, then
+//!   one launch) and `launch` (inputs as they are);
+//! * ours, early launch: the same chain with every kernel launched early (programmatic
+//!   dependent launch: each kernel is scheduled while the one before it finishes);
 //! * raw: the same kernels captured by hand with cudarc (`begin_capture` … `end_capture`),
-//!   replayed with the same input copy;
+//!   replayed after a `memcpy_dtod` of the input, as a user would write it;
 //! * PyTorch: `scripts/torch_chain.py` (eager `add_`, `torch.cuda.graph` replay), when
 //!   `python3` with torch is on the machine.
 //!
 //! Figures: wall µs per replay (back-to-back replays, then one sync), µs per node, host µs
 //! spent inside one replay call, GPU µs per node (CUDA events), and capture + instantiate
-//! time. Each timing is the median of 7 measurements (captures: of 3).
+//! time. Each timing is the median of 7 measurements (captures: of 3), each measurement about
+//! 20 ms of calls; the run takes well under 30 s on an H100, and says on stderr where the
+//! time went.
 //!
-//! Run: `cargo run --release --example 02-chain` (add `-- 10 100` to choose N).
+//! Run: `cargo run --release --example 02-chain` (add `-- 10 100` to choose N, `--json` for
+//! the report's JSON lines, `--no-torch` to leave PyTorch out).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cuda_graphs::bench::{gpu_us, median, wall_us, REPEATS};
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::runtime_or_skip;
+use bench_report::record::{read_output, Record, Side};
+use clap::Parser;
 use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use graph_runtime::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
-use graph_runtime::{cuda_graph, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
+use workloads::check::verified;
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::runtime_or_skip;
+use workloads::timing::{gpu_us, median, wall_us, REPEATS};
 
 const ELEMS: usize = 256;
+/// GPU time one measurement of replays aims at: `iters` replays of a chain of `n` kernels,
+/// about 1 µs a node.
+const BATCH_US: usize = 20_000;
+
+/// Launch overhead: a chain of N tiny kernels, eager, as our graph, as a hand-written cudarc
+/// capture, and in PyTorch.
+#[derive(Parser)]
+struct Args {
+    /// Kernels per chain.
+    #[arg(default_values_t = [10, 100, 1000, 10_000], value_parser = clap::value_parser!(u32).range(1..))]
+    kernels: Vec<u32>,
+    /// Print one JSON line per chain length after the tables (for the report).
+    #[arg(long)]
+    json: bool,
+    /// Leave out PyTorch (`scripts/torch_chain.py`).
+    #[arg(long)]
+    no_torch: bool,
+}
+
+/// Calls per measurement for a chain of `n` kernels: about [`BATCH_US`] of replays.
+fn iters_for_chain(n: usize) -> usize {
+    (BATCH_US / n).clamp(3, 2_000)
+}
 
 /// `y = x + 1`, then `kernels - 1` times `y += 1`.
 #[cuda_graph(warmup = 2)]
@@ -39,6 +71,36 @@ fn chain(
     #[constant] kernels: usize,
 ) -> Result<(), GraphError> {
     launch_chain(rt.stream(), rt, x, y, kernels)
+}
+
+/// The same chain with every kernel launched early: each may be scheduled while the one
+/// before it finishes, and waits for it (`griddepcontrol.wait`) before touching `y`. A capture
+/// keeps that as programmatic edges.
+#[cuda_graph(warmup = 2)]
+fn chain_early(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    #[constant] kernels: usize,
+) -> Result<(), GraphError> {
+    let first = rt.function(ELEMENTWISE, "add_scalar_early")?;
+    let inc = rt.function(ELEMENTWISE, "add_one_inplace_early")?;
+    let n = x.len() as i32;
+    let cfg = LaunchConfig::for_num_elems(n as u32);
+    // SAFETY: each kernel touches `n` floats of buffers holding `n`, and waits for the kernel
+    // before it (`griddepcontrol.wait`) before reading or writing anything.
+    unsafe {
+        rt.launch_early(&first)
+            .buf(x)
+            .buf_mut(&mut *y)
+            .arg(1.0f32)
+            .arg(n)
+            .launch(cfg)?;
+        for _ in 1..kernels {
+            rt.launch_early(&inc).buf_mut(&mut *y).arg(n).launch(cfg)?;
+        }
+    }
+    Ok(())
 }
 
 fn launch_chain(
@@ -67,30 +129,29 @@ fn launch_chain(
     Ok(())
 }
 
-/// Host time spent inside one call of `a` and of `b` (µs, medians): bursts of 16 calls that
-/// the GPU queue absorbs, timed without the sync that follows; `a` and `b` alternate so that
-/// both see the same machine state. 51 rounds.
+/// Host time spent inside one call of `a` and of `b` (µs, medians of [`REPEATS`]): bursts
+/// of `burst` calls that the GPU queue absorbs, timed without the sync that follows; `a` and
+/// `b` alternate so that both see the same machine state.
 fn host_per_call_pair(
     s: &CudaStream,
+    burst: usize,
     mut a: impl FnMut() -> Result<(), GraphError>,
     mut b: impl FnMut() -> Result<(), GraphError>,
 ) -> Result<(f64, f64), GraphError> {
-    const BURST: usize = 16;
-    const ROUNDS: usize = 51;
-    let burst = |f: &mut dyn FnMut() -> Result<(), GraphError>| -> Result<f64, GraphError> {
+    let timed = |f: &mut dyn FnMut() -> Result<(), GraphError>| -> Result<f64, GraphError> {
         s.synchronize()?;
         let t = Instant::now();
-        for _ in 0..BURST {
+        for _ in 0..burst {
             f()?;
         }
-        let us = t.elapsed().as_secs_f64() * 1e6 / BURST as f64;
+        let us = t.elapsed().as_secs_f64() * 1e6 / burst as f64;
         s.synchronize()?;
         Ok(us)
     };
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        ta.push(burst(&mut a)?);
-        tb.push(burst(&mut b)?);
+    for _ in 0..REPEATS {
+        ta.push(timed(&mut a)?);
+        tb.push(timed(&mut b)?);
     }
     Ok((median(ta), median(tb)))
 }
@@ -131,23 +192,44 @@ struct Row {
     ours_capture_ms: f64,
     ours_capture_total_ms: f64,
     raw_capture_ms: f64,
+    /// Of `ours_capture_ms`: recording, reading the nodes, instantiating and uploading.
+    ours_record_ms: f64,
+    ours_inspect_ms: f64,
+    /// The same chain launched early: replay µs, launch-only µs, GPU µs.
+    early_us: f64,
+    early_launch_us: f64,
+    early_gpu_us: f64,
+    early_edges: usize,
 }
 
-fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
+/// Seconds spent in each phase of one measurement, for the log on stderr.
+#[derive(Default)]
+struct Phases {
+    eager: f64,
+    capture: f64,
+    replay: f64,
+    host: f64,
+}
+
+fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphError> {
     let s = rt.stream().clone();
-    let iters = (200_000 / n).clamp(3, 2_000);
+    let iters = iters_for_chain(n);
     let host_x: Vec<f32> = (0..ELEMS).map(|i| i as f32).collect();
     let src = s.clone_htod(&host_x)?;
     let want: Vec<f32> = host_x.iter().map(|v| v + n as f32).collect();
 
     // Eager.
+    let t = Instant::now();
     let mut y = s.alloc_zeros::<f32>(ELEMS)?;
     chain(rt, &src, &mut y, n)?;
     assert_eq!(s.clone_dtoh(&y)?, want, "eager chain");
     let eager_us = wall_us(&s, iters.div_ceil(4).max(2), || chain(rt, &src, &mut y, n))?;
+    phases.eager += t.elapsed().as_secs_f64();
 
     // Ours: capture three times, keep the last graph, report median times.
+    let t = Instant::now();
     let (mut totals, mut captures) = (Vec::new(), Vec::new());
+    let (mut records, mut inspects) = (Vec::new(), Vec::new());
     let mut graph = None;
     for _ in 0..3 {
         drop(graph.take()); // free the previous graph before the next capture
@@ -156,16 +238,18 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
         totals.push(t.elapsed().as_secs_f64() * 1e3);
         let info = g.info();
         captures.push((info.capture_time + info.instantiate_time).as_secs_f64() * 1e3);
+        records.push(info.capture_time.as_secs_f64() * 1e3);
+        inspects.push(info.inspect_time.as_secs_f64() * 1e3);
         graph = Some(g);
     }
     let mut graph = graph.expect("captured three times");
     let (ours_capture_total_ms, ours_capture_ms) = (median(totals), median(captures));
+    let (ours_record_ms, ours_inspect_ms) = (median(records), median(inspects));
     let info = graph.info().clone();
-    assert_eq!(info.nodes(), n, "one node per kernel");
+    assert_eq!(info.kinds.kernels, n, "one node per kernel");
+    assert_eq!(info.kinds.input_copies, 1, "and the input's copy node");
     assert_eq!(s.clone_dtoh(graph.replay(&src)?.y)?, want, "graph replay");
-    let ours_us = wall_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
-    let ours_launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
-    let ours_gpu_us = gpu_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
+    verified(graph.verify(&src, Tolerance::BITWISE)?)?;
 
     // Raw cudarc, same kernels, same stream, same input copy.
     let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
@@ -187,17 +271,45 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
     };
     raw_replay(&mut xs)?;
     assert_eq!(s.clone_dtoh(&ys)?, want, "raw replay");
+    phases.capture += t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let ours_us = wall_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
+    let ours_launch_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
+    let ours_gpu_us = gpu_us(&s, iters, || graph.replay(&src).map(|_| ()))?;
     let raw_us = wall_us(&s, iters, || raw_replay(&mut xs))?;
     let raw_gpu_us = gpu_us(&s, iters, || raw_replay(&mut xs))?;
     let raw_launch_us = wall_us(&s, iters, || Ok(raw.launch()?))?;
+    let mut early = ChainEarlyGraph::capture(rt, &src, ELEMS, n)?;
+    assert_eq!(
+        s.clone_dtoh(early.replay(&src)?.y)?,
+        want,
+        "early-launch replay"
+    );
+    let early_edges = early.info().early_edges;
+    let early_us = wall_us(&s, iters, || early.replay(&src).map(|_| ()))?;
+    let early_launch_us = wall_us(&s, iters, || early.launch().map(|_| ()))?;
+    let early_gpu_us = gpu_us(&s, iters, || early.replay(&src).map(|_| ()))?;
+    drop(early);
+    phases.replay += t.elapsed().as_secs_f64();
 
+    // Host time per call: bursts the GPU queue absorbs (16 calls; fewer for the longest
+    // chains, whose replays take milliseconds of GPU time each).
+    let t = Instant::now();
+    let burst = (40_000 / n).clamp(4, 16);
     let (ours_host_us, raw_host_us) = host_per_call_pair(
         &s,
+        burst,
         || graph.replay(&src).map(|_| ()),
         || raw_replay(&mut xs),
     )?;
-    let (ours_launch_host_us, raw_launch_host_us) =
-        host_per_call_pair(&s, || graph.launch().map(|_| ()), || Ok(raw.launch()?))?;
+    let (ours_launch_host_us, raw_launch_host_us) = host_per_call_pair(
+        &s,
+        burst,
+        || graph.launch().map(|_| ()),
+        || Ok(raw.launch()?),
+    )?;
+    phases.host += t.elapsed().as_secs_f64();
 
     Ok(Row {
         n,
@@ -215,18 +327,46 @@ fn measure(rt: &Runtime, n: usize) -> Result<Row, GraphError> {
         ours_capture_ms,
         ours_capture_total_ms,
         raw_capture_ms,
+        ours_record_ms,
+        ours_inspect_ms,
+        early_us,
+        early_launch_us,
+        early_gpu_us,
+        early_edges,
     })
 }
 
-/// PyTorch figures for the same chain, if `python3` with torch is here.
-struct TorchRow {
-    eager_us_per_op: f64,
-    graph_us_per_replay: f64,
-    replay_host_us: f64,
-    capture_ms: f64,
+impl Row {
+    /// The report's record of this chain.
+    fn record(&self) -> Record {
+        let n = self.n;
+        Record::new(
+            "chain",
+            Side::Ours,
+            format!("chain/{n}"),
+            format!("chain of {n} tiny kernels"),
+            self.eager_us,
+            self.ours_us,
+        )
+        .shape("kernels_n", n)
+        .kernels(n)
+        .with("graph_launch_us", self.ours_launch_us)
+        .with("graph_gpu_us", self.ours_gpu_us)
+        .with("graph_host_us", self.ours_host_us)
+        .with("raw_us", self.raw_us)
+        .with("raw_launch_us", self.raw_launch_us)
+        .with("raw_host_us", self.raw_host_us)
+        .with("capture_ms", self.ours_capture_ms)
+        .with("raw_capture_ms", self.raw_capture_ms)
+        .with("early_us", self.early_us)
+        .with("early_launch_us", self.early_launch_us)
+        .with("early_gpu_us", self.early_gpu_us)
+    }
 }
 
-fn torch_rows(ns: &[usize]) -> Result<Vec<(usize, TorchRow)>, String> {
+/// PyTorch's records of the same chains, from `scripts/torch_chain.py`, if `python3` with
+/// torch is here.
+fn torch_records(ns: &[usize]) -> Result<Vec<Record>, String> {
     let script = "scripts/torch_chain.py";
     if !std::path::Path::new(script).exists() {
         return Err(format!("{script} not found (run from the repository root)"));
@@ -241,41 +381,17 @@ fn torch_rows(ns: &[usize]) -> Result<Vec<(usize, TorchRow)>, String> {
         return Err(err.lines().last().unwrap_or("failed").to_owned());
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut rows = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with("chain ")) {
-        // chain <n> <eager_us_per_op> <graph_us_per_replay> <replay_host_us> <capture_ms>
-        let f: Vec<f64> = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        if f.len() == 5 {
-            rows.push((
-                f[0] as usize,
-                TorchRow {
-                    eager_us_per_op: f[1],
-                    graph_us_per_replay: f[2],
-                    replay_host_us: f[3],
-                    capture_ms: f[4],
-                },
-            ));
-        }
-    }
-    Ok(rows)
+    read_output(&text)
+        .map(|o| o.records)
+        .map_err(|e| format!("{script}: {e}"))
 }
 
-fn main() -> Result<(), GraphError> {
+fn main() -> Result<(), BoxError> {
+    let started = Instant::now();
+    let args = Args::parse();
+    let ns: Vec<usize> = args.kernels.iter().map(|&n| n as usize).collect();
     let Some(rt) = runtime_or_skip("02-chain") else {
         return Ok(());
-    };
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let ns = if args.is_empty() {
-        vec![10, 100, 1000, 10_000]
-    } else {
-        args
     };
     let device = rt.context().name().unwrap_or_default();
     println!("chain of N kernels of {ELEMS} floats on {device}; median of {REPEATS}\n");
@@ -287,19 +403,34 @@ fn main() -> Result<(), GraphError> {
         let mut ys = rt.stream().alloc_zeros::<f32>(ELEMS)?;
         let _raw = raw_capture(&rt, &src, &mut ys, 2)?;
     }
-    let rows = ns
-        .iter()
-        .map(|&n| measure(&rt, n))
-        .collect::<Result<Vec<_>, _>>()?;
-    let torch = torch_rows(&ns);
+    eprintln!(
+        "02-chain: runtime, kernels and warm-up in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut rows = Vec::new();
+    for &n in &ns {
+        let mut p = Phases::default();
+        rows.push(measure(&rt, n, &mut p)?);
+        eprintln!(
+            "02-chain: N = {n}: eager {:.1} s, captures {:.1} s, replays {:.1} s, host timing {:.1} s",
+            p.eager, p.capture, p.replay, p.host
+        );
+    }
+    let t = Instant::now();
+    let torch = if args.no_torch {
+        Err("--no-torch".to_owned())
+    } else {
+        torch_records(&ns)
+    };
+    eprintln!("02-chain: PyTorch in {:.1} s", t.elapsed().as_secs_f64());
 
     println!("wall time per replay (µs) and per kernel/node (µs)");
-    println!("| N | eager µs/kernel | ours replay µs | ours µs/node | raw cudarc replay µs | raw µs/node | ours/raw | ours launch-only µs | raw launch-only µs | speedup vs eager |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| N | eager µs/kernel | ours replay µs | ours µs/node | raw cudarc replay µs | raw µs/node | ours/raw | ours early-launch µs/node | early/raw | ours launch-only µs | raw launch-only µs | speedup vs eager |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let n = r.n as f64;
         println!(
-            "| {} | {:.2} | {:.1} | {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1}× |",
+            "| {} | {:.2} | {:.1} | {:.3} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1}× |",
             r.n,
             r.eager_us / n,
             r.ours_us,
@@ -307,12 +438,43 @@ fn main() -> Result<(), GraphError> {
             r.raw_us,
             r.raw_us / n,
             r.ours_us / r.raw_us,
+            r.early_us / n,
+            r.early_us / r.raw_us,
             r.ours_launch_us,
             r.raw_launch_us,
             r.eager_us / r.ours_us
         );
     }
-    println!("\nhost time inside one call (µs; replay = input copy + launch), GPU time per node (µs, CUDA events), capture + instantiate (ms)");
+    println!("\nearly launch: GPU µs per node (CUDA events) and programmatic edges");
+    println!("| N | ours GPU µs/node | ours early-launch GPU µs/node | early-launch launch-only µs | programmatic edges |");
+    println!("|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let n = r.n as f64;
+        println!(
+            "| {} | {:.3} | {:.3} | {:.1} | {} |",
+            r.n,
+            r.ours_gpu_us / n,
+            r.early_gpu_us / n,
+            r.early_launch_us,
+            r.early_edges
+        );
+    }
+    println!("\ncapture cost (ms): where ours goes, against the raw capture (begin, launches, end, instantiate, upload)");
+    println!("| N | ours record ms | ours inspect ms | ours instantiate + upload ms | ours total ms | raw ms | ours/raw |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.n,
+            r.ours_record_ms,
+            r.ours_inspect_ms,
+            r.ours_capture_ms - r.ours_record_ms - r.ours_inspect_ms,
+            r.ours_capture_ms,
+            r.raw_capture_ms,
+            r.ours_capture_ms / r.raw_capture_ms
+        );
+    }
+    println!("\nhost time inside one call (µs; ours replay = point the input node at the new input + launch, raw replay = input copy + launch), GPU time per node (µs, CUDA events), capture + instantiate (ms)");
     println!("| N | ours replay host µs | raw replay host µs | extra µs | ours launch host µs | raw launch host µs | ours GPU µs/node | raw GPU µs/node | ours capture+inst ms | ours incl. warmup ms | raw capture+inst ms |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
@@ -337,23 +499,32 @@ fn main() -> Result<(), GraphError> {
             println!("\nPyTorch, same chain (x + 1 then add_(1)), same run");
             println!("| N | torch eager µs/op | torch graph µs/node | ours µs/node | torch replay host µs | ours host µs | torch capture ms |");
             println!("|---:|---:|---:|---:|---:|---:|---:|");
-            for (n, tr) in &t {
-                if let Some(r) = rows.iter().find(|r| r.n == *n) {
+            for tr in &t {
+                let Some(n) = tr.shape_num("kernels_n") else {
+                    continue;
+                };
+                if let Some(r) = rows.iter().find(|r| r.n as f64 == n) {
                     println!(
-                        "| {} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} |",
-                        n,
-                        tr.eager_us_per_op,
-                        tr.graph_us_per_replay / *n as f64,
-                        r.ours_us / *n as f64,
-                        tr.replay_host_us,
+                        "| {n} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} |",
+                        tr.eager_us / n,
+                        tr.graph_us / n,
+                        r.ours_us / n,
+                        tr.num("replay_host_us").unwrap_or(f64::NAN),
                         r.ours_host_us,
-                        tr.capture_ms
+                        tr.num("capture_ms").unwrap_or(f64::NAN)
                     );
                 }
             }
         }
-        Ok(_) => println!("\nPyTorch: not run (the script printed no rows)"),
+        Ok(_) => println!("\nPyTorch: not run (the script printed no records)"),
         Err(why) => println!("\nPyTorch: not run ({why})"),
     }
+    if args.json {
+        println!();
+        for r in &rows {
+            println!("{}", r.record().line());
+        }
+    }
+    eprintln!("02-chain: {:.1} s in all", started.elapsed().as_secs_f64());
     Ok(())
 }

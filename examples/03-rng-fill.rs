@@ -11,10 +11,17 @@
 
 use std::process::Command;
 
-use cuda_graphs::bench::{gpu_us, REPEATS};
-use cuda_graphs::testing::runtime_or_skip;
+use clap::Parser;
 use graph_runtime::cudarc::driver::CudaSlice;
-use graph_runtime::{cuda_graph, GraphError, Runtime};
+use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
+use workloads::check::verified;
+use workloads::testing::runtime_or_skip;
+use workloads::timing::{gpu_us, REPEATS};
+
+/// Graph-safe random numbers: fresh on every replay, and their fill bandwidth against the
+/// device's memset and copy (and PyTorch's, when it is installed).
+#[derive(Parser)]
+struct Args {}
 
 const BYTES: usize = 256 << 20;
 const ITERS: usize = 20;
@@ -30,6 +37,7 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
 }
 
 fn main() -> Result<(), GraphError> {
+    Args::parse();
     let Some(rt) = runtime_or_skip("03-rng-fill") else {
         return Ok(());
     };
@@ -37,6 +45,9 @@ fn main() -> Result<(), GraphError> {
 
     // 1. Fresh numbers on every replay, no registration step.
     let mut graph = NoiseGraph::capture(&rt, 8)?;
+    // Verification draws the same numbers on both sides: the generator is rewound between
+    // the eager run and the replay.
+    println!("{}", verified(graph.verify(Tolerance::BITWISE)?)?);
     for k in 0..3 {
         let out = graph.replay()?;
         let v = s.clone_dtoh(out.out)?;
@@ -81,13 +92,12 @@ fn main() -> Result<(), GraphError> {
     match Command::new("python3").arg("scripts/torch_rng.py").output() {
         Ok(out) if out.status.success() => {
             let text = String::from_utf8_lossy(&out.stdout);
-            for line in text.lines().filter(|l| l.starts_with("torch ")) {
-                // torch <op> <ms>
-                let parts: Vec<&str> = line.split_whitespace().collect();
-                if let (Some(op), Some(ms)) = (
-                    parts.get(1),
-                    parts.get(2).and_then(|v| v.parse::<f64>().ok()),
-                ) {
+            // One JSON object per line: {"op": "rand", "ms": 0.123}.
+            for line in text.lines() {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                if let (Some(op), Some(ms)) = (v["op"].as_str(), v["ms"].as_f64()) {
                     println!(
                         "| torch.{op} (PyTorch, same run) | {ms:.4} | {:.0} | {:.0}% |",
                         gbps(BYTES, ms),

@@ -7,8 +7,8 @@
 //! A layer runs one of four ways, also a `#[constant]` (`--kernels`):
 //! * `sgemm`: a cuBLAS GEMM, then the `bias_gelu` kernel: two launches per layer, the
 //!   straightforward cudarc program;
-//! * `lt`: one cuBLASLt call with the bias + GELU epilogue (`cuda_graphs::bench::lt`), FP32;
-//! * `fused`: the `linear_bias_gelu` kernel (`cuda_graphs::kernels::LINEAR`), one launch per
+//! * `lt`: one cuBLASLt call with the bias + GELU epilogue (`workloads::ops::lt`), FP32;
+//! * `fused`: the `linear_bias_gelu` kernel (`workloads::kernels::LINEAR`), one launch per
 //!   layer, written for small batches;
 //! * `early`: the same kernel started with [`Runtime::launch_early`]: each layer loads its
 //!   weights while the layer before it finishes, and the graph keeps that overlap as
@@ -23,7 +23,7 @@
 //! 1. runs the function eagerly and replays its graph on the same input, and checks that the
 //!    outputs are equal bit for bit (same kernels, same order, same algorithms);
 //! 2. checks three rows of the eager output against the host reference
-//!    (`cuda_graphs::bench::reference::mlp_inference`);
+//!    (`workloads::reference::mlp_inference`);
 //! 3. times eager calls, replays (input copy + launch) and launches alone.
 //!
 //! The default sweep is the issue's batch 1 to 64, then 256, 1024 and 4096: past 64 the
@@ -33,17 +33,19 @@
 //! choose, `-- --kernels all` to compare the four ways, `-- --json` for machine-readable
 //! lines).
 
-use cuda_graphs::bench::blas::{matmul, MatMul};
-use cuda_graphs::bench::json::Record;
-use cuda_graphs::bench::linear::linear_bias_gelu;
-use cuda_graphs::bench::lt::LtLinear;
-use cuda_graphs::bench::reference::{mlp_inference, uniform};
-use cuda_graphs::bench::table::{times, us, Table};
-use cuda_graphs::bench::{first_mismatch, gpu_us, iters_for, max_scaled_diff, wall_us, Cli};
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::{random_vec, runtime_or_skip, seeded_rng};
+use bench_report::record::{Record, Side};
+use bench_report::table::{times, us, Table};
+use clap::{Parser, ValueEnum};
 use graph_runtime::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime, Tolerance};
+use workloads::check::{first_mismatch, max_scaled_diff, verified};
+use workloads::kernels::ELEMENTWISE;
+use workloads::ops::blas::{matmul, MatMul};
+use workloads::ops::linear::linear_bias_gelu;
+use workloads::ops::lt::LtLinear;
+use workloads::reference::{mlp_inference, uniform};
+use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
+use workloads::timing::{gpu_us, iters_for, wall_us};
 
 const LAYERS: usize = 16;
 const DIM: usize = 512;
@@ -54,6 +56,41 @@ const FUSED_MAX: usize = 64;
 const SGEMM_MAX: usize = 512;
 /// Tolerance of the eager output against the f64 host reference (|Δ| / max(1, |ref|)).
 const CPU_TOLERANCE: f32 = 1e-3;
+
+/// MLP inference with one graph per batch size: eager against graph replay, each layer run one
+/// of four ways.
+#[derive(Parser)]
+struct Args {
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = batch_size, default_values_t = BATCHES.to_vec())]
+    batches: Vec<usize>,
+    /// How each layer runs: the fastest way per batch size (auto), every way (all), or one.
+    #[arg(long, value_enum, default_value_t = Ways::Auto)]
+    kernels: Ways,
+    /// Print one JSON line per measurement after the table (for the report).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--kernels`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Ways {
+    Auto,
+    All,
+    Sgemm,
+    Lt,
+    Fused,
+    Early,
+}
+
+/// A batch size: a whole number of at least 1.
+fn batch_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("a batch holds at least one row".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a batch size: {e}")),
+    }
+}
 
 /// How a layer runs (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +128,7 @@ impl Kernels {
 
 /// The buffers a forward pass works in: two activations it alternates between (a layer
 /// cannot overwrite the input it is still reading), and the cuBLASLt plan for `lt`.
+#[derive(DeviceState)]
 struct Work {
     h: [CudaSlice<f32>; 2],
     lt: Option<LtLinear>,
@@ -217,22 +255,15 @@ struct Row {
 }
 
 fn main() -> Result<(), BoxError> {
-    let cli = Cli::from_env();
-    let batches = cli.usize_list("batches", BATCHES)?;
-    if batches.is_empty() || batches.contains(&0) {
-        return Err("--batches: give batch sizes of at least 1".into());
-    }
-    let ways: Vec<Option<Kernels>> = match cli.value("kernels").unwrap_or("auto") {
-        "auto" => vec![None],
-        "all" => Kernels::ALL.into_iter().map(Some).collect(),
-        name => match Kernels::ALL.into_iter().find(|k| k.name() == name) {
-            Some(k) => vec![Some(k)],
-            None => {
-                return Err(
-                    format!("--kernels {name}: auto, all, sgemm, lt, fused or early").into(),
-                )
-            }
-        },
+    let args = Args::parse();
+    let batches = args.batches;
+    let ways: Vec<Option<Kernels>> = match args.kernels {
+        Ways::Auto => vec![None],
+        Ways::All => Kernels::ALL.into_iter().map(Some).collect(),
+        Ways::Sgemm => vec![Some(Kernels::Sgemm)],
+        Ways::Lt => vec![Some(Kernels::Lt)],
+        Ways::Fused => vec![Some(Kernels::Fused)],
+        Ways::Early => vec![Some(Kernels::Early)],
     };
     let Some(rt) = runtime_or_skip("04-mlp-inference") else {
         return Ok(());
@@ -258,6 +289,7 @@ fn main() -> Result<(), BoxError> {
     //    constants, so each `capture` records its own shapes and kernels. The graph borrows
     //    its `Work` for its life; the eager calls get their own.
     let mut rows = Vec::new();
+    let mut verifications = 0;
     for (i, &n) in batches.iter().enumerate() {
         for way in &ways {
             let kernels = way.unwrap_or(Kernels::auto(n));
@@ -266,6 +298,8 @@ fn main() -> Result<(), BoxError> {
             let mut eager_work = graph_work.twin(&rt)?;
             let mut graph =
                 MlpGraph::capture(&rt, x, &w, &b, &mut graph_work, n * DIM, n, kernels)?;
+            verified(graph.verify(x, Tolerance::BITWISE)?)?;
+            verifications += 1;
             let mut y = s.alloc_zeros::<f32>(n * DIM)?;
             let mut eager =
                 |y: &mut CudaSlice<f32>| mlp(&rt, x, &w, &b, &mut eager_work, y, n, kernels);
@@ -354,22 +388,24 @@ fn main() -> Result<(), BoxError> {
     println!(
         "\nSpeedup = eager µs / graph replay µs. Where the eager GPU time approaches the eager wall time, the GPU is busy with the GEMMs and a graph has little launch cost left to remove."
     );
-    if cli.json {
+    if args.json {
         for r in &rows {
-            let rec = Record::new("mlp", "ours")
-                .set("batch", r.batch)
-                .set("layers", LAYERS)
-                .set("dim", DIM)
-                .set("kernels", r.nodes)
-                .set("layer_kernels", r.kernels.name())
-                .set("eager_us", r.eager_us)
-                .set("graph_us", r.graph_us)
-                .set("graph_launch_us", r.launch_us)
-                .set("eager_gpu_us", r.eager_gpu_us)
-                .set("graph_gpu_us", r.graph_gpu_us)
-                .set("check", "output bitwise eager vs graph; 3 rows vs f64 host")
-                .set("agree", r.bitwise && r.cpu_err < CPU_TOLERANCE)
-                .set("cpu_max_err", r.cpu_err as f64);
+            let what = format!("MLP {LAYERS}×(Linear {DIM}→{DIM}+GELU), batch {}", r.batch);
+            let workload = format!("mlp/{}", r.batch);
+            let rec = Record::new("mlp", Side::Ours, workload, what, r.eager_us, r.graph_us)
+                .shape("batch", r.batch)
+                .shape("layers", LAYERS)
+                .shape("dim", DIM)
+                .kernels(r.nodes)
+                .check(
+                    "output bitwise eager vs graph; 3 rows vs f64 host",
+                    r.bitwise && r.cpu_err < CPU_TOLERANCE,
+                )
+                .with("layer_kernels", r.kernels.name())
+                .with("graph_launch_us", r.launch_us)
+                .with("eager_gpu_us", r.eager_gpu_us)
+                .with("graph_gpu_us", r.graph_gpu_us)
+                .with("cpu_max_err", r.cpu_err as f64);
             println!("{}", rec.line());
         }
     }
@@ -394,7 +430,8 @@ fn main() -> Result<(), BoxError> {
         .into());
     }
     println!(
-        "eager and graph agree bit for bit at every batch size; eager matches the host reference"
+        "eager and graph agree bit for bit at every batch size; eager matches the host reference; \
+         `verify` found replay = eager (bitwise) for all {verifications} graphs"
     );
     Ok(())
 }

@@ -24,15 +24,28 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cuda_graphs::bench::blas::matvec;
-use cuda_graphs::bench::json::Record;
-use cuda_graphs::bench::reference::{argmax, Decoder, DecoderSpec, HostKvCache};
-use cuda_graphs::bench::table::{us, Table};
-use cuda_graphs::bench::{max_scaled_diff, median, Cli};
-use cuda_graphs::kernels::DECODE;
-use cuda_graphs::testing::{runtime_or_skip, seeded_rng};
-use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
+use bench_report::record::{Record, Side};
+use bench_report::table::{us, Table};
+use clap::Parser;
+use graph_runtime::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime, Tolerance};
+use workloads::check::{max_scaled_diff, verified};
+use workloads::kernels::DECODE;
+use workloads::ops::blas::matvec;
+use workloads::reference::{argmax, Decoder, DecoderLayer, DecoderSpec, HostKvCache};
+use workloads::testing::{runtime_or_skip, seeded_rng};
+use workloads::timing::median;
+
+/// Greedy decoding of a small transformer at batch 1, eager and with one graph for every
+/// token.
+#[derive(Parser)]
+struct Args {
+    /// Print one JSON line for the report after the table.
+    #[arg(long)]
+    json: bool,
+}
 
 const SPEC: DecoderSpec = DecoderSpec {
     dim: 512,
@@ -61,6 +74,7 @@ const _: () = assert!(
 
 /// The weights on the device, each kind stacked over the blocks (block `l`'s `wqkv` is
 /// `wqkv[l · 3·dim·dim ..]`).
+#[derive(DeviceState)]
 struct Weights {
     embed: CudaSlice<f32>,
     attn_norm: CudaSlice<f32>,
@@ -75,6 +89,7 @@ struct Weights {
 
 /// What a step reads and writes besides the weights and the cache: the current token and
 /// position (device values), the generated tokens, and the activations.
+#[derive(DeviceState)]
 struct DecodeState {
     token: CudaSlice<i32>,
     pos: CudaSlice<i32>,
@@ -110,7 +125,7 @@ impl DecodeState {
 /// runs; never inside the graph).
 fn restart(
     s: &Arc<CudaStream>,
-    kv: &mut CudaSlice<f32>,
+    kv: &mut impl DevicePtrMut<f32>,
     st: &mut DecodeState,
 ) -> Result<(), GraphError> {
     s.memset_zeros(kv)?;
@@ -275,7 +290,7 @@ fn decode_step(
 }
 
 fn upload(s: &Arc<CudaStream>, dec: &Decoder) -> Result<Weights, GraphError> {
-    let stack = |f: &dyn Fn(&cuda_graphs::bench::reference::DecoderLayer) -> &Vec<f32>| {
+    let stack = |f: &dyn Fn(&DecoderLayer) -> &Vec<f32>| {
         dec.layers
             .iter()
             .flat_map(|l| f(l).iter().copied())
@@ -318,8 +333,43 @@ fn check_against_host(dec: &Decoder, tokens: &[i32], n: usize) -> Result<f32, St
     Ok(forgiven)
 }
 
+/// A decoder that keeps its captured step next to the weights it reads: the graph owns its
+/// cache and state and shares the weights, so it has no borrowed lifetime
+/// (`DecodeStepGraph<'static>`) and can live in a struct.
+struct Engine {
+    graph: DecodeStepGraph<'static>,
+}
+
+impl Engine {
+    fn new(rt: &Runtime, weights: Arc<Weights>) -> Result<Self, GraphError> {
+        let s = rt.stream();
+        let mut kv = s.alloc_zeros::<f32>(SPEC.kv_len())?;
+        let mut st = DecodeState::new(s)?;
+        restart(s, &mut kv, &mut st)?;
+        let mut graph = DecodeStepGraph::capture(rt, weights, kv, st)?;
+        // One step checked against the eager function (`generate` restarts afterwards).
+        println!("{}", verified(graph.verify(Tolerance::BITWISE)?)?);
+        Ok(Engine { graph })
+    }
+
+    /// Generates `TOKENS` tokens from BOS: µs per token and the tokens.
+    fn generate(&mut self, s: &Arc<CudaStream>) -> Result<(f64, Vec<i32>), GraphError> {
+        let state = self.graph.state_mut();
+        let (mut kv, st) = (state.kv, state.st);
+        restart(s, &mut kv, st)?;
+        s.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..TOKENS {
+            self.graph.launch()?;
+        }
+        s.synchronize()?;
+        let us = t.elapsed().as_secs_f64() * 1e6 / TOKENS as f64;
+        Ok((us, s.clone_dtoh(&self.graph.state_mut().st.tokens)?))
+    }
+}
+
 fn main() -> Result<(), BoxError> {
-    let cli = Cli::from_env();
+    let args = Args::parse();
     let Some(rt) = runtime_or_skip("05-decode-step") else {
         return Ok(());
     };
@@ -327,11 +377,9 @@ fn main() -> Result<(), BoxError> {
 
     // 3. Random weights (host copy kept for the reference), one cache and state per loop.
     let dec = Decoder::random(SPEC, &mut seeded_rng(5));
-    let w = upload(&s, &dec)?;
+    let w = Arc::new(upload(&s, &dec)?); // shared by the eager loop and the engine's graph
     let mut kv_eager = s.alloc_zeros::<f32>(SPEC.kv_len())?;
     let mut st_eager = DecodeState::new(&s)?;
-    let mut kv_graph = s.alloc_zeros::<f32>(SPEC.kv_len())?;
-    let mut st_graph = DecodeState::new(&s)?;
 
     // 4. The first step's logits against the host.
     decode_step(&rt, &w, &mut kv_eager, &mut st_eager)?;
@@ -354,23 +402,17 @@ fn main() -> Result<(), BoxError> {
         eager_tokens.push(s.clone_dtoh(&st_eager.tokens)?);
     }
 
-    // 6. The graph: captured once (the warmup runs two steps, so restart afterwards), then
-    //    256 launches per run. The state is lent back between runs by `state_mut`.
-    let mut graph = DecodeStepGraph::capture(&rt, &w, &mut kv_graph, &mut st_graph)?;
-    let nodes = graph.info().kinds.kernels;
+    // 6. The graph, inside an engine that owns it with its cache and state (the weights are
+    //    shared): captured once, then 256 launches per run. The warmup's two steps leave
+    //    the cache and the state as they were (the graph snapshots and restores them).
+    let mut engine = Engine::new(&rt, w.clone())?;
+    let nodes = engine.graph.info().kinds.kernels;
     let mut graph_runs = Vec::new();
     let mut graph_tokens = Vec::new();
     for _ in 0..RUNS {
-        let state = graph.state_mut();
-        restart(&s, state.kv, state.st)?;
-        s.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..TOKENS {
-            graph.launch()?;
-        }
-        s.synchronize()?;
-        graph_runs.push(t.elapsed().as_secs_f64() * 1e6 / TOKENS as f64);
-        graph_tokens.push(s.clone_dtoh(&graph.state_mut().st.tokens)?);
+        let (us, tokens) = engine.generate(&s)?;
+        graph_runs.push(us);
+        graph_tokens.push(tokens);
     }
 
     // 7. Every run of both loops produced the same 256 tokens.
@@ -426,25 +468,26 @@ fn main() -> Result<(), BoxError> {
         Ok(gap) => println!("first {CPU_TOKENS} tokens are the host's greedy choices (largest forgiven near-tie gap {gap:.1e})"),
         Err(e) => println!("host check FAILED: {e}"),
     }
-    if cli.json {
-        let rec = Record::new("decode", "ours")
-            .set("tokens", TOKENS)
-            .set("layers", SPEC.layers)
-            .set("dim", SPEC.dim)
-            .set("heads", SPEC.heads)
-            .set("ffn", SPEC.ffn)
-            .set("vocab", SPEC.vocab)
-            .set("kernels", nodes)
-            .set("eager_us", eager_us)
-            .set("graph_us", graph_us)
-            .set("eager_tok_s", 1e6 / eager_us)
-            .set("graph_tok_s", 1e6 / graph_us)
-            .set("distinct_tokens", distinct.len())
-            .set(
-                "check",
+    if args.json {
+        let what = format!(
+            "decode step, {} layers, dim {}, vocab {} ({TOKENS} tokens)",
+            SPEC.layers, SPEC.dim, SPEC.vocab
+        );
+        let rec = Record::new("decode", Side::Ours, "decode", what, eager_us, graph_us)
+            .shape("tokens", TOKENS)
+            .shape("layers", SPEC.layers)
+            .shape("dim", SPEC.dim)
+            .shape("heads", SPEC.heads)
+            .shape("ffn", SPEC.ffn)
+            .shape("vocab", SPEC.vocab)
+            .kernels(nodes)
+            .check(
                 "256 greedy tokens, eager vs graph, 5 runs each; 16 vs f64 host",
+                identical && host_check.is_ok() && logit_err < 1e-3,
             )
-            .set("agree", identical && host_check.is_ok() && logit_err < 1e-3);
+            .with("eager_tok_s", 1e6 / eager_us)
+            .with("graph_tok_s", 1e6 / graph_us)
+            .with("distinct_tokens", distinct.len());
         println!("{}", rec.line());
     }
 

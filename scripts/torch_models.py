@@ -11,8 +11,11 @@ Workloads (shapes and layer counts as in the Rust examples):
   train   MLP 64-256-256-16 (GELU tanh), batch 32, MSE, clip_grad_norm_(1.0), AdamW,
           mini-batch chosen by a device step counter; the whole step captured
 
-Prints one JSON object per line (`{"bench": ..., "side": "torch", ...}`), the lines the
-report (examples/08-report.rs) reads. Timings: median of 7 measurements of back-to-back
+Prints one JSON object per line, the records the report (examples/08-report.rs) reads:
+`{"bench": ..., "side": "torch", "workload": ..., "what": ..., "shape": {...}, "eager_us": ...,
+"graph_us": ..., ...}`, the `workload`, `what` and `shape` of each the same as the Rust
+example's record of that workload (bench-report's record module), and one
+`{"env": [[what, value], ...]}` line. Timings: median of 7 measurements of back-to-back
 calls followed by one synchronize, in microseconds per call (per token, per step).
 
 Usage: python3 scripts/torch_models.py [--batches 1,2,4] [--only mlp,decode,train]
@@ -41,8 +44,9 @@ TRAIN_DIMS = [64, 256, 256, 16]
 TRAIN_BATCH, TRAIN_BATCHES, TRAIN_STEPS = 32, 8, 200
 
 
-def emit(bench, **fields):
-    print(json.dumps({"bench": bench, "side": "torch", **fields}), flush=True)
+def emit(bench, workload, what, shape, **fields):
+    record = {"bench": bench, "side": "torch", "workload": workload, "what": what, "shape": shape}
+    print(json.dumps({**record, **fields}), flush=True)
 
 
 def wall_us(fn, iters):
@@ -120,7 +124,8 @@ def mlp_bench(batches):
             launch = wall_us(g.replay, iters)
             eager_gpu = gpu_us(lambda: model(x), iters)
             graph_gpu = gpu_us(replay, iters)
-            emit("mlp", batch=b, layers=MLP_LAYERS, dim=MLP_DIM, eager_us=eager, graph_us=graph,
+            emit("mlp", f"mlp/{b}", f"MLP {MLP_LAYERS}×(Linear {MLP_DIM}→{MLP_DIM}+GELU), batch {b}",
+                 dict(batch=b, layers=MLP_LAYERS, dim=MLP_DIM), eager_us=eager, graph_us=graph,
                  graph_launch_us=launch, eager_gpu_us=eager_gpu, graph_gpu_us=graph_gpu,
                  check="output bitwise, eager vs graph", agree=agree)
 
@@ -243,8 +248,10 @@ def decode_bench(runs=5):
     ref = eager_seqs[0]
     agree = all(torch.equal(s, ref) for s in eager_seqs + graph_seqs)
     eager, graph = statistics.median(eager_times), statistics.median(graph_times)
-    emit("decode", tokens=tokens, layers=DEC["layers"], dim=DEC["dim"], heads=DEC["heads"],
-         ffn=DEC["ffn"], vocab=DEC["vocab"], eager_us=eager, graph_us=graph,
+    what = f"decode step, {DEC['layers']} layers, dim {DEC['dim']}, vocab {DEC['vocab']} ({tokens} tokens)"
+    shape = dict(tokens=tokens, layers=DEC["layers"], dim=DEC["dim"], heads=DEC["heads"],
+                 ffn=DEC["ffn"], vocab=DEC["vocab"])
+    emit("decode", "decode", what, shape, eager_us=eager, graph_us=graph,
          eager_tok_s=1e6 / eager, graph_tok_s=1e6 / graph,
          check="256 greedy tokens, eager vs graph", agree=agree)
 
@@ -337,8 +344,9 @@ def train_bench():
     graph_us = wall_us(g.replay, 200)
     eager_gpu = gpu_us(eager_step, 200)
     graph_gpu = gpu_us(g.replay, 200)
-    emit("train", batch=TRAIN_BATCH, dims="-".join(map(str, TRAIN_DIMS)), steps=TRAIN_STEPS,
-         eager_us=eager_us, graph_us=graph_us, eager_gpu_us=eager_gpu, graph_gpu_us=graph_gpu,
+    dims = "-".join(map(str, TRAIN_DIMS))
+    emit("train", "train", f"train step MLP {dims}, batch {TRAIN_BATCH}",
+         dict(batch=TRAIN_BATCH, dims=dims, steps=TRAIN_STEPS), eager_us=eager_us, graph_us=graph_us, eager_gpu_us=eager_gpu, graph_gpu_us=graph_gpu,
          loss_first=eager_losses[0].item(), loss_last=eager_losses[-1].item(),
          eager_vs_graph_max_rel_diff=rel,
          check="loss curves eager vs graph (relative, not bitwise: different AdamW paths)",
@@ -354,8 +362,9 @@ def main():
         print("skipped: PyTorch sees no CUDA device", file=sys.stderr)
         return
     torch.backends.cuda.matmul.allow_tf32 = False  # plain FP32 GEMMs, as in the Rust examples
-    emit("env", torch=torch.__version__, cuda=str(torch.version.cuda),
-         device=torch.cuda.get_device_name(0))
+    env = [["PyTorch", torch.__version__], ["PyTorch CUDA", str(torch.version.cuda)],
+           ["PyTorch device", torch.cuda.get_device_name(0)]]
+    print(json.dumps({"env": env}), flush=True)
     only = set(args.only.split(","))
     if "mlp" in only:
         mlp_bench([int(b) for b in args.batches.split(",") if b.strip()])

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch reference for examples/03-rng-fill.rs: fill 256 MiB of f32 with torch.rand and
 torch.randn (in place, `out=`), GPU time per fill with CUDA events, median of 7 x 20.
-Prints `torch <op> <ms>` lines."""
+Prints one JSON object per line: {"op": "rand", "ms": ...}."""
+import json
 import statistics
 
 import torch
@@ -27,5 +28,5 @@ buf = torch.empty(N, device="cuda", dtype=torch.float32)
 torch.rand(N, device="cuda", out=buf)
 torch.randn(N, device="cuda", out=buf)
 torch.cuda.synchronize()
-print(f"torch rand {gpu_ms(lambda: torch.rand(N, device='cuda', out=buf)):.5f}")
-print(f"torch randn {gpu_ms(lambda: torch.randn(N, device='cuda', out=buf)):.5f}")
+print(json.dumps({"op": "rand", "ms": gpu_ms(lambda: torch.rand(N, device="cuda", out=buf))}))
+print(json.dumps({"op": "randn", "ms": gpu_ms(lambda: torch.randn(N, device="cuda", out=buf))}))

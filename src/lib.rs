@@ -1,9 +1,9 @@
-//! Shared pieces of the workspace's integration tests (`tests/`) and examples
-//! (`examples/`): the NVRTC kernel sources they launch, and the helpers that decide whether
-//! a GPU test runs or skips.
+//! The root package of the workspace holds no library code: only the integration tests
+//! (`tests/`) and the numbered examples (`examples/`).
 //!
-//! This crate is not published; the library is `graph-runtime`.
-
-pub mod bench;
-pub mod kernels;
-pub mod testing;
+//! What they share lives in crates named for what it is: `workloads` (kernels, launchers,
+//! host reference models, timing, the GPU test harness) and `bench-report` (the records the
+//! examples print, Markdown tables, the benchmark report). The library itself is
+//! `graph-runtime`.
+//!
+//! The tests and examples may import all three; nothing in the workspace imports this package.

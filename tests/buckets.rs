@@ -2,11 +2,12 @@
 //! from 1 to 32 replays like eager; batches above the largest bucket are a typed error, or
 //! run eagerly when the attribute asks for it.
 
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::{fresh_rng, max_abs_diff, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
+use workloads::check::max_abs_diff;
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
 const WIDTH: usize = 512;
 
@@ -129,12 +130,9 @@ fn eager(rt: &Runtime, wt: &Weights, x: &[f32], batch: usize) -> Result<Vec<f32>
 // graph and eager agree to rounding, not bit for bit.
 const TOLERANCE: f32 = 1e-4;
 
-#[test]
-fn every_batch_from_1_to_32_matches_eager() -> Result<(), GraphError> {
+#[gpu_test]
+fn every_batch_from_1_to_32_matches_eager(rt: Runtime) -> Result<(), GraphError> {
     let test = "every_batch_from_1_to_32_matches_eager";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let wt = weights(&rt, test)?;
     let mut family = MlpBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
     assert_eq!(MlpBuckets::BUCKETS, &[1, 2, 4, 8, 16, 32]);
@@ -159,12 +157,9 @@ fn every_batch_from_1_to_32_matches_eager() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn batch_above_the_largest_bucket_is_a_typed_error() -> Result<(), GraphError> {
+#[gpu_test]
+fn batch_above_the_largest_bucket_is_a_typed_error(rt: Runtime) -> Result<(), GraphError> {
     let test = "batch_above_the_largest_bucket_is_a_typed_error";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let wt = weights(&rt, test)?;
     let mut family = MlpBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
     let err = family
@@ -205,12 +200,9 @@ fn batch_above_the_largest_bucket_is_a_typed_error() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn eager_fallback_above_the_buckets_when_asked_for() -> Result<(), GraphError> {
+#[gpu_test]
+fn eager_fallback_above_the_buckets_when_asked_for(rt: Runtime) -> Result<(), GraphError> {
     let test = "eager_fallback_above_the_buckets_when_asked_for";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let wt = weights(&rt, test)?;
     let mut family = MlpSmallBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
     let mut rng = fresh_rng(test);
@@ -232,12 +224,9 @@ fn free_untrimmed(rt: &Runtime) -> Result<usize, GraphError> {
     Ok(rt.mem_info()?.0)
 }
 
-#[test]
-fn six_buckets_cost_at_most_1_2_times_the_largest_alone() -> Result<(), GraphError> {
+#[gpu_test]
+fn six_buckets_cost_at_most_1_2_times_the_largest_alone(rt: Runtime) -> Result<(), GraphError> {
     let test = "six_buckets_cost_at_most_1_2_times_the_largest_alone";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let wt = weights(&rt, test)?;
     let x = vec![0.1f32; 32 * WIDTH];
     // Load kernels and cuBLAS state first, so that neither measurement pays for them.
@@ -277,4 +266,8 @@ fn six_buckets_cost_at_most_1_2_times_the_largest_alone() -> Result<(), GraphErr
         "six buckets took {together} bytes, the largest alone {alone}"
     );
     Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    workloads::testing::run_tests()
 }

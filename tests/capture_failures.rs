@@ -7,11 +7,13 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::driver::sys::CUstreamCaptureStatus;
 use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, is_capturing, phase, GraphError, Phase, Runtime};
+use graph_runtime::{
+    cuda_graph, is_capturing, phase, ForkedStream, GraphError, Phase, Runtime, SideMut, SideRef,
+};
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
 fn add_scalar(
     rt: &Runtime,
@@ -88,12 +90,9 @@ fn syncs_raw(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result
     log_progress_with_raw_sync(rt)
 }
 
-#[test]
-fn raw_sync_in_body_is_error_900_and_the_runtime_recovers() -> Result<(), GraphError> {
+#[gpu_test]
+fn raw_sync_in_body_is_error_900_and_the_runtime_recovers(rt: Runtime) -> Result<(), GraphError> {
     let test = "raw_sync_in_body_is_error_900_and_the_runtime_recovers";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = SyncsRawGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -125,15 +124,12 @@ fn reads_back(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Resul
     Ok(())
 }
 
-#[test]
-fn device_to_host_copy_in_body_is_refused() -> Result<(), GraphError> {
+#[gpu_test]
+fn device_to_host_copy_in_body_is_refused(rt: Runtime) -> Result<(), GraphError> {
     // CUDA itself accepts this capture: it records a memcpy node into the `Vec`'s address,
     // which every replay would write again after the `Vec` is gone. The runtime inspects
     // the graph's copies and refuses it.
     let test = "device_to_host_copy_in_body_is_refused";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = ReadsBackGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -162,12 +158,9 @@ fn uploads(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(
     add_scalar(rt, x, y, 1.0)
 }
 
-#[test]
-fn host_to_device_copy_in_body_is_refused() -> Result<(), GraphError> {
+#[gpu_test]
+fn host_to_device_copy_in_body_is_refused(rt: Runtime) -> Result<(), GraphError> {
     let test = "host_to_device_copy_in_body_is_refused";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = UploadsGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -203,12 +196,9 @@ fn syncs_guarded(
     outer_helper(rt)
 }
 
-#[test]
-fn runtime_sync_two_calls_deep_names_the_line() -> Result<(), GraphError> {
+#[gpu_test]
+fn runtime_sync_two_calls_deep_names_the_line(rt: Runtime) -> Result<(), GraphError> {
     let test = "runtime_sync_two_calls_deep_names_the_line";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = SyncsGuardedGraph::capture(&rt, &x, 64).unwrap_err();
     match &err {
@@ -257,12 +247,9 @@ fn panics_when_captured(
     Ok(())
 }
 
-#[test]
-fn panic_in_body_leaves_the_runtime_usable() -> Result<(), GraphError> {
+#[gpu_test]
+fn panic_in_body_leaves_the_runtime_usable(rt: Runtime) -> Result<(), GraphError> {
     let test = "panic_in_body_leaves_the_runtime_usable";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let caught = catch_unwind(AssertUnwindSafe(|| {
         PanicsWhenCapturedGraph::capture(&rt, &x, 64)
@@ -275,12 +262,9 @@ fn panic_in_body_leaves_the_runtime_usable() -> Result<(), GraphError> {
 
 // --- wrong input shape at replay --------------------------------------------------------
 
-#[test]
-fn wrong_input_length_is_typed_and_launches_nothing() -> Result<(), GraphError> {
+#[gpu_test]
+fn wrong_input_length_is_typed_and_launches_nothing(rt: Runtime) -> Result<(), GraphError> {
     let test = "wrong_input_length_is_typed_and_launches_nothing";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let mut graph = PlusTwoGraph::capture(&rt, &vec![0.0f32; 100], 100)?;
     let before = rt
         .stream()
@@ -289,8 +273,7 @@ fn wrong_input_length_is_typed_and_launches_nothing() -> Result<(), GraphError> 
     for wrong in [99usize, 101, 0] {
         let err = graph
             .replay(&vec![1.0f32; wrong])
-            .err()
-            .expect("wrong length must fail");
+            .expect_err("wrong length must fail");
         match &err {
             GraphError::InputShape {
                 graph,
@@ -341,12 +324,9 @@ fn works_elsewhere(
     copy_on_the_side(rt, x, y)
 }
 
-#[test]
-fn work_on_another_stream_is_an_empty_graph_error() -> Result<(), GraphError> {
+#[gpu_test]
+fn work_on_another_stream_is_an_empty_graph_error(rt: Runtime) -> Result<(), GraphError> {
     let test = "work_on_another_stream_is_an_empty_graph_error";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = WorksElsewhereGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -379,12 +359,9 @@ fn makes_streams(
     make_a_stream_and_use_it(rt, x)
 }
 
-#[test]
-fn stream_made_and_used_inside_the_body_is_error_900() -> Result<(), GraphError> {
+#[gpu_test]
+fn stream_made_and_used_inside_the_body_is_error_900(rt: Runtime) -> Result<(), GraphError> {
     let test = "stream_made_and_used_inside_the_body_is_error_900";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = MakesStreamsGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -417,16 +394,13 @@ fn uses_legacy_stream(
     copy_on_the_legacy_stream(rt, x, y)
 }
 
-#[test]
-fn legacy_default_stream_in_the_body_is_refused() -> Result<(), GraphError> {
+#[gpu_test]
+fn legacy_default_stream_in_the_body_is_refused(rt: Runtime) -> Result<(), GraphError> {
     // The capture stream is non-blocking, so the legacy stream does not implicitly wait on
     // it: the copy runs eagerly, outside the graph (the driver of CUDA 13 does this; a
     // blocking capture stream would give error 906). It must be an error, never a graph that
     // silently lacks the copy.
     let test = "legacy_default_stream_in_the_body_is_refused";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = UsesLegacyStreamGraph::capture(&rt, &x, 64).unwrap_err();
     eprintln!("{test}: {err:?}");
@@ -457,12 +431,9 @@ fn nests(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(),
     capture_inside(rt, x)
 }
 
-#[test]
-fn nested_capture_is_refused() -> Result<(), GraphError> {
+#[gpu_test]
+fn nested_capture_is_refused(rt: Runtime) -> Result<(), GraphError> {
     let test = "nested_capture_is_refused";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = NestsGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -492,12 +463,9 @@ fn fails_in_warmup(
     add_scalar(rt, x, y, 1.0)
 }
 
-#[test]
-fn failing_warmup_names_the_run() -> Result<(), GraphError> {
+#[gpu_test]
+fn failing_warmup_names_the_run(rt: Runtime) -> Result<(), GraphError> {
     let test = "failing_warmup_names_the_run";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = FailsInWarmupGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -518,23 +486,23 @@ fn failing_warmup_names_the_run() -> Result<(), GraphError> {
 
 // --- the scoped fork/join: a parallel branch that always rejoins the capture ------------
 
-fn add_scalar_on(
-    stream: &Arc<CudaStream>,
+/// `y = x + a` on a fork's side stream, on buffers borrowed until the join.
+fn add_scalar_side<'f>(
+    side: &ForkedStream<'f, '_>,
     rt: &Runtime,
-    x: &CudaSlice<f32>,
-    y: &mut CudaSlice<f32>,
+    x: SideRef<'f, f32>,
+    y: SideMut<'f, f32>,
     a: f32,
 ) -> Result<(), GraphError> {
     let n = x.len() as i32;
     let f = rt.function(ELEMENTWISE, "add_scalar")?;
     // SAFETY: reads `n` floats of `x`, writes `n` of `y`; both hold `n`.
     unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(x)
-            .arg(&mut *y)
-            .arg(&a)
-            .arg(&n)
+        side.launch_builder(&f)
+            .buf(x)
+            .buf_mut(y)
+            .arg(a)
+            .arg(n)
             .launch(LaunchConfig::for_num_elems(n as u32))?;
     }
     Ok(())
@@ -572,18 +540,17 @@ fn forked_branches(
     c: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
     rt.fork(|side| {
-        add_scalar_on(side, rt, x, a, 1.0)?;
+        add_scalar_side(side, rt, side.read(x), side.write(a), 1.0)?;
         add_scalar(rt, x, b, 2.0)
     })?;
     add_into(rt, a, b, c)
 }
 
-#[test]
-fn fork_join_records_a_parallel_branch_and_replays_like_eager() -> Result<(), GraphError> {
+#[gpu_test]
+fn fork_join_records_a_parallel_branch_and_replays_like_eager(
+    rt: Runtime,
+) -> Result<(), GraphError> {
     let test = "fork_join_records_a_parallel_branch_and_replays_like_eager";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let mut rng = fresh_rng(test);
     let n = 1000;
     let s = rt.stream().clone();
@@ -626,7 +593,7 @@ fn fork_error_handled(
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
     let side = rt.fork(|side| {
-        add_scalar_on(side, rt, x, y, 3.0)?;
+        add_scalar_side(side, rt, side.read(x), side.write(y), 3.0)?;
         Err::<(), _>(GraphError::User(
             "the side branch gives up after its kernel".into(),
         ))
@@ -639,12 +606,9 @@ fn fork_error_handled(
     Ok(())
 }
 
-#[test]
-fn fork_rejoins_when_the_side_branch_fails() -> Result<(), GraphError> {
+#[gpu_test]
+fn fork_rejoins_when_the_side_branch_fails(rt: Runtime) -> Result<(), GraphError> {
     let test = "fork_rejoins_when_the_side_branch_fails";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let mut rng = fresh_rng(test);
     let mut graph = ForkErrorHandledGraph::capture(&rt, &random_vec(&mut rng, 256), 256)?;
     for _ in 0..3 {
@@ -666,17 +630,14 @@ fn forks_only_while_capturing(
 ) -> Result<(), GraphError> {
     add_scalar(rt, x, y, 1.0)?;
     if is_capturing() {
-        rt.fork(|side| add_scalar_on(side, rt, x, y, 1.0))?;
+        rt.fork(|side| add_scalar_side(side, rt, side.read(x), side.write(y), 1.0))?;
     }
     Ok(())
 }
 
-#[test]
-fn fork_that_would_create_a_stream_in_capture_is_refused() -> Result<(), GraphError> {
+#[gpu_test]
+fn fork_that_would_create_a_stream_in_capture_is_refused(rt: Runtime) -> Result<(), GraphError> {
     let test = "fork_that_would_create_a_stream_in_capture_is_refused";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     let err = ForksOnlyWhileCapturingGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
@@ -698,12 +659,8 @@ fn fork_that_would_create_a_stream_in_capture_is_refused() -> Result<(), GraphEr
     assert_runtime_usable(&rt, test)
 }
 
-#[test]
-fn fork_reuses_its_side_stream_and_nests_on_another() -> Result<(), GraphError> {
-    let test = "fork_reuses_its_side_stream_and_nests_on_another";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn fork_reuses_its_side_stream_and_nests_on_another(rt: Runtime) -> Result<(), GraphError> {
     let first = rt.fork(|side| Ok(side.cu_stream() as usize))?;
     let again = rt.fork(|side| Ok(side.cu_stream() as usize))?;
     assert_eq!(first, again, "one side stream, created once and reused");
@@ -715,4 +672,8 @@ fn fork_reuses_its_side_stream_and_nests_on_another() -> Result<(), GraphError> 
     assert_eq!(outer, first);
     assert_ne!(inner, outer, "a nested fork gets a stream of its own");
     Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    workloads::testing::run_tests()
 }

@@ -2,10 +2,10 @@
 //! one runtime share the physical memory of their temporaries, and out of memory during a
 //! capture is a typed error after which the runtime still works.
 
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
 const MIB: usize = 1 << 20;
 
@@ -48,12 +48,8 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / MIB as f64
 }
 
-#[test]
-fn memory_report_counts_temporaries_and_static_buffers() -> Result<(), GraphError> {
-    let test = "memory_report_counts_temporaries_and_static_buffers";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn memory_report_counts_temporaries_and_static_buffers(rt: Runtime) -> Result<(), GraphError> {
     let x = vec![1.0f32; 1000];
     let graph = WithTempGraph::capture(&rt, &x, 1000, 8)?;
     let info = graph.info();
@@ -78,12 +74,9 @@ fn memory_report_counts_temporaries_and_static_buffers() -> Result<(), GraphErro
     Ok(())
 }
 
-#[test]
-fn a_hundred_graphs_give_their_memory_back() -> Result<(), GraphError> {
+#[gpu_test]
+fn a_hundred_graphs_give_their_memory_back(rt: Runtime) -> Result<(), GraphError> {
     let test = "a_hundred_graphs_give_their_memory_back";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let mut rng = fresh_rng(test);
     let n = 4096;
     // Load the kernels (module memory) before the baseline.
@@ -106,12 +99,9 @@ fn a_hundred_graphs_give_their_memory_back() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn replays_do_not_grow_memory() -> Result<(), GraphError> {
+#[gpu_test]
+fn replays_do_not_grow_memory(rt: Runtime) -> Result<(), GraphError> {
     let test = "replays_do_not_grow_memory";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let n = 1024;
     let src = rt.stream().clone_htod(&vec![2.0f32; n])?;
     let mut graph = WithTempGraph::capture(&rt, &src, n, 2)?;
@@ -144,12 +134,9 @@ fn free_untrimmed(rt: &Runtime) -> Result<usize, GraphError> {
     Ok(rt.mem_info()?.0)
 }
 
-#[test]
-fn graphs_of_one_runtime_share_their_temporaries() -> Result<(), GraphError> {
+#[gpu_test]
+fn graphs_of_one_runtime_share_their_temporaries(rt: Runtime) -> Result<(), GraphError> {
     let test = "graphs_of_one_runtime_share_their_temporaries";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let n = 256;
     let x = vec![1.0f32; n];
     let sizes = [32usize, 16, 8, 4, 2, 1]; // MiB of temporaries, largest first
@@ -220,12 +207,9 @@ fn huge_temp(
     Ok(())
 }
 
-#[test]
-fn out_of_memory_during_capture_is_typed_and_recoverable() -> Result<(), GraphError> {
+#[gpu_test]
+fn out_of_memory_during_capture_is_typed_and_recoverable(rt: Runtime) -> Result<(), GraphError> {
     let test = "out_of_memory_during_capture_is_typed_and_recoverable";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let total = rt.mem_info()?.1;
     let x = vec![1.0f32; 64];
 
@@ -265,4 +249,8 @@ fn out_of_memory_during_capture_is_typed_and_recoverable() -> Result<(), GraphEr
         vec![7.0f32; 64]
     );
     Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    workloads::testing::run_tests()
 }

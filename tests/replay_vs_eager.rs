@@ -2,17 +2,18 @@
 //! changed between them: element-wise kernels with a temporary, cuBLAS, state read by
 //! address, warmup accounting, and every kind of input source.
 //!
-//! GPU tests: they skip (printing why) without a driver, and fail instead when
-//! `CUDA_GRAPH_REQUIRE_GPU=1`.
+//! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with
+//! `CUDA_GRAPH_REQUIRE_GPU=1` they fail instead.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cuda_graphs::kernels::ELEMENTWISE;
-use cuda_graphs::testing::{fresh_rng, max_abs_diff, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, phase, GraphError, Phase, Runtime};
+use workloads::check::max_abs_diff;
+use workloads::kernels::ELEMENTWISE;
+use workloads::testing::{cpu_test, fresh_rng, gpu_test, random_vec};
 
 fn grid(n: i32) -> LaunchConfig {
     LaunchConfig::for_num_elems(n as u32)
@@ -57,11 +58,8 @@ fn affine_tanh(
     Ok(())
 }
 
-#[test]
-fn replay_equals_eager_on_changing_inputs() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("replay_equals_eager_on_changing_inputs") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn replay_equals_eager_on_changing_inputs(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng("replay_equals_eager_on_changing_inputs");
     let n = 4099; // not a multiple of the block size
     let s = rt.stream().clone();
@@ -101,6 +99,78 @@ fn replay_equals_eager_on_changing_inputs() -> Result<(), GraphError> {
     Ok(())
 }
 
+/// Every way a replay can get its input, mixed in one sequence: a device buffer of the
+/// runtime's stream (the graph's input node is pointed at it: no copy launch), a view at an
+/// unaligned offset of a larger buffer (the same, copied byte by byte), host data (copied
+/// before the launch), a buffer freed right after the replay, and `launch` after writing the
+/// static input in place (the node copies nothing).
+#[gpu_test]
+fn every_input_source_feeds_the_graph(rt: Runtime) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("every_input_source_feeds_the_graph");
+    let n = 4099;
+    let s = rt.stream().clone();
+    let w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let b = s.clone_htod(&random_vec(&mut rng, n))?;
+    let mut graph = AffineTanhGraph::capture(&rt, &random_vec(&mut rng, n), &w, &b, n)?;
+    assert_eq!(graph.info().kinds.input_copies, 1, "{:?}", graph.info());
+    let mut eager_y = s.alloc_zeros::<f32>(n)?;
+    let mut check = |graph: &mut AffineTanhGraph<'_>, host_x: &[f32], what: &str| {
+        let got = s.clone_dtoh(graph.outputs().y)?;
+        let x = s.clone_htod(host_x)?;
+        affine_tanh(&rt, &x, &w, &b, &mut eager_y)?;
+        assert_eq!(got, s.clone_dtoh(&eager_y)?, "{what}");
+        Ok::<(), GraphError>(())
+    };
+    for round in 0..3 {
+        let host_x = random_vec(&mut rng, n);
+        let x = s.clone_htod(&host_x)?;
+        graph.replay(&x)?;
+        check(
+            &mut graph,
+            &host_x,
+            &format!("round {round}: device buffer"),
+        )?;
+
+        let host_x = random_vec(&mut rng, n);
+        let mut padded = vec![0.0f32; n + 3];
+        padded[1..=n].copy_from_slice(&host_x);
+        let big = s.clone_htod(&padded)?;
+        graph.replay(&big.slice(1..=n))?; // 4 bytes off the allocation's alignment
+        check(
+            &mut graph,
+            &host_x,
+            &format!("round {round}: unaligned view"),
+        )?;
+
+        let host_x = random_vec(&mut rng, n);
+        graph.replay(&host_x)?;
+        check(&mut graph, &host_x, &format!("round {round}: host data"))?;
+
+        let host_x = random_vec(&mut rng, n);
+        {
+            let gone = s.clone_htod(&host_x)?;
+            graph.replay(&gone)?;
+        } // freed on the runtime's stream, after the graph has read it
+        let reuse = s.clone_htod(&vec![9.0f32; n])?;
+        check(
+            &mut graph,
+            &host_x,
+            &format!("round {round}: source freed after replay"),
+        )?;
+        drop(reuse);
+
+        let host_x = random_vec(&mut rng, n);
+        s.memcpy_htod(&host_x, &mut graph.inputs_mut().x)?;
+        graph.launch()?;
+        check(
+            &mut graph,
+            &host_x,
+            &format!("round {round}: written in place, launched"),
+        )?;
+    }
+    Ok(())
+}
+
 /// `y = x * w` with mutable state: the test changes `w` between replays.
 #[cuda_graph(warmup = 2)]
 fn scale(
@@ -124,11 +194,8 @@ fn scale(
     Ok(())
 }
 
-#[test]
-fn state_is_read_by_address() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("state_is_read_by_address") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn state_is_read_by_address(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng("state_is_read_by_address");
     let n = 1000;
     let s = rt.stream().clone();
@@ -138,7 +205,7 @@ fn state_is_read_by_address() -> Result<(), GraphError> {
     for round in 0..4 {
         let host_w = random_vec(&mut rng, n);
         // The graph lends its state back between replays; it reads it by address.
-        s.memcpy_htod(&host_w, graph.state_mut().w)?;
+        s.memcpy_htod(&host_w, &mut graph.state_mut().w)?;
         let got = s.clone_dtoh(graph.replay(&host_x)?.y)?;
         let want: Vec<f32> = host_x.iter().zip(&host_w).map(|(a, b)| a * b).collect();
         assert_eq!(
@@ -189,11 +256,8 @@ fn counted(
     Ok(())
 }
 
-#[test]
-fn warmup_runs_exactly_n_times_on_the_capture_stream() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("warmup_runs_exactly_n_times_on_the_capture_stream") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn warmup_runs_exactly_n_times_on_the_capture_stream(rt: Runtime) -> Result<(), GraphError> {
     let x = rt.stream().clone_htod(&[1.0f32, 2.0, 3.0])?;
     let mut graph = CountedGraph::capture(&rt, &x, 3)?;
     assert_eq!(CountedGraph::WARMUP, 4);
@@ -287,11 +351,8 @@ fn gelu(v: f32) -> f32 {
     0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh())
 }
 
-#[test]
-fn cublas_gemm_inside_the_graph() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("cublas_gemm_inside_the_graph") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn cublas_gemm_inside_the_graph(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng("cublas_gemm_inside_the_graph");
     let (batch, inp, out) = (8, 256, 128);
     let s = rt.stream().clone();
@@ -329,11 +390,8 @@ fn cublas_gemm_inside_the_graph() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn inputs_from_another_stream_are_ordered() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("inputs_from_another_stream_are_ordered") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn inputs_from_another_stream_are_ordered(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng("inputs_from_another_stream_are_ordered");
     let n = 1 << 20;
     let s = rt.stream().clone();
@@ -358,20 +416,17 @@ fn inputs_from_another_stream_are_ordered() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn launch_replays_what_was_written_in_place() -> Result<(), GraphError> {
-    let Some(rt) = runtime_or_skip("launch_replays_what_was_written_in_place") else {
-        return Ok(());
-    };
+#[gpu_test]
+fn launch_replays_what_was_written_in_place(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng("launch_replays_what_was_written_in_place");
     let n = 512;
     let s = rt.stream().clone();
     let mut w = s.clone_htod(&random_vec(&mut rng, n))?;
     let mut graph = ScaleGraph::capture(&rt, &vec![0.0f32; n], &mut w, n)?;
-    let host_w = s.clone_dtoh(graph.state_mut().w)?;
+    let host_w = s.clone_dtoh(&graph.state_mut().w)?;
     for _ in 0..3 {
         let host_x = random_vec(&mut rng, n);
-        s.memcpy_htod(&host_x, graph.inputs_mut().x)?;
+        s.memcpy_htod(&host_x, &mut graph.inputs_mut().x)?;
         let got = s.clone_dtoh(graph.launch()?.y)?;
         let want: Vec<f32> = host_x.iter().zip(&host_w).map(|(a, b)| a * b).collect();
         assert_eq!(got, want);
@@ -379,9 +434,13 @@ fn launch_replays_what_was_written_in_place() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
+#[cpu_test]
 fn graphs_are_send() {
     fn assert_send<T: Send>() {}
     assert_send::<AffineTanhGraph<'static>>();
     assert_send::<ScaleGraph<'static>>();
+}
+
+fn main() -> std::process::ExitCode {
+    workloads::testing::run_tests()
 }

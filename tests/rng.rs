@@ -2,11 +2,11 @@
 //! through graphs, sound statistics, independent generators, save/restore inside a graph,
 //! and typed errors for the host-side state calls that cannot be captured.
 
-use cuda_graphs::testing::{fresh_rng, random_vec, runtime_or_skip};
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::rng::{reference_uniform, DEFAULT_SEED};
 use graph_runtime::{cuda_graph, Generator, GraphError, RngState, Runtime};
 use rand::Rng;
+use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
 /// Uniform, normal and dropout from the runtime's default generator.
 #[cuda_graph(warmup = 3)]
@@ -47,12 +47,8 @@ fn read(
     })
 }
 
-#[test]
-fn replays_draw_fresh_numbers_every_time() -> Result<(), GraphError> {
-    let test = "replays_draw_fresh_numbers_every_time";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn replays_draw_fresh_numbers_every_time(rt: Runtime) -> Result<(), GraphError> {
     let n = 4096;
     let x = vec![1.0f32; n];
     let mut graph = NoisyGraph::capture(&rt, &x, n, n, n, n)?;
@@ -94,12 +90,9 @@ fn replays_draw_fresh_numbers_every_time() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn eager_and_graph_draw_the_same_sequence() -> Result<(), GraphError> {
+#[gpu_test]
+fn eager_and_graph_draw_the_same_sequence(rt: Runtime) -> Result<(), GraphError> {
     let test = "eager_and_graph_draw_the_same_sequence";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let mut rng = fresh_rng(test);
     let n = 10_001; // not a multiple of 4: exercises the tail
     let seed: u64 = rng.random();
@@ -145,12 +138,9 @@ fn eager_and_graph_draw_the_same_sequence() -> Result<(), GraphError> {
     Ok(())
 }
 
-#[test]
-fn statistics_on_ten_million_samples() -> Result<(), GraphError> {
+#[gpu_test]
+fn statistics_on_ten_million_samples(rt: Runtime) -> Result<(), GraphError> {
     let test = "statistics_on_ten_million_samples";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
     let n = 10_000_000usize;
     let x = vec![2.0f32; n];
     let mut graph = NoisyGraph::capture(&rt, &x, n, n, n, n)?;
@@ -222,12 +212,8 @@ fn two_streams(
     b.uniform(rt, yb, -1.0, 1.0)
 }
 
-#[test]
-fn two_generators_are_independent() -> Result<(), GraphError> {
-    let test = "two_generators_are_independent";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn two_generators_are_independent(rt: Runtime) -> Result<(), GraphError> {
     let n = 1 << 20;
     let (a, b) = (rt.generator(1)?, rt.generator(2)?);
     let mut graph = TwoStreamsGraph::capture(&rt, &a, &b, n, n)?;
@@ -284,12 +270,8 @@ fn draw_twice(
     g.normal(rt, second, 0.0, 1.0)
 }
 
-#[test]
-fn save_and_restore_inside_a_graph_replay_the_same_draw() -> Result<(), GraphError> {
-    let test = "save_and_restore_inside_a_graph_replay_the_same_draw";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn save_and_restore_inside_a_graph_replay_the_same_draw(rt: Runtime) -> Result<(), GraphError> {
     let g = rt.generator(77)?;
     let mut saved = RngState::new(&rt)?;
     let mut graph = DrawTwiceGraph::capture(&rt, &g, &mut saved, 5000, 5000)?;
@@ -344,12 +326,8 @@ fn makes_generator(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), GraphErro
     fresh_generator(rt)?.uniform(rt, y, 0.0, 1.0)
 }
 
-#[test]
-fn host_state_calls_in_capture_point_to_the_graph_safe_ones() -> Result<(), GraphError> {
-    let test = "host_state_calls_in_capture_point_to_the_graph_safe_ones";
-    let Some(rt) = runtime_or_skip(test) else {
-        return Ok(());
-    };
+#[gpu_test]
+fn host_state_calls_in_capture_point_to_the_graph_safe_ones(rt: Runtime) -> Result<(), GraphError> {
     let err = ReadsRngStateGraph::capture(&rt, 64).unwrap_err();
     assert!(
         matches!(
@@ -398,4 +376,8 @@ fn host_state_calls_in_capture_point_to_the_graph_safe_ones() -> Result<(), Grap
         rt.stream().clone_dtoh(out.yb)?
     );
     Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    workloads::testing::run_tests()
 }

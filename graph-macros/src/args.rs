@@ -8,15 +8,28 @@ use syn::{Expr, ExprLit, Lit, Meta, Token};
 
 use crate::ctxt::Ctxt;
 
-/// The keys `#[cuda_graph]` accepts, in the order the error message lists them.
-pub const VALID_KEYS: &str = "`warmup`, `mode`, `crate`, `host_effects_not_replayed`, `buckets`";
-
 /// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
 /// consequence: those effects run in the warmup runs and the capture, never on replay.
 pub const HOST_EFFECTS_KEY: &str = "host_effects_not_replayed";
 
-/// Every key, for the unknown-key check and the "did you mean" hint.
-const KEYS: [&str; 5] = ["warmup", "mode", "crate", HOST_EFFECTS_KEY, "buckets"];
+/// Every key `#[cuda_graph]` accepts, in the order the error messages list them: the only
+/// place that spells them (the unknown-key check, the hint and the messages read it).
+const KEYS: [&str; 9] = [
+    "warmup",
+    "mode",
+    "crate",
+    HOST_EFFECTS_KEY,
+    "buckets",
+    "verify",
+    "verify_every",
+    "verify_tolerance",
+    "check_determinism",
+];
+
+/// The keys as the error messages list them: `` `warmup`, `mode`, … ``.
+pub fn valid_keys() -> String {
+    KEYS.map(|k| format!("`{k}`")).join(", ")
+}
 
 /// Warmup runs when the attribute does not say (PyTorch's `make_graphed_callables` uses 3).
 pub const DEFAULT_WARMUP: u32 = 3;
@@ -31,6 +44,22 @@ pub struct GraphArgs {
     pub host_effects: bool,
     /// `buckets(batch = [...])`: one graph per batch size.
     pub buckets: Option<crate::buckets::BucketArgs>,
+    /// `verify = "never" | "first" | "every"` / `verify_every = N`: which replays verify
+    /// themselves (`None`: the first in debug builds, none in release builds).
+    pub verify: Option<VerifyEvery>,
+    /// `verify_tolerance = 1e-5`: the tolerance of self-verifying replays (absolute and
+    /// relative); bitwise when not given.
+    pub verify_tolerance: Option<f64>,
+    /// `check_determinism = true | false` (`None`: on in debug builds).
+    pub check_determinism: Option<bool>,
+}
+
+/// Which replays verify themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyEvery {
+    Never,
+    First,
+    Every(u64),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +100,7 @@ impl GraphArgs {
 /// was valid.
 pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
     let mut args = GraphArgs::default();
+    let valid_keys = valid_keys();
     let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(tokens) {
         Ok(metas) => metas,
         Err(e) => {
@@ -78,7 +108,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
                 e.span(),
                 format!(
                     "malformed `#[cuda_graph]` arguments: {e}; write `key = value` pairs separated by commas, \
-                     with keys from {VALID_KEYS}, e.g. `#[cuda_graph(warmup = 3)]`"
+                     with keys from {valid_keys}, e.g. `#[cuda_graph(warmup = 3)]`"
                 ),
             ));
             return args;
@@ -89,7 +119,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         let Some(key) = meta.path().get_ident().map(ToString::to_string) else {
             cx.error_spanned_by(
                 meta.path(),
-                format!("unknown `#[cuda_graph]` key; expected one of: {VALID_KEYS}"),
+                format!("unknown `#[cuda_graph]` key; expected one of: {valid_keys}"),
             );
             continue;
         };
@@ -97,7 +127,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             cx.error_spanned_by(
                 meta.path(),
                 format!(
-                    "unknown `#[cuda_graph]` key `{key}`; expected one of: {VALID_KEYS}{}",
+                    "unknown `#[cuda_graph]` key `{key}`; expected one of: {valid_keys}{}",
                     hint(&key)
                 ),
             );
@@ -113,6 +143,23 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         seen.push(key.clone());
         if key == HOST_EFFECTS_KEY {
             parse_host_effects(&meta, cx, &mut args);
+            continue;
+        }
+        if key == "check_determinism" {
+            match &meta {
+                Meta::Path(_) => args.check_determinism = Some(true),
+                Meta::NameValue(nv) => match &nv.value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => args.check_determinism = Some(b.value),
+                    other => cx.error_spanned_by(
+                        other,
+                        "`check_determinism` is `true` or `false` (on by default in debug builds): capture \
+                         twice and compare the recordings",
+                    ),
+                },
+                Meta::List(_) => cx.error_spanned_by(&meta, "`check_determinism` takes `= true` or `= false`"),
+            }
             continue;
         }
         if key == "buckets" {
@@ -139,6 +186,9 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             "warmup" => parse_warmup(value, cx, &mut args),
             "mode" => parse_mode(value, cx, &mut args),
             "crate" => parse_crate(value, cx, &mut args),
+            "verify" => parse_verify(value, cx, &mut args),
+            "verify_every" => parse_verify_every(value, cx, &mut args),
+            "verify_tolerance" => parse_verify_tolerance(value, cx, &mut args),
             _ => unreachable!("checked against the key list above"),
         }
     }
@@ -213,6 +263,9 @@ fn example(key: &str) -> &'static str {
     match key {
         "warmup" => "3",
         "mode" => "\"thread_local\"",
+        "verify" => "\"first\"",
+        "verify_every" => "100",
+        "verify_tolerance" => "1e-5",
         _ => "\"graph_runtime\"",
     }
 }
@@ -264,6 +317,83 @@ fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
         }
     };
     args.mode = Some((mode, s.span()));
+}
+
+fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let every = match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => match s.value().as_str() {
+            "never" => VerifyEvery::Never,
+            "first" => VerifyEvery::First,
+            "every" => VerifyEvery::Every(1),
+            other => {
+                cx.error_spanned_by(
+                    s,
+                    format!(
+                        "unknown `verify` value \"{other}\"; expected \"never\", \"first\" or \"every\" (or \
+                         `verify_every = N`)"
+                    ),
+                );
+                return;
+            }
+        },
+        other => {
+            cx.error_spanned_by(
+                other,
+                "`verify` must be a string: \"never\", \"first\" (the default in debug builds) or \"every\"",
+            );
+            return;
+        }
+    };
+    if args.verify.is_some() {
+        cx.error_spanned_by(value, "give `verify` or `verify_every`, not both");
+        return;
+    }
+    args.verify = Some(every);
+}
+
+fn parse_verify_every(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(n), ..
+    }) = value
+    else {
+        cx.error_spanned_by(
+            value,
+            "`verify_every` must be an integer, e.g. `verify_every = 100`",
+        );
+        return;
+    };
+    match n.base10_parse::<u64>() {
+        Ok(0) | Err(_) => cx.error_spanned_by(
+            n,
+            "`verify_every` must be at least 1 (write `verify = \"never\"` to turn verification off)",
+        ),
+        Ok(_) if args.verify.is_some() => {
+            cx.error_spanned_by(value, "give `verify` or `verify_every`, not both")
+        }
+        Ok(k) => args.verify = Some(VerifyEvery::Every(k)),
+    }
+}
+
+fn parse_verify_tolerance(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let parsed = match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Float(f), ..
+        }) => f.base10_parse::<f64>().ok(),
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => i.base10_parse::<f64>().ok(),
+        _ => None,
+    };
+    match parsed {
+        Some(t) if t >= 0.0 && t.is_finite() => args.verify_tolerance = Some(t),
+        _ => cx.error_spanned_by(
+            value,
+            "`verify_tolerance` must be a non-negative number, e.g. `verify_tolerance = 1e-5` (absolute and \
+             relative); leave it out for bitwise comparisons",
+        ),
+    }
 }
 
 fn parse_crate(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
@@ -341,7 +471,7 @@ mod tests {
         assert!(errors[0].contains("at least 1"));
         assert!(
             errors[1].contains("unknown `#[cuda_graph]` key `warmpu`")
-                && errors[1].contains(VALID_KEYS)
+                && errors[1].contains(&valid_keys())
         );
         assert!(errors[2].contains("unknown capture mode \"fast\""));
         assert!(errors[3].contains("`warmup` set multiple times"));
@@ -387,11 +517,52 @@ mod tests {
         );
         let (_, errors) = parse_str(quote!(pool = "shared"));
         assert!(
-            errors[0].ends_with(VALID_KEYS),
+            errors[0].ends_with(&valid_keys()),
             "no hint for a far key: {errors:?}"
         );
         assert_eq!(edit_distance("mdoe", "mode"), 2);
         assert_eq!(edit_distance("", "crate"), 5);
+    }
+
+    #[test]
+    fn verification_keys() {
+        let (args, errors) = parse_str(quote!(
+            verify = "every",
+            verify_tolerance = 1e-5,
+            check_determinism
+        ));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.verify, Some(VerifyEvery::Every(1)));
+        assert_eq!(args.verify_tolerance, Some(1e-5));
+        assert_eq!(args.check_determinism, Some(true));
+        let (args, errors) = parse_str(quote!(verify_every = 10, check_determinism = false));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.verify, Some(VerifyEvery::Every(10)));
+        assert_eq!(args.check_determinism, Some(false));
+        let (_, errors) = parse_str(quote!(
+            verify = "always",
+            verify_every = 0,
+            verify_tolerance = -1.0
+        ));
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].contains("unknown `verify` value"));
+        assert!(errors[1].contains("at least 1"));
+        assert!(errors[2].contains("non-negative"));
+        let (_, errors) = parse_str(quote!(verify = "first", verify_every = 5));
+        assert!(errors[0].contains("not both"), "{errors:?}");
+    }
+
+    #[test]
+    fn every_listed_key_is_known() {
+        assert_eq!(valid_keys().matches('`').count(), 2 * KEYS.len());
+        for key in KEYS {
+            let key = syn::Ident::new(key, proc_macro2::Span::call_site());
+            let (_, errors) = parse_str(quote!(#key));
+            assert!(
+                errors.iter().all(|e| !e.starts_with("unknown")),
+                "{key}: {errors:?}"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Lit, Meta, Token};
 
 use crate::ctxt::Ctxt;
-use crate::model::{GraphFn, Role};
+use crate::expand::{inner_vis, recorded_kind, relocated};
+use crate::model::{GraphFn, Param, Role};
 
 /// The parsed `buckets(…)` argument.
 pub struct BucketArgs {
@@ -131,28 +132,32 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
     })
 }
 
-/// The bucket family type of `model`: `{Name}Buckets<'s>`.
+/// The bucket family type of `model` (`{Name}Buckets<'s>`) and its outputs view, as items of
+/// the generated module, and the names to re-export from it.
 pub fn expand(
     model: &GraphFn,
     krate: &syn::Path,
     site: TokenStream,
     buckets: &BucketArgs,
     base: &str,
-) -> TokenStream {
+) -> (TokenStream, Vec<Ident>) {
     let pr = quote!(#krate::__private);
     let item = &model.item;
-    let vis = &item.vis;
+    let vis = inner_vis(&item.vis);
     let fn_ident = &item.sig.ident;
     let fn_name = fn_ident.to_string();
     let family = format_ident!("{}Buckets", base, span = fn_ident.span());
     let outputs_ty = format_ident!("{}BucketOutputs", base, span = fn_ident.span());
-    let ctx_ty = &model.context.as_ref().expect("checked by analyze").ty;
+    let ctx_ty = relocated(&model.context.as_ref().expect("checked by analyze").ty);
     let sizes = &buckets.sizes;
     let fallback = buckets.eager_fallback;
     let batch_ident = &buckets.param;
+    let ty = |p: &Param| relocated(&p.ty);
 
-    let slot_ty =
-        |t: &syn::Type| quote_spanned!(t.span()=> #pr::BatchedSlot<<#t as #pr::BatchBuffer>::Elem>);
+    let slot_ty = |p: &Param| {
+        let t = ty(p);
+        quote_spanned!(p.ty.span()=> #pr::BatchedSlot<<#t as #pr::BatchBuffer>::Elem>)
+    };
     let batched: Vec<_> = model
         .of(|r| matches!(r, Role::Input | Role::Output))
         .collect();
@@ -162,41 +167,78 @@ pub fn expand(
     let constants: Vec<_> = model.of(|r| r == Role::Constant).collect();
 
     let slot_fields = batched.iter().map(|p| {
-        let (i, st) = (&p.ident, slot_ty(&p.ty));
+        let (i, st) = (&p.ident, slot_ty(p));
         quote!(#i: #st)
     });
     let state_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         match p.role {
-            Role::State { mutable: true } => quote!(#i: &'s mut #t),
-            _ => quote!(#i: &'s #t),
+            Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
+            _ => quote!(#i: #pr::Held<'s, #t>),
         }
     });
     let const_fields = constants.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         quote!(#i: #t)
     });
 
+    let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let t = ty(p);
+        let g = format_ident!("__S{}", n);
+        match p.role {
+            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
+            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
+            _ => None,
+        }
+    });
     let capture_params = model
         .params
         .iter()
-        .filter(|p| p.role != Role::Bucket)
-        .map(|p| {
-            let (i, t) = (&p.ident, &p.ty);
+        .enumerate()
+        .filter(|(_, p)| p.role != Role::Bucket)
+        .map(|(n, p)| {
+            let (i, t) = (&p.ident, ty(p));
+            let g = format_ident!("__S{}", n);
             match p.role {
                 Role::Input | Role::Output => quote!(#i: usize),
-                Role::State { mutable: true } => quote!(#i: &'s mut #t),
-                Role::State { mutable: false } => quote!(#i: &'s #t),
+                Role::State { .. } => quote!(#i: #g),
                 _ => quote!(#i: #t),
             }
         });
+    let hold_states = states.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::State { mutable: true } => {
+                quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
+            }
+            _ => quote!(let #i = #pr::StateArg::into_held(#i);),
+        }
+    });
     let make_slots = batched.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let i = &p.ident;
         let name = i.to_string();
-        let st = slot_ty(t);
+        let st = slot_ty(p);
         quote!(let mut #i: #st = #pr::BatchedSlot::new(rt, __site, #name, #i, __largest)?;)
     });
     let slot_idents: Vec<&Ident> = batched.iter().map(|p| &p.ident).collect();
+    let records = states.iter().map(|p| {
+        let i = &p.ident;
+        let name = i.to_string();
+        let kind = recorded_kind(p, &pr);
+        quote!(__book.record(#name, &*#i, #kind);)
+    });
+    let capture_checks = states.iter().enumerate().map(|(k, p)| {
+        let i = &p.ident;
+        quote!(__book.check(#k, &*#i, __when)?;)
+    });
+    let replay_checks: Vec<TokenStream> = states
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
+        })
+        .collect();
 
     // Arguments of the call inside capture (`__b` rows) and of the eager fallback.
     let alias_lets = batched.iter().map(|p| {
@@ -204,6 +246,23 @@ pub fn expand(
         let a = format_ident!("__alias_{}", i);
         quote!(let mut #a = #i.alias(__b);)
     });
+    let alias_finish = |owner: Option<TokenStream>| -> Vec<TokenStream> {
+        outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let a = format_ident!("__alias_{}", i);
+                let name = i.to_string();
+                let when = match &owner {
+                    None => quote!(__when),
+                    Some(_) => quote!(#pr::When::Replay),
+                };
+                quote!(#a.finish(__site.name, #name, #when)?;)
+            })
+            .collect()
+    };
+    let capture_finish = alias_finish(None);
+    let eager_finish = alias_finish(Some(quote!(self)));
     let call_args = |eager: bool| -> Vec<TokenStream> {
         model
             .params
@@ -216,12 +275,12 @@ pub fn expand(
                     Role::Input => quote!(&*#a),
                     Role::Output => quote!(&mut *#a),
                     Role::State { mutable: true } => quote!(&mut *#owner),
-                    Role::State { mutable: false } => quote!(#owner),
+                    Role::State { mutable: false } => quote!(&*#owner),
                     Role::Constant => {
                         quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#owner))
                     }
                     Role::Bucket => {
-                        let t = &p.ty;
+                        let t = ty(p);
                         quote!(__b as #t)
                     }
                 }
@@ -248,25 +307,25 @@ pub fn expand(
     let eager_inputs = inputs.iter().map(|p| {
         let i = &p.ident;
         let a = format_ident!("__alias_{}", i);
-        quote!(let #a = self.#i.eager_alias(self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
+        quote!(let #a = self.#i.eager_alias(&self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
     });
     let eager_outputs = outputs.iter().map(|p| {
         let i = &p.ident;
         let a = format_ident!("__alias_{}", i);
-        quote!(let mut #a = self.#i.eager_output(self.__rt, __rows)?;)
+        quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
     });
     let replay_generics = inputs.iter().enumerate().map(|(n, p)| {
-        let s = format_ident!("__R{}", n);
-        let t = &p.ty;
-        quote!(#s: ?Sized + #pr::InputSource<#t>)
+        let g = format_ident!("__R{}", n);
+        let t = ty(p);
+        quote!(#g: ?Sized + #pr::InputSource<#t>)
     });
     let replay_params = inputs.iter().enumerate().map(|(n, p)| {
-        let s = format_ident!("__R{}", n);
+        let g = format_ident!("__R{}", n);
         let i = &p.ident;
-        quote!(#i: &#s)
+        quote!(#i: &#g)
     });
     let output_fields = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         let doc = format!("The valid rows of output `{i}`.");
         quote!(#[doc = #doc] pub #i: #krate::cudarc::driver::CudaView<'g, <#t as #pr::BatchBuffer>::Elem>)
     });
@@ -281,7 +340,7 @@ pub fn expand(
         .map(|p| &p.ident);
     let ctx_call = quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(rt));
     let ctx_call_eager =
-        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(self.__rt));
+        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(&self.__rt));
     let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
     let no_inputs = first_input.is_none();
     let rows_when_no_input = if no_inputs {
@@ -300,35 +359,44 @@ pub fn expand(
          `#[cuda_graph(buckets({batch_ident} = {sizes:?}))]`.\n\n`replay` picks the smallest bucket that holds the \
          batch, copies the input rows in, zero-fills the padding rows and hands out only the valid rows of \
          each output. Inputs and outputs share one buffer each, sized for the largest bucket; the graphs' \
-         temporaries share the runtime's graph memory pool."
+         temporaries share the runtime's graph memory pool. The family keeps its runtime alive and holds its \
+         state (borrowed, shared or owned), whose addresses it checks before every replay."
     );
     let capture_doc = format!(
         "Captures one graph per bucket, largest first. For each input and output, give the number of \
-         elements in one row (its length is `{batch_ident}` rows of that many); state is borrowed for the \
-         family's lifetime, constants are frozen."
+         elements in one row (its length is `{batch_ident}` rows of that many); state is given as `&T` / \
+         `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by value; \
+         constants are frozen."
     );
 
-    quote! {
+    let body = quote! {
         #[doc = #doc]
         #[must_use = "a captured bucket family does nothing until it is replayed"]
-        #[allow(dead_code)]
         #vis struct #family<'s> {
             __buckets: #pr::Buckets,
-            __rt: &'s #krate::Runtime,
+            __book: #pr::AddressBook,
+            __rt: #krate::Runtime,
             __rows: usize,
             /// Whether the last replay ran eagerly (batch above every bucket).
             __eager: bool,
             #(#slot_fields,)*
             #(#state_fields,)*
             #(#const_fields,)*
+            __state: ::core::marker::PhantomData<&'s ()>,
         }
 
         /// The valid rows of the outputs of the last replay, borrowed from the family until
         /// the next replay.
-        #[allow(dead_code)]
         #vis struct #outputs_ty<'g> {
             #(#output_fields,)*
-            __marker: ::core::marker::PhantomData<&'g ()>,
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g ()>,
+        }
+
+        impl ::core::fmt::Debug for #outputs_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#outputs_ty)).finish_non_exhaustive()
+            }
         }
 
         impl ::core::fmt::Debug for #family<'_> {
@@ -351,34 +419,53 @@ pub fn expand(
 
             #[doc = #capture_doc]
             #[allow(clippy::too_many_arguments)]
-            #vis fn capture(
-                rt: &'s #krate::Runtime,
+            #vis fn capture<#(#capture_generics),*>(
+                rt: &#krate::Runtime,
                 #(#capture_params),*
             ) -> ::core::result::Result<Self, #krate::GraphError> {
                 let __site = Self::__site();
                 let __largest = *Self::BUCKETS.last().expect("at least one bucket");
+                #(#hold_states)*
                 #(#make_slots)*
                 let __static_bytes = 0 #(+ #slot_idents.bytes())*;
+                let mut __book = #pr::AddressBook::new(__site.name);
+                #(#records)*
                 let __buckets = {
                     let __ctx = #ctx_call;
-                    let mut __body = |__b: usize| -> ::core::result::Result<(), #krate::GraphError> {
-                        #(#alias_lets)*
-                        #body_result(#fn_ident(__ctx, #(#capture_call),*))
+                    let __book = &__book;
+                    let mut __body = |__b: usize, __step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
+                        match __step {
+                            #pr::Step::Run(__when) => {
+                                #(#alias_lets)*
+                                let __result = #body_result(super::#fn_ident(__ctx, #(#capture_call),*));
+                                let _ = __when;
+                                #(#capture_finish)*
+                                __result
+                            }
+                            #pr::Step::Check(__when) => {
+                                let _ = __when;
+                                #(#capture_checks)*
+                                ::core::result::Result::Ok(())
+                            }
+                        }
                     };
-                    #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __static_bytes, &mut __body)?
+                    #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
                 };
                 ::core::result::Result::Ok(Self {
                     __buckets,
-                    __rt: rt,
+                    __book,
+                    __rt: ::core::clone::Clone::clone(rt),
                     __rows: 0,
                     __eager: false,
                     #(#init_fields,)*
+                    __state: ::core::marker::PhantomData,
                 })
             }
 
             /// Runs the bucket that holds the batch of the inputs (their rows), after copying
             /// them in; returns the valid rows of the outputs. A batch above the largest
-            /// bucket is an error, or runs eagerly with `fallback = "eager"`.
+            /// bucket is an error, or runs eagerly with `fallback = "eager"`. The state's
+            /// addresses are checked first.
             #[allow(clippy::too_many_arguments)]
             #vis fn replay<#(#replay_generics),*>(
                 &mut self,
@@ -388,10 +475,11 @@ pub fn expand(
                 let __site = Self::__site();
                 #rows_when_no_input
                 #(#rows_checks)*
+                #(#replay_checks)*
                 match self.__buckets.pick(__rows)? {
                     #pr::Pick::Graph { index: __index, bucket: __bucket } => {
                         // The closure writes only the slots, disjoint from `self.__buckets`.
-                        self.__buckets.graph(__index).replay_with(|__staging| {
+                        #pr::replay(self.__buckets.graph(__index), |__staging| {
                             let _ = (__staging, __bucket);
                             #(#stages)*
                             ::core::result::Result::Ok(())
@@ -404,7 +492,9 @@ pub fn expand(
                         let __staging = self.__buckets.graph(0).staging();
                         #(#eager_inputs)*
                         #(#eager_outputs)*
-                        #body_result(#fn_ident(__ctx, #(#eager_call),*))?;
+                        let __result = #body_result(super::#fn_ident(__ctx, #(#eager_call),*));
+                        #(#eager_finish)*
+                        __result?;
                         self.__eager = true;
                     }
                 }
@@ -422,5 +512,95 @@ pub fn expand(
                 &self.__buckets
             }
         }
+    };
+    (body, vec![family, outputs_ty])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses `buckets(…)` as the attribute would hand it over.
+    fn parse_str(tokens: TokenStream) -> (Option<BucketArgs>, Vec<String>) {
+        let meta: Meta = syn::parse2(quote!(buckets(#tokens))).expect("a meta list");
+        let Meta::List(list) = meta else {
+            panic!("`buckets(…)` is a list")
+        };
+        let mut cx = Ctxt::default();
+        let args = parse(&list, &mut cx);
+        (args, cx.messages())
+    }
+
+    fn errors_of(tokens: TokenStream) -> Vec<String> {
+        parse_str(tokens).1
+    }
+
+    #[test]
+    fn sizes_are_sorted_and_the_parameter_named() {
+        let (args, errors) = parse_str(quote!(batch = [8, 1, 4, 2]));
+        assert!(errors.is_empty(), "{errors:#?}");
+        let args = args.expect("valid buckets");
+        assert_eq!(args.param, "batch");
+        assert_eq!(args.sizes, [1, 2, 4, 8]);
+        assert!(!args.eager_fallback);
+    }
+
+    #[test]
+    fn fallback() {
+        let eager = |t: TokenStream| parse_str(t).0.expect("valid buckets").eager_fallback;
+        assert!(eager(quote!(batch = [1], fallback = "eager")));
+        assert!(!eager(quote!(fallback = "error", batch = [1])));
+        let errors = errors_of(quote!(batch = [1], fallback = "later"));
+        assert!(errors[0].contains("`fallback` is \"error\""), "{errors:#?}");
+    }
+
+    #[test]
+    fn invalid_sizes_are_all_reported_and_the_parameter_kept() {
+        let (args, errors) = parse_str(quote!(batch = [0, 2, 2, x, 99999999999999999999999]));
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(errors[0].contains("at least one row"));
+        assert!(errors[1].contains("bucket 2 is listed twice"));
+        assert!(errors[2].contains("integer literals"));
+        assert!(errors[3].contains("whole numbers"));
+        // Still returned, so the batch parameter draws no error of its own.
+        let args = args.expect("kept despite the errors");
+        assert_eq!(
+            (args.param.to_string(), args.sizes),
+            ("batch".to_owned(), vec![2])
+        );
+    }
+
+    #[test]
+    fn shape_mistakes() {
+        for (tokens, needle) in [
+            (quote!(batch = []), "list at least one bucket size"),
+            (quote!(fallback = "eager"), "must name the batch parameter"),
+            (quote!(batch = [1], rows = [2]), "takes one batch parameter"),
+            (quote!(batch = 4), "needs a list of batch sizes"),
+            (quote!(batch), "expected `name = [sizes]`"),
+            (quote!(a::b = [1]), "expected the batch parameter's name"),
+            (quote!(batch = [1],,), "malformed `buckets(…)`"),
+        ] {
+            let errors = errors_of(tokens.clone());
+            assert!(
+                errors.iter().any(|e| e.contains(needle)),
+                "`{needle}` for `{tokens}`: {errors:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_family_is_expanded_for_a_valid_function() {
+        let out = crate::expand::cuda_graph(
+            quote!(buckets(batch = [1, 2, 4])),
+            quote! {
+                fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, batch: usize)
+                    -> Result<(), GraphError> { Ok(()) }
+            },
+        );
+        let text = out.to_string();
+        assert!(!text.contains("compile_error"), "{text}");
+        assert!(text.contains("StepBuckets"), "{text}");
+        syn::parse2::<syn::File>(out).expect("the expansion parses");
     }
 }

@@ -4,7 +4,11 @@ use proc_macro2::TokenStream;
 use std::fmt::Display;
 
 /// An error collector. Checks push into it; [`Ctxt::finish`] turns the lot into one
-/// `syn::Error` (rendered as one `compile_error!` per message, each at its own span).
+/// `compile_error!` per message, each at its own span.
+///
+/// A `Ctxt` that still holds errors must be finished: dropping it with unreported errors
+/// panics (outside of an unwinding panic), so a code path that forgets them fails every
+/// test that reaches it instead of silently accepting a wrong function.
 #[derive(Default)]
 pub struct Ctxt {
     errors: Vec<syn::Error>,
@@ -36,17 +40,62 @@ impl Ctxt {
         !self.errors.is_empty()
     }
 
-    /// All recorded errors as `compile_error!` invocations.
-    pub fn to_compile_errors(&self) -> TokenStream {
-        self.errors
+    /// Every recorded error as a `compile_error!` invocation (nothing when there is none).
+    pub fn finish(mut self) -> TokenStream {
+        std::mem::take(&mut self.errors)
             .iter()
             .map(syn::Error::to_compile_error)
             .collect()
     }
 
-    /// The messages, for tests.
+    /// The messages, for tests; consumes the collector like [`Ctxt::finish`].
     #[cfg(test)]
-    pub fn messages(&self) -> Vec<String> {
-        self.errors.iter().map(ToString::to_string).collect()
+    pub fn messages(mut self) -> Vec<String> {
+        std::mem::take(&mut self.errors)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Ctxt {
+    fn drop(&mut self) {
+        if !self.errors.is_empty() && !std::thread::panicking() {
+            panic!(
+                "graph-macros bug: {} error(s) collected and never reported (call `Ctxt::finish`)",
+                self.errors.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_renders_every_error() {
+        let mut cx = Ctxt::default();
+        cx.error_at(proc_macro2::Span::call_site(), "first");
+        cx.error_at(proc_macro2::Span::call_site(), "second");
+        assert_eq!(cx.count(), 2);
+        let out = cx.finish().to_string();
+        assert_eq!(out.matches("compile_error").count(), 2, "{out}");
+    }
+
+    #[test]
+    fn an_empty_collector_may_be_dropped() {
+        let cx = Ctxt::default();
+        assert!(!cx.has_errors());
+        assert!(cx.finish().is_empty());
+        drop(Ctxt::default());
+    }
+
+    #[test]
+    #[should_panic(expected = "never reported")]
+    fn unreported_errors_panic_on_drop() {
+        let mut cx = Ctxt::default();
+        cx.error_at(proc_macro2::Span::call_site(), "lost");
+        drop(cx);
     }
 }

@@ -11,7 +11,7 @@ use syn::ItemFn;
 use crate::args::{self, GraphArgs};
 use crate::check;
 use crate::ctxt::Ctxt;
-use crate::model::{self, GraphFn, Role};
+use crate::model::{self, GraphFn, Param, Role};
 
 /// Entry point: `#[cuda_graph(args)] item`.
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -30,11 +30,11 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let args = args::parse(args, &mut cx);
-    check::check_body(&item, &args, &mut cx);
     let before = cx.count();
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
     let signature_ok = cx.count() == before;
+    check::check_body(&model, &args, &mut cx);
     if !cx.has_errors() {
         return expand(&model, &args);
     }
@@ -43,22 +43,25 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         // default for any invalid argument), so that code using it does not add errors of
         // its own to the ones that matter.
         let mut out = expand(&model, &args);
-        out.extend(cx.to_compile_errors());
+        out.extend(cx.finish());
         return out;
     }
-    fallback(&model.item, &cx)
+    fallback(&model.item, cx)
 }
 
 /// On a signature error: the user's function (so the rest of the crate and the IDE keep
 /// working) and every error.
-fn fallback(item: &ItemFn, cx: &Ctxt) -> TokenStream {
-    let errors = cx.to_compile_errors();
+fn fallback(item: &ItemFn, cx: Ctxt) -> TokenStream {
+    let errors = cx.finish();
     quote!(#item #errors)
 }
 
 /// The `GraphSite` literal of the function: its name, warmup count and capture mode.
-fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
-    let krate = args.krate();
+fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStream {
+    let determinism = match args.check_determinism {
+        Some(on) => quote!(#on),
+        None => quote!(::core::cfg!(debug_assertions)),
+    };
     let name = model.item.sig.ident.to_string();
     let warmup = args.warmup();
     let mode = Ident::new(args.mode().variant(), Span::call_site());
@@ -66,6 +69,7 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         name: #name,
         warmup: #warmup,
         mode: #krate::__private::CaptureMode::#mode,
+        determinism: #determinism,
     })
 }
 
@@ -85,84 +89,118 @@ pub fn camel(ident: &Ident) -> String {
 }
 
 fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
-    if let Some(buckets) = &args.buckets {
-        let krate = args.krate();
-        let item = &model.item;
-        let base = camel(&item.sig.ident);
-        let site = site_tokens(model, args);
-        let family = crate::buckets::expand(model, &krate, site, buckets, &base);
-        return quote!(#item #family);
+    let krate = relocated_path(&args.krate());
+    let item = &model.item;
+    let fn_ident = &item.sig.ident;
+    let base = camel(fn_ident);
+    let module = format_ident!("__cuda_graph_{}", snake(fn_ident), span = fn_ident.span());
+    let site = site_tokens(model, args, &krate);
+    let (body, names) = match &args.buckets {
+        Some(buckets) => crate::buckets::expand(model, &krate, site, buckets, &base),
+        None => expand_graph(model, args, &krate, site, &base),
+    };
+    let outer_vis = &item.vis;
+    quote! {
+        #item
+
+        #[doc(hidden)]
+        #[allow(non_snake_case, clippy::needless_lifetimes)]
+        mod #module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #body
+        }
+
+        #[allow(unused_imports)]
+        #outer_vis use self::#module::{#(#names),*};
     }
-    let krate = args.krate();
+}
+
+/// The graph type of `model` and its views, as the items of the generated module, and the
+/// names to re-export from it.
+fn expand_graph(
+    model: &GraphFn,
+    args: &GraphArgs,
+    krate: &syn::Path,
+    site: TokenStream,
+    base: &str,
+) -> (TokenStream, Vec<Ident>) {
     let pr = quote!(#krate::__private);
     let item = &model.item;
-    let vis = &item.vis;
+    let vis = inner_vis(&item.vis);
     let fn_ident = &item.sig.ident;
     let fn_name = fn_ident.to_string();
-    let base = camel(fn_ident);
     let graph_ty = format_ident!("{}Graph", base, span = fn_ident.span());
     let inputs_ty = format_ident!("{}Inputs", base, span = fn_ident.span());
     let outputs_ty = format_ident!("{}Outputs", base, span = fn_ident.span());
     let state_ty = format_ident!("{}State", base, span = fn_ident.span());
     let warmup = args.warmup();
-    let site = site_tokens(model, args);
-    let ctx_ty = &model.context.as_ref().expect("checked by analyze").ty;
+    let ctx_ty = relocated(&model.context.as_ref().expect("checked by analyze").ty);
+    let ty = |p: &Param| relocated(&p.ty);
 
     let inputs: Vec<_> = model.of(|r| r == Role::Input).collect();
     let outputs: Vec<_> = model.of(|r| r == Role::Output).collect();
     let states: Vec<_> = model.of(|r| matches!(r, Role::State { .. })).collect();
 
-    // Struct fields.
-    let input_fields = inputs.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
-        quote!(#i: #t)
-    });
-    let output_fields = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
-        quote!(#i: #t)
-    });
+    // Struct fields: static buffers and held state, all private to the generated module.
+    let static_fields = model
+        .of(|r| matches!(r, Role::Input | Role::Output))
+        .map(|p| {
+            let (i, t) = (&p.ident, ty(p));
+            quote!(#i: #t)
+        });
     let state_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         match p.role {
-            Role::State { mutable: true } => quote!(#i: &'s mut #t),
-            _ => quote!(#i: &'s #t),
+            Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
+            _ => quote!(#i: #pr::Held<'s, #t>),
         }
     });
+    let const_fields = model.of(|r| r == Role::Constant).map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        quote!(#i: #t)
+    });
 
-    // `capture` parameters, in the function's order.
-    let capture_params = model.params.iter().enumerate().map(|(n, p)| {
-        let (i, t) = (&p.ident, &p.ty);
+    // `capture`: generics and parameters, in the function's order.
+    let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let t = ty(p);
+        let g = format_ident!("__S{}", n);
         match p.role {
-            Role::Input => {
-                let s = format_ident!("__S{}", n);
-                quote!(#i: &#s)
-            }
+            Role::Input => Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
+            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
+            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
+            _ => None,
+        }
+    });
+    let capture_params = model.params.iter().enumerate().map(|(n, p)| {
+        let (i, t) = (&p.ident, ty(p));
+        let g = format_ident!("__S{}", n);
+        match p.role {
+            Role::Input => quote!(#i: &#g),
             Role::Output => quote!(#i: <#t as #pr::StaticBuffer>::Shape),
-            Role::State { mutable: true } => quote!(#i: &'s mut #t),
-            Role::State { mutable: false } => quote!(#i: &'s #t),
-            // Only bucket families have a batch parameter; they are expanded elsewhere.
+            Role::State { .. } => quote!(#i: #g),
             Role::Constant | Role::Bucket => quote!(#i: #t),
         }
     });
-    let capture_generics = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role == Role::Input)
-        .map(|(n, p)| {
-            let s = format_ident!("__S{}", n);
-            let t = &p.ty;
-            quote!(#s: ?Sized + #pr::InputSource<#t>)
-        });
+    let hold_states = states.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::State { mutable: true } => {
+                quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
+            }
+            _ => quote!(let #i = #pr::StateArg::into_held(#i);),
+        }
+    });
     let stage = model.params.iter().enumerate().filter_map(|(n, p)| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         let local = local(n);
         let name = i.to_string();
         match p.role {
-            Role::Input => Some(quote_spanned!(t.span()=>
+            Role::Input => Some(quote_spanned!(p.ty.span()=>
                 let #local: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
             )),
-            Role::Output => Some(quote_spanned!(t.span()=>
+            Role::Output => Some(quote_spanned!(p.ty.span()=>
                 let mut #local: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
             )),
             _ => None,
@@ -175,6 +213,33 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         .filter(|(_, p)| matches!(p.role, Role::Input | Role::Output))
         .map(|(n, _)| local(n))
         .collect();
+    // The address book: state first (indices 0.. are what replays check), then outputs.
+    let checked: Vec<(Ident, TokenStream, TokenStream)> = states
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            (i.clone(), quote!(&*#i), recorded_kind(p, &pr))
+        })
+        .chain(model.params.iter().enumerate().filter_map(|(n, p)| {
+            let local = local(n);
+            (p.role == Role::Output).then(|| {
+                (
+                    p.ident.clone(),
+                    quote!(&#local),
+                    quote!(#pr::Recorded::Output),
+                )
+            })
+        }))
+        .collect();
+    let records = checked.iter().enumerate().map(|(k, (i, value, restore))| {
+        let name = i.to_string();
+        let index = format_ident!("__index{}", k);
+        quote!(let #index = __book.record(#name, #value, #restore);)
+    });
+    let capture_checks = checked.iter().enumerate().map(|(k, (_, value, _))| {
+        let index = format_ident!("__index{}", k);
+        quote!(__book.check(#index, #value, __when)?;)
+    });
     let call_args = model.params.iter().enumerate().map(|(n, p)| {
         let i = &p.ident;
         let local = local(n);
@@ -182,59 +247,138 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
             Role::Input => quote!(&#local),
             Role::Output => quote!(&mut #local),
             Role::State { mutable: true } => quote!(&mut *#i),
-            Role::State { mutable: false } => quote!(#i),
+            Role::State { mutable: false } => quote!(&*#i),
             Role::Constant | Role::Bucket => {
                 quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#i))
             }
         }
     });
-    let init_fields = model
+    let init_fields = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let i = &p.ident;
+        let local = local(n);
+        match p.role {
+            Role::Input | Role::Output => Some(quote!(#i: #local)),
+            Role::State { .. } | Role::Constant => Some(quote!(#i)),
+            Role::Bucket => None,
+        }
+    });
+
+    // `verify`: the eager call on copies of the inputs into shadow outputs.
+    let verify_inputs = inputs.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        let copy = format_ident!("__copy_{}", i);
+        let name = i.to_string();
+        quote!(let #copy: #t = #pr::stage_input::<#t, _>(&__rt, __site, #name, #i)?;)
+    });
+    let verify_shadows = outputs.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        let shadow = format_ident!("__shadow_{}", i);
+        let name = i.to_string();
+        quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
+    });
+    let verify_call_args = model.params.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::Input => {
+                let copy = format_ident!("__copy_{}", i);
+                quote!(&#copy)
+            }
+            Role::Output => {
+                let shadow = format_ident!("__shadow_{}", i);
+                quote!(&mut #shadow)
+            }
+            Role::State { mutable: true } => quote!(&mut *self.#i),
+            Role::State { mutable: false } => quote!(&*self.#i),
+            Role::Constant | Role::Bucket => {
+                quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&self.#i))
+            }
+        }
+    });
+    let verify_eager_outputs = outputs.iter().map(|p| {
+        let i = &p.ident;
+        let shadow = format_ident!("__shadow_{}", i);
+        let name = i.to_string();
+        quote!(__verifier.eager_output(#name, &#shadow)?;)
+    });
+    let verify_replay_outputs = outputs.iter().map(|p| {
+        let i = &p.ident;
+        let name = i.to_string();
+        quote!(__verifier.replay_output(#name, &self.#i)?;)
+    });
+    let replay_args: Vec<&Ident> = inputs.iter().map(|p| &p.ident).collect();
+    let verify_schedule = verify_schedule_tokens(args, &pr);
+
+    // Replays check every state's addresses (their indices are 0..) before launching.
+    let replay_checks: Vec<TokenStream> = states
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
+        })
+        .collect();
+    let replay_generics: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let g = format_ident!("__R{}", n);
+            let t = ty(p);
+            quote!(#g: ?Sized + #pr::InputSource<#t>)
+        })
+        .collect();
+    let replay_params: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let g = format_ident!("__R{}", n);
+            let i = &p.ident;
+            quote!(#i: &#g)
+        })
+        .collect();
+    let shape_checks: Vec<TokenStream> = inputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let name = i.to_string();
+            quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
+        })
+        .collect();
+    let copies: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut self.#i))?;)
+        })
+        .collect();
+    let register_inputs = model
         .params
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.role != Role::Constant)
-        .map(|(n, p)| {
-            let i = &p.ident;
+        .filter(|(_, p)| p.role == Role::Input)
+        .map(|(n, _)| {
             let local = local(n);
-            match p.role {
-                Role::Input | Role::Output => quote!(#i: #local),
-                _ => quote!(#i),
-            }
+            quote!(__inputs.add(&#local);)
         });
-
-    // `replay` parameters: the inputs, in order.
-    let replay_generics = inputs.iter().enumerate().map(|(n, p)| {
-        let s = format_ident!("__R{}", n);
-        let t = &p.ty;
-        quote!(#s: ?Sized + #pr::InputSource<#t>)
-    });
-    let replay_params = inputs.iter().enumerate().map(|(n, p)| {
-        let s = format_ident!("__R{}", n);
-        let i = &p.ident;
-        quote!(#i: &#s)
-    });
-    let shape_checks = inputs.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
-    });
-    let copies = inputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(#pr::InputSource::copy_into(#i, &mut self.#i, __staging)?;)
-    });
+    let (replay_generics2, replay_params2, shape_checks2, copies2) = (
+        replay_generics.clone(),
+        replay_params.clone(),
+        shape_checks.clone(),
+        copies.clone(),
+    );
 
     let input_view_fields = inputs.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         let doc =
             format!("The static buffer of input `{i}`: write here, then [`{graph_ty}::launch`].");
-        quote!(#[doc = #doc] pub #i: &'g mut #t)
+        quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
     });
     let input_view_init = inputs.iter().map(|p| {
         let i = &p.ident;
-        quote!(#i: &mut self.#i)
+        quote!(#i: #pr::DeviceState::lend(&mut self.#i))
     });
     let output_view_fields = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         let doc = format!("Output `{i}`, as the last replay left it.");
         quote!(#[doc = #doc] pub #i: &'g #t)
     });
@@ -243,13 +387,14 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         quote!(#i: &self.#i)
     });
     let state_view_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, &p.ty);
+        let (i, t) = (&p.ident, ty(p));
         match p.role {
             Role::State { mutable: true } => {
                 let doc = format!(
-                    "State `{i}`, lent back between replays; the graph reads it by address."
+                    "State `{i}`, lent back between replays (a `CudaSlice` as a `CudaViewMut`): \
+                     write into it in place; the graph reads it by address."
                 );
-                quote!(#[doc = #doc] pub #i: &'g mut #t)
+                quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
             }
             _ => {
                 let doc = format!("State `{i}` (read-only while the graph lives).");
@@ -260,8 +405,8 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let state_view_init = states.iter().map(|p| {
         let i = &p.ident;
         match p.role {
-            Role::State { mutable: true } => quote!(#i: &mut *self.#i),
-            _ => quote!(#i: self.#i),
+            Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
+            _ => quote!(#i: &*self.#i),
         }
     });
 
@@ -272,55 +417,68 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`.\n\n\
          [`{graph_ty}::capture`] runs `{fn_name}` {warmup} time(s) eagerly on the runtime's stream, records it \
          once and instantiates the graph; [`{graph_ty}::replay`] copies new inputs into the graph's static \
-         buffers and launches it. The outputs are lent out until the next replay."
+         buffers and launches it. The outputs are lent out until the next replay.\n\n\
+         The graph keeps its runtime alive and holds its state for its whole life: borrowed (the graph is \
+         `{graph_ty}<'s>`), shared through an `Arc`, or owned (a `{graph_ty}<'static>` can live in a struct \
+         of yours). Before every replay it checks that the state still holds the buffers it was captured \
+         with."
     );
     let capture_doc = format!(
         "Warms up `{fn_name}` ({warmup} eager run(s) on the runtime's stream), captures it and instantiates \
          the graph.\n\nInputs are copied into static buffers of the same shape (the warmup and capture run \
-         on those values); outputs are given by shape and start zeroed; state is borrowed for the graph's \
-         lifetime; constants are frozen into the graph."
+         on those values); outputs are given by shape and start zeroed; state is given as `&T` / `&mut T` \
+         (borrowed for the graph's lifetime), as an `Arc<T>` (read-only state) or by value (the graph owns \
+         it); `&mut` state is snapshotted before the warmup and restored after it unless marked \
+         `#[state(no_restore)]`; constants are frozen into the graph."
     );
     let replay_doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
-                      runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape is \
-                      checked before anything is queued: a mismatch is [`GraphError::InputShape`] and launches \
-                      nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape";
+                      runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape and \
+                      every state's addresses are checked before anything is queued: a mismatch is \
+                      [`GraphError::InputShape`] or [`GraphError::StateMoved`] and launches \
+                      nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape\n\
+                      [`GraphError::StateMoved`]: graph_runtime::GraphError::StateMoved";
+    let verify_doc = "Checks one replay against the eager function on the same inputs: runs the \
+                      function eagerly on copies of the inputs into shadow outputs, undoes what that \
+                      run did to the `&mut` state and the random generators, replays the graph, and \
+                      compares every output and every `&mut` state element by element \
+                      (`Tolerance::BITWISE`, or within a tolerance). Afterwards everything is as a \
+                      plain `replay` leaves it; the outputs hold the replay's values.";
     let graph_name = graph_ty.to_string();
 
-    quote! {
-        #item
-
+    let body = quote! {
         #[doc = #struct_doc]
         #[must_use = "a captured graph does nothing until it is replayed"]
-        #[allow(dead_code)]
         #vis struct #graph_ty<'s> {
             __graph: #pr::Graph,
-            #(#input_fields,)*
-            #(#output_fields,)*
+            __book: #pr::AddressBook,
+            __verify: #pr::VerifySchedule,
+            #(#static_fields,)*
             #(#state_fields,)*
+            #(#const_fields,)*
             __state: ::core::marker::PhantomData<&'s ()>,
         }
 
-        /// The static input buffers of the graph, to fill in place before
-        /// a `launch` (no copy at replay).
-        #[allow(dead_code)]
+        /// The static input buffers of the graph, lent as views to fill in place before a
+        /// `launch` (no copy at replay); a view can be written into, not replaced.
         #vis struct #inputs_ty<'g> {
             #(#input_view_fields,)*
-            __marker: ::core::marker::PhantomData<&'g mut ()>,
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
         }
 
         /// The graph's outputs, borrowed from the graph: they stay valid
         /// until the next replay, which cannot start while they are held.
-        #[allow(dead_code)]
         #vis struct #outputs_ty<'g> {
             #(#output_view_fields,)*
-            __marker: ::core::marker::PhantomData<&'g ()>,
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g ()>,
         }
 
         /// The state the graph reads by address, lent back between replays.
-        #[allow(dead_code)]
         #vis struct #state_ty<'g> {
             #(#state_view_fields,)*
-            __marker: ::core::marker::PhantomData<&'g mut ()>,
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
         }
 
         impl ::core::fmt::Debug for #graph_ty<'_> {
@@ -328,6 +486,31 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
                 f.debug_struct(#graph_name)
                     .field("info", self.__graph.info())
                     .finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #outputs_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#outputs_ty)).finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #inputs_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#inputs_ty)).finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #state_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#state_ty)).finish_non_exhaustive()
+            }
+        }
+
+        /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
+        impl ::core::fmt::Display for #graph_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                ::core::fmt::Display::fmt(&self.__graph, f)
             }
         }
 
@@ -348,15 +531,32 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
                 #(#capture_params),*
             ) -> ::core::result::Result<Self, #krate::GraphError> {
                 let __site = Self::__site();
+                #(#hold_states)*
                 #(#stage)*
                 let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
+                let mut __book = #pr::AddressBook::new(__site.name);
+                #(#records)*
+                let mut __inputs = #pr::InputNodes::new();
+                #(#register_inputs)*
                 let __graph = {
                     let __ctx = #ctx_call;
-                    let mut __body = || #body_result(#fn_ident(__ctx, #(#call_args),*));
-                    #pr::capture(rt, __site, __static_bytes, &mut __body)?
+                    let __book = &__book;
+                    let mut __body = |__step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
+                        match __step {
+                            #pr::Step::Run(_) => #body_result(super::#fn_ident(__ctx, #(#call_args),*)),
+                            #pr::Step::Check(__when) => {
+                                let _ = __when;
+                                #(#capture_checks)*
+                                ::core::result::Result::Ok(())
+                            }
+                        }
+                    };
+                    #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
                 };
                 ::core::result::Result::Ok(Self {
                     __graph,
+                    __book,
+                    __verify: #verify_schedule,
                     #(#init_fields,)*
                     __state: ::core::marker::PhantomData,
                 })
@@ -369,24 +569,59 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
                 &mut self,
                 #(#replay_params),*
             ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+                if let ::core::option::Option::Some(__tolerance) = self.__verify.due() {
+                    self.verify(#(#replay_args,)* __tolerance)?.into_result()?;
+                    return ::core::result::Result::Ok(self.outputs());
+                }
                 let __site = Self::__site();
                 #(#shape_checks)*
-                self.__graph.replay_with(|__staging| {
+                #(#replay_checks)*
+                #pr::replay(&self.__graph, |__staging| {
                     #(#copies)*
                     ::core::result::Result::Ok(())
                 })?;
                 ::core::result::Result::Ok(self.outputs())
             }
 
+            #[doc = #verify_doc]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn verify<#(#replay_generics2),*>(
+                &mut self,
+                #(#replay_params2,)*
+                tolerance: #krate::Tolerance,
+            ) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
+                let __site = Self::__site();
+                #(#shape_checks2)*
+                #(#replay_checks)*
+                let __rt = ::core::clone::Clone::clone(self.__graph.runtime());
+                let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
+                #(#verify_inputs)*
+                #(#verify_shadows)*
+                {
+                    let __ctx = <#ctx_ty as #pr::FromRuntime>::from_runtime(&__rt);
+                    #body_result(super::#fn_ident(__ctx, #(#verify_call_args),*))?;
+                }
+                #(#verify_eager_outputs)*
+                __verifier.rewind()?;
+                #pr::replay(&self.__graph, |__staging| {
+                    #(#copies2)*
+                    ::core::result::Result::Ok(())
+                })?;
+                #(#verify_replay_outputs)*
+                __verifier.finish()
+            }
+
             /// Launches the graph with the inputs as they are in its static buffers
-            /// (see `inputs_mut`): a replay without copies.
+            /// (see `inputs_mut`): a replay without copies. The state's addresses are
+            /// checked first, as in `replay`.
             #[inline]
             #vis fn launch(&mut self) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
-                self.__graph.launch()?;
+                #(#replay_checks)*
+                #pr::launch_as_is(&self.__graph)?;
                 ::core::result::Result::Ok(self.outputs())
             }
 
-            /// The static input buffers, to write the next inputs in place.
+            /// The static input buffers, lent as views to write the next inputs in place.
             #vis fn inputs_mut(&mut self) -> #inputs_ty<'_> {
                 #inputs_ty { #(#input_view_init,)* __marker: ::core::marker::PhantomData }
             }
@@ -396,22 +631,126 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
                 #outputs_ty { #(#output_view_init,)* __marker: ::core::marker::PhantomData }
             }
 
-            /// The state, lent back between replays (`&mut` state can be updated here).
+            /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent`
+            /// form (a `CudaSlice` as a `CudaViewMut`), read-only state as `&T`.
             #vis fn state_mut(&mut self) -> #state_ty<'_> {
                 #state_ty { #(#state_view_init,)* __marker: ::core::marker::PhantomData }
             }
 
-            /// Node count and timings of the capture.
+            /// Node count, memory and timings of the capture.
             #vis fn info(&self) -> &#krate::GraphInfo {
                 self.__graph.info()
             }
 
-            /// The instantiated graph.
+            /// The instantiated graph (its facts and raw handles).
             #vis fn graph(&self) -> &#krate::Graph {
                 &self.__graph
             }
         }
+    };
+    (body, vec![graph_ty, inputs_ty, outputs_ty, state_ty])
+}
+
+/// How the address book records state parameter `p`.
+pub fn recorded_kind(p: &Param, pr: &TokenStream) -> TokenStream {
+    match p.role {
+        Role::State { mutable: true } => {
+            let restore = !p.no_restore;
+            quote!(#pr::Recorded::StateMut { restore: #restore })
+        }
+        _ => quote!(#pr::Recorded::State),
     }
+}
+
+/// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with
+/// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
+fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
+    let every = match args.verify {
+        None => quote!(if ::core::cfg!(debug_assertions) {
+            #pr::VerifySchedule::FIRST
+        } else {
+            #pr::VerifySchedule::NEVER
+        }),
+        Some(args::VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
+        Some(args::VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
+        Some(args::VerifyEvery::Every(n)) => quote!(#n),
+    };
+    let tolerance = match args.verify_tolerance {
+        None => quote!(#pr::Tolerance::BITWISE),
+        Some(t) => quote!(#pr::Tolerance::new(#t, #t)),
+    };
+    quote!(#pr::VerifySchedule::new(#every, #tolerance))
+}
+
+/// The visibility an item of the generated module needs so that the re-export next to the
+/// user's function can name it with the function's own visibility.
+pub fn inner_vis(vis: &syn::Visibility) -> TokenStream {
+    match vis {
+        syn::Visibility::Public(_) => quote!(pub),
+        syn::Visibility::Inherited => quote!(pub(super)),
+        syn::Visibility::Restricted(r) => {
+            let path = &r.path;
+            if path.is_ident("crate") {
+                quote!(pub(crate))
+            } else if path.is_ident("self") {
+                quote!(pub(super))
+            } else if path.is_ident("super") {
+                quote!(pub(in super::super))
+            } else {
+                let p = relocated_path(path);
+                quote!(pub(in #p))
+            }
+        }
+    }
+}
+
+/// `scale_add` → `scale_add` (without a raw-identifier prefix), for the module name.
+fn snake(ident: &Ident) -> String {
+    let name = ident.to_string();
+    name.strip_prefix("r#").unwrap_or(&name).to_owned()
+}
+
+/// A type of the user's signature as written one module deeper (inside the generated
+/// module): a path that starts at `self` starts at `super` instead, and one that starts at
+/// `super` gets one more `super`.
+pub fn relocated<T: quote::ToTokens>(t: &T) -> TokenStream {
+    relocate(t.to_token_stream())
+}
+
+/// [`relocated`] for a path that must stay a `syn::Path`.
+pub fn relocated_path(p: &syn::Path) -> syn::Path {
+    syn::parse2(relocated(p)).unwrap_or_else(|_| p.clone())
+}
+
+fn relocate(tokens: TokenStream) -> TokenStream {
+    use proc_macro2::{Group, Punct, Spacing, TokenTree};
+    let mut out: Vec<TokenTree> = Vec::new();
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    for (k, tree) in trees.iter().enumerate() {
+        let after_colons = k >= 2
+            && matches!(&trees[k - 1], TokenTree::Punct(p) if p.as_char() == ':')
+            && matches!(&trees[k - 2], TokenTree::Punct(p) if p.as_char() == ':');
+        let before_colons =
+            matches!(trees.get(k + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+        match tree {
+            TokenTree::Ident(i) if !after_colons && before_colons && i == "self" => {
+                out.push(TokenTree::Ident(Ident::new("super", i.span())));
+            }
+            TokenTree::Ident(i) if !after_colons && before_colons && i == "super" => {
+                out.push(TokenTree::Ident(Ident::new("super", i.span())));
+                out.push(TokenTree::Punct(Punct::new(':', Spacing::Joint)));
+                out.push(TokenTree::Punct(Punct::new(':', Spacing::Alone)));
+                out.push(tree.clone());
+            }
+            TokenTree::Group(g) => {
+                let mut inner = Group::new(g.delimiter(), relocate(g.stream()));
+                inner.set_span(g.span());
+                out.push(TokenTree::Group(inner));
+            }
+            other => out.push(other.clone()),
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// The capture-time local holding parameter `n`'s static buffer.
@@ -457,9 +796,19 @@ mod tests {
         );
         assert!(!out.contains("#[state]"));
         for needle in [
+            "mod __cuda_graph_step {",
+            "use super::*;",
             "pub struct StepGraph<'s>",
-            "w: &'s CudaSlice<f32>",
-            "kv: &'s mut CudaSlice<f32>",
+            "w: ::graph_runtime::__private::Held<'s, CudaSlice<f32>>",
+            "kv: ::graph_runtime::__private::HeldMut<'s, CudaSlice<f32>>",
+            ".record(\"w\", &*w, ::graph_runtime::__private::Recorded::State);",
+            "::graph_runtime::__private::Recorded::StateMut {",
+            "restore: true",
+            "fn verify<",
+            "self.verify(x, __tolerance)?.into_result()?;",
+            ".check(1usize, &*self.kv, ::graph_runtime::__private::When::Replay)?;",
+            "super::step(",
+            "pub use self::__cuda_graph_step::{StepGraph, StepInputs, StepOutputs, StepState};",
             "pub struct StepOutputs<'g>",
             "pub y: &'g CudaSlice<f32>",
             "pub const WARMUP: u32 = 2u32;",
@@ -471,6 +820,46 @@ mod tests {
         ] {
             assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
         }
+    }
+
+    #[test]
+    fn items_of_the_generated_module_see_the_users_paths() {
+        let out = expand_str(
+            quote!(),
+            quote! {
+                fn f(rt: &Runtime, x: &self::buf::Buf, #[state(no_restore)] s: &mut super::St) {}
+            },
+        );
+        assert!(out.contains("x: super::buf::Buf"), "{out}");
+        assert!(
+            out.contains("s: ::graph_runtime::__private::HeldMut<'s, super::super::St>"),
+            "{out}"
+        );
+        assert!(out.contains("restore: false,"), "no_restore: {out}");
+        assert!(
+            out.contains("pub(super) struct FGraph<'s>"),
+            "private fn: {out}"
+        );
+        assert!(out.contains("use self::__cuda_graph_f::{FGraph"), "{out}");
+    }
+
+    #[test]
+    fn visibility_is_mapped_one_module_deeper() {
+        let vis = |v: TokenStream| inner_vis(&syn::parse2(v).unwrap()).to_string();
+        assert_eq!(vis(quote!(pub)), "pub");
+        assert_eq!(vis(quote!()), "pub (super)");
+        assert_eq!(vis(quote!(pub(crate))), "pub (crate)");
+        assert_eq!(vis(quote!(pub(self))), "pub (super)");
+        assert_eq!(vis(quote!(pub(super))), "pub (in super :: super)");
+        assert_eq!(vis(quote!(pub(in crate::a))), "pub (in crate :: a)");
+        assert_eq!(
+            vis(quote!(pub(in super::a))),
+            "pub (in super :: super :: a)"
+        );
+        assert_eq!(
+            relocated(&quote!(Vec<self::A, ::x::self_::B, super::super::C>)).to_string(),
+            "Vec < super :: A , :: x :: self_ :: B , super :: super :: super :: C >"
+        );
     }
 
     #[test]

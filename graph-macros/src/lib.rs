@@ -1,15 +1,17 @@
 //! The `#[cuda_graph]` attribute. Use it through `graph_runtime`, which re-exports it and
 //! holds everything the generated code calls.
 //!
-//! The crate is thin on purpose: `args` parses the attribute, `check` walks the body with
-//! one rule table, `model` gives every parameter its role, `expand` and `buckets` emit the
-//! graph type, and on any error the user's function is emitted unchanged next to every
-//! error at once.
+//! The crate is thin on purpose, one step per module (parse → model → check → expand):
+//! `args` parses the attribute, `model` gives every parameter its role, `check` walks the
+//! body against one rule table with what the model knows about the parameters, `expand` and
+//! `buckets` emit the graph type, and on any error the user's function is emitted unchanged
+//! next to every error at once (`ctxt` collects them).
 
 mod args;
 mod buckets;
 mod check;
 mod ctxt;
+mod derive;
 mod expand;
 mod model;
 
@@ -90,9 +92,35 @@ use proc_macro::TokenStream;
 /// # Compile-time capture checks
 /// The body is checked for calls that a capture refuses or that would run only at capture
 /// (host synchronisation, device-to-host reads, new streams, the legacy stream, CPU random
-/// numbers, host effects, …); each is an error at the call, naming the CUDA failure it
-/// prevents and what to write instead. `graph_runtime::coverage` lists them all.
+/// numbers, threads, module loads, host effects, …), also through cudarc's raw `result` and
+/// `sys` layers; each is an error at the call, naming the CUDA failure it prevents and what
+/// to write instead. `graph_runtime::coverage` lists them all, and what the checks cannot
+/// tell apart.
 #[proc_macro_attribute]
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::cuda_graph(args.into(), item.into()).into()
+}
+
+/// Implements `graph_runtime::DeviceState` for a struct or enum of yours, so that a graph can
+/// hold it as `#[state]`: the runtime learns where its device buffers are (field by field, in
+/// declaration order), compares their addresses before every replay, and snapshots them
+/// around the warmup when the state is `&mut`.
+///
+/// ```ignore
+/// #[derive(DeviceState)]
+/// struct Decoder {
+///     layers: Vec<Layer>,          // each `Layer` derives `DeviceState` too
+///     kv: CudaSlice<f32>,
+///     #[device_state(skip)]
+///     name: String,                // holds no device memory (plain scalars need no `skip`)
+/// }
+/// ```
+///
+/// Every field's type must implement `DeviceState` or be marked `#[device_state(skip)]`.
+/// Lent back by a graph's `state_mut()` as `&mut Self`; a buffer replaced through it is found
+/// before the next replay and refused with `GraphError::StateMoved`. Use
+/// `#[device_state(crate = "path")]` on the type if the runtime crate is renamed.
+#[proc_macro_derive(DeviceState, attributes(device_state))]
+pub fn derive_device_state(item: TokenStream) -> TokenStream {
+    derive::derive(item.into()).into()
 }

@@ -36,6 +36,9 @@ pub enum Role {
 pub struct Param {
     pub ident: Ident,
     pub role: Role,
+    /// `#[state(no_restore)]`: the warmup's updates of this `&mut` state are kept instead of
+    /// being snapshotted and restored.
+    pub no_restore: bool,
     /// For inputs, outputs and state, the referenced type (`CudaSlice<f32>` for
     /// `&CudaSlice<f32>`); for constants, the parameter type.
     pub ty: Type,
@@ -196,6 +199,7 @@ fn classify_bucket(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) 
     Some(Param {
         ident,
         role: Role::Bucket,
+        no_restore: false,
         ty: ty.clone(),
     })
 }
@@ -216,7 +220,7 @@ fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
              time; remove `const`",
         );
     }
-    if let Some(t) = &sig.unsafety {
+    if let syn::Safety::Unsafe(t) = &sig.safety {
         cx.error_spanned_by(
             t,
             "`#[cuda_graph]` requires a safe fn: the generated `capture` calls it without `unsafe`; keep the \
@@ -269,7 +273,12 @@ fn binding_ident(pat: &Pat, cx: &mut Ctxt) -> Option<Ident> {
 }
 
 fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Option<Param> {
+    let mut no_restore = false;
     for a in roles {
+        if a.path().is_ident("state") && matches!(a.meta, syn::Meta::List(_)) {
+            no_restore = state_options(a, &ident, ty, cx);
+            continue;
+        }
         if !matches!(a.meta, syn::Meta::Path(_)) {
             let name = a
                 .path()
@@ -399,13 +408,14 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         }
     }
     if role != Role::Constant {
-        if let Some(span) = first_lifetime(&ty) {
+        if let Some(span) = first_lifetime(&ty).or_else(|| view_type(&ty)) {
             cx.error_at(
                 span,
                 format!(
                     "the type of `{ident}` borrows (it has a lifetime): a graph keeps its buffers for as long as it \
                      lives, so inputs, outputs and state must be owned buffer types such as `CudaSlice<f32>`, \
-                     not views"
+                     not views. A `&CudaSlice<T>` input already accepts a `CudaView<T>` (or host data) in \
+                     `capture` and `replay`, copying it into the graph's buffer: declare `{ident}: &CudaSlice<T>`"
                 ),
             );
             return None;
@@ -418,7 +428,39 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         );
         return None;
     }
-    Some(Param { ident, role, ty })
+    Some(Param {
+        ident,
+        role,
+        no_restore,
+        ty,
+    })
+}
+
+/// The options of `#[state(…)]`: `no_restore` (only for `&mut` state).
+fn state_options(attr: &Attribute, ident: &Ident, ty: &Type, cx: &mut Ctxt) -> bool {
+    let mutable = matches!(ty, Type::Reference(r) if r.mutability.is_some());
+    let mut no_restore = false;
+    let parsed = attr.parse_nested_meta(|meta| {
+        if meta.path.is_ident("no_restore") {
+            if !mutable {
+                return Err(meta.error(format!(
+                    "`no_restore` applies to `&mut` state only: `{ident}` is read-only, so the warmup cannot \
+                     change it and there is nothing to restore; write `#[state]`"
+                )));
+            }
+            no_restore = true;
+            Ok(())
+        } else {
+            Err(meta.error(
+                "unknown `#[state]` option; the only one is `no_restore` (keep what the warmup runs wrote to \
+                 this `&mut` state instead of restoring the value it had before them)",
+            ))
+        }
+    });
+    if let Err(e) = parsed {
+        cx.push(e);
+    }
+    no_restore
 }
 
 /// The element type of a host buffer type (`Vec<T>`, `[T]`, `[T; N]`, `Box<[T]>`) or of a
@@ -472,6 +514,22 @@ fn first_lifetime(ty: &Type) -> Option<Span> {
     f.0
 }
 
+/// cudarc's view types, which borrow even when their lifetime is elided (`CudaView<f32>`).
+fn view_type(ty: &Type) -> Option<Span> {
+    struct Finder(Option<Span>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_path_segment(&mut self, s: &'ast syn::PathSegment) {
+            if ["CudaView", "CudaViewMut"].iter().any(|v| s.ident == v) {
+                self.0.get_or_insert(s.ident.span());
+            }
+            syn::visit::visit_path_segment(self, s);
+        }
+    }
+    let mut f = Finder(None);
+    f.visit_type(ty);
+    f.0
+}
+
 fn first_impl_trait(ty: &Type) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
@@ -483,3 +541,6 @@ fn first_impl_trait(ty: &Type) -> Option<Span> {
     f.visit_type(ty);
     f.0
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,40 +17,95 @@
 //! shared buffers, cannot be written: a family replays through `&mut self` on its runtime's
 //! single stream.
 
+use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
-use cudarc::driver::{result, CudaSlice, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
-use crate::buffer::InputSource;
-use crate::capture::GraphSite;
+use crate::buffer::{InputSource, Staging};
+use crate::capture::{GraphSite, Step};
 use crate::error::GraphError;
-use crate::graph::{Graph, Staging};
+use crate::graph::Graph;
 use crate::runtime::Runtime;
+use crate::state::AddressBook;
 
-/// A `CudaSlice` that borrows memory owned elsewhere and never frees it.
-pub struct Alias<T>(ManuallyDrop<CudaSlice<T>>);
+/// A `CudaSlice` over rows of a [`BatchedSlot`]'s buffer, lent to the body of a bucket
+/// family during warmup and capture (and to an eager call above the buckets).
+///
+/// It borrows the slot, so it cannot outlive it, and it never frees the slot's memory. A
+/// body may still assign a new buffer through the `&mut CudaSlice` it was given: that drops
+/// (frees) the slot's memory. The alias notices: [`Alias::finish`] reports it as
+/// [`GraphError::StateMoved`], the slot stops owning the freed memory (no double free), and
+/// the body's own buffer is freed normally.
+#[doc(hidden)]
+pub struct Alias<'a, T> {
+    slice: ManuallyDrop<CudaSlice<T>>,
+    ptr: u64,
+    owner_freed: &'a Cell<bool>,
+}
 
-impl<T> Deref for Alias<T> {
+impl<T> Deref for Alias<'_, T> {
     type Target = CudaSlice<T>;
     fn deref(&self) -> &CudaSlice<T> {
-        &self.0
+        &self.slice
     }
 }
 
-impl<T> DerefMut for Alias<T> {
+impl<T> DerefMut for Alias<'_, T> {
     fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.0
+        &mut self.slice
     }
 }
 
-impl<T> Drop for Alias<T> {
+impl<T> Alias<'_, T> {
+    fn replaced(&self) -> bool {
+        let (ptr, _sync) = self.slice.device_ptr(self.slice.stream());
+        ptr != self.ptr
+    }
+
+    /// Checks that the body left the alias in place; see the type's docs.
+    pub fn finish(
+        &self,
+        graph: &'static str,
+        param: &'static str,
+        when: crate::error::When,
+    ) -> Result<(), GraphError> {
+        if self.replaced() {
+            return Err(GraphError::StateMoved {
+                graph,
+                param,
+                when,
+                detail: "the body assigned a new buffer to its `&mut` parameter, which freed the \
+                         family's buffer"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for Alias<'_, T> {
     fn drop(&mut self) {
-        // SAFETY: taken exactly once, here; `leak` gives the pointer up without freeing it,
-        // so the owner keeps the memory.
-        let slice = unsafe { ManuallyDrop::take(&mut self.0) };
-        let _ = slice.leak();
+        // SAFETY: taken exactly once, here.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        if self.replaced_by(&slice) {
+            // The body replaced the alias: the slot's memory was freed by that assignment,
+            // and `slice` is the body's own buffer, freed normally.
+            self.owner_freed.set(true);
+            drop(slice);
+        } else {
+            // Still the alias: give the pointer up without freeing; the slot owns it.
+            let _ = slice.leak();
+        }
+    }
+}
+
+impl<T> Alias<'_, T> {
+    fn replaced_by(&self, slice: &CudaSlice<T>) -> bool {
+        let (ptr, _sync) = slice.device_ptr(slice.stream());
+        ptr != self.ptr
     }
 }
 
@@ -60,27 +115,47 @@ impl<T> Drop for Alias<T> {
     message = "`{Self}` cannot be an input or output of a bucketed `#[cuda_graph]`",
     label = "inputs and outputs of a bucket family must be `CudaSlice<T>`, batched along their first dimension"
 )]
+#[doc(hidden)]
 pub trait BatchBuffer {
     /// The element type.
-    type Elem: DeviceRepr + ValidAsZeroBits;
+    type Elem: DeviceRepr + ValidAsZeroBits + 'static;
 }
 
-impl<T: DeviceRepr + ValidAsZeroBits> BatchBuffer for CudaSlice<T> {
+impl<T: DeviceRepr + ValidAsZeroBits + 'static> BatchBuffer for CudaSlice<T> {
     type Elem = T;
 }
 
 /// One batched input or output of a bucket family: rows of `row` elements, one buffer sized
 /// for the largest bucket whose prefixes serve the smaller ones.
+#[doc(hidden)]
 pub struct BatchedSlot<T> {
-    owner: CudaSlice<T>,
+    owner: ManuallyDrop<CudaSlice<T>>,
+    /// Set when a body freed the owner's memory by assigning through an alias.
+    owner_freed: Cell<bool>,
     row: usize,
     name: &'static str,
     /// Used when a batch larger than every bucket runs eagerly (`fallback = "eager"`); grown
     /// on demand, never touched by a graph.
     overflow: Option<CudaSlice<T>>,
+    overflow_freed: Cell<bool>,
 }
 
-impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
+impl<T> Drop for BatchedSlot<T> {
+    fn drop(&mut self) {
+        // SAFETY: taken exactly once, here.
+        let owner = unsafe { ManuallyDrop::take(&mut self.owner) };
+        if self.owner_freed.get() {
+            let _ = owner.leak();
+        }
+        if self.overflow_freed.get() {
+            if let Some(o) = self.overflow.take() {
+                let _ = o.leak();
+            }
+        }
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + 'static> BatchedSlot<T> {
     /// Allocates the zeroed buffer for `rows` rows of `row` elements (the largest bucket).
     pub fn new(
         rt: &Runtime,
@@ -89,12 +164,14 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         row: usize,
         rows: usize,
     ) -> Result<Self, GraphError> {
-        let owner = crate::__private::alloc_static::<CudaSlice<T>>(rt, site, name, row * rows)?;
+        let owner = crate::buffer::alloc_static::<CudaSlice<T>>(rt, site, name, row * rows)?;
         Ok(BatchedSlot {
-            owner,
+            owner: ManuallyDrop::new(owner),
+            owner_freed: Cell::new(false),
             row,
             name,
             overflow: None,
+            overflow_freed: Cell::new(false),
         })
     }
 
@@ -108,19 +185,33 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         self.owner.len() * std::mem::size_of::<T>()
     }
 
-    fn alias_of(buf: &CudaSlice<T>, len: usize) -> Alias<T> {
-        debug_assert!(len <= buf.len());
+    /// The buffer of the graphs, unless a body freed it (then the family was refused and
+    /// nothing may touch the memory again).
+    fn owner(&self) -> &CudaSlice<T> {
+        assert!(
+            !self.owner_freed.get(),
+            "the buffer of `{}` was freed by a body that replaced its parameter; the bucket family \
+             that owned it was refused and cannot be used",
+            self.name
+        );
+        &self.owner
+    }
+
+    fn alias_of<'a>(buf: &'a CudaSlice<T>, len: usize, freed: &'a Cell<bool>) -> Alias<'a, T> {
+        assert!(len <= buf.len(), "an alias lies within its buffer");
         let (ptr, _sync) = buf.device_ptr(buf.stream());
-        // SAFETY: `ptr` and `len` lie within `buf`, which outlives every alias (aliases are
-        // temporaries of the slot's methods or of the capture, and `Alias` never frees).
-        Alias(ManuallyDrop::new(unsafe {
-            buf.stream().upgrade_device_ptr::<T>(ptr, len)
-        }))
+        Alias {
+            // SAFETY: `ptr .. ptr + len` lies within `buf`, which outlives the alias (it is
+            // borrowed for `'a`); the alias never frees it (see `Alias`'s drop).
+            slice: ManuallyDrop::new(unsafe { buf.stream().upgrade_device_ptr::<T>(ptr, len) }),
+            ptr,
+            owner_freed: freed,
+        }
     }
 
     /// A `CudaSlice` over the first `rows` rows, for the body during warmup and capture.
-    pub fn alias(&self, rows: usize) -> Alias<T> {
-        Self::alias_of(&self.owner, rows * self.row)
+    pub fn alias(&self, rows: usize) -> Alias<'_, T> {
+        Self::alias_of(self.owner(), rows * self.row, &self.owner_freed)
     }
 
     /// How many rows `src` holds; its length must be a whole number of rows.
@@ -150,16 +241,13 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         bucket: usize,
         staging: &Staging<'_>,
     ) -> Result<(), GraphError> {
-        let mut dst = Self::alias_of(&self.owner, rows * self.row);
-        src.copy_into(&mut dst, staging)?;
-        let pad = (bucket - rows) * self.row * std::mem::size_of::<T>();
-        if pad > 0 {
-            let (base, _sync) = self.owner.device_ptr(staging.stream());
-            let start = base + (rows * self.row * std::mem::size_of::<T>()) as u64;
-            // SAFETY: `start .. start + pad` lies within the owner buffer (bucket rows at
-            // most the largest bucket); the memset is ordered on the staging stream before
-            // the graph launch.
-            unsafe { result::memset_d8_async(start, 0, pad, staging.stream().cu_stream()) }?;
+        let (valid, padded) = (rows * self.row, bucket * self.row);
+        self.owner();
+        src.copy_into(self.owner.slice_mut(0..valid), staging)?;
+        if padded > valid {
+            staging
+                .stream()
+                .memset_zeros(&mut self.owner.slice_mut(valid..padded))?;
         }
         Ok(())
     }
@@ -172,22 +260,30 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
         rt: &Runtime,
         rows: usize,
         src: Option<(&S, &Staging<'_>)>,
-    ) -> Result<Alias<T>, GraphError> {
+    ) -> Result<Alias<'_, T>, GraphError> {
         let len = rows * self.row;
-        if self.overflow.as_ref().is_none_or(|o| o.len() < len) {
+        if self.overflow_freed.get() || self.overflow.as_ref().is_none_or(|o| o.len() < len) {
+            if self.overflow_freed.replace(false) {
+                if let Some(o) = self.overflow.take() {
+                    let _ = o.leak();
+                }
+            }
             self.overflow = Some(rt.stream().alloc_zeros::<T>(len)?);
         }
-        let buf = self.overflow.as_ref().expect("allocated above");
-        let mut alias = Self::alias_of(buf, len);
+        let buf = self.overflow.as_mut().expect("allocated above");
         if let Some((src, staging)) = src {
-            src.copy_into(&mut alias, staging)?;
+            src.copy_into(buf.slice_mut(0..len), staging)?;
         }
-        Ok(alias)
+        Ok(Self::alias_of(
+            self.overflow.as_ref().expect("allocated above"),
+            len,
+            &self.overflow_freed,
+        ))
     }
 
     /// For a batch above every bucket: room for `rows` rows of output outside the graphs'
     /// memory, as a `CudaSlice` for the eager call.
-    pub fn eager_output(&mut self, rt: &Runtime, rows: usize) -> Result<Alias<T>, GraphError> {
+    pub fn eager_output(&mut self, rt: &Runtime, rows: usize) -> Result<Alias<'_, T>, GraphError> {
         self.eager_alias::<CudaSlice<T>>(rt, rows, None)
     }
 
@@ -195,8 +291,8 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
     /// overflow buffer when that replay ran `eager`.
     pub fn valid(&self, rows: usize, eager: bool) -> CudaView<'_, T> {
         let buf = match (&self.overflow, eager) {
-            (Some(o), true) => o,
-            _ => &self.owner,
+            (Some(o), true) if !self.overflow_freed.get() => o,
+            _ => self.owner(),
         };
         buf.slice(0..rows * self.row)
     }
@@ -204,6 +300,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> BatchedSlot<T> {
 
 /// What a batch maps to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum Pick {
     /// Replay the graph at this index (the bucket of `rows` rows).
     Graph {
@@ -216,7 +313,27 @@ pub enum Pick {
     Eager,
 }
 
-/// The graphs of a bucket family, in ascending bucket order.
+/// Shape buckets: one graph per batch size, captured largest first, sharing their buffers.
+///
+/// A graph has fixed shapes. `#[cuda_graph(buckets(batch = [1, 2, 4, 8]))]` captures one
+/// graph per bucket; a replay with batch `b` runs the graph of the smallest bucket `>= b`:
+/// its `b` rows of input are copied in, the rows up to the bucket are zero-filled (so the
+/// padded rows compute the same thing every time), and only the first `b` rows of each
+/// output are handed out.
+///
+/// Memory is that of the largest bucket, not the sum:
+/// * the static inputs and outputs are one buffer each, sized for the largest bucket; every
+///   bucket's graph reads and writes a prefix of it ([`BatchedSlot`]);
+/// * the temporaries of all buckets live in the runtime's graph memory pool, and because all
+///   graphs of a runtime launch on one stream, one after another, CUDA backs them with the
+///   same physical memory. Capturing the largest bucket first sizes the pool once.
+///
+/// Replaying two buckets at the same time on different streams, which would corrupt the
+/// shared buffers, cannot be written: a family replays through `&mut self` on its runtime's
+/// single stream.
+///
+/// This type holds the graphs of one family, in ascending bucket order; the generated
+/// family type lends it through `buckets()`.
 pub struct Buckets {
     site: &'static GraphSite,
     sizes: &'static [usize],
@@ -236,28 +353,32 @@ impl std::fmt::Debug for Buckets {
 
 impl Buckets {
     /// Captures one graph per bucket of `sizes` (ascending, as the attribute lists them),
-    /// largest first. `body(b)` runs the function with batch `b` on the bucket's buffers.
+    /// largest first. `body(b, step)` runs the function with batch `b` on the bucket's
+    /// buffers, or checks the state's addresses (`book`, see [`crate::capture::Step`]).
     /// Reports each bucket and a summary through `tracing`.
+    #[doc(hidden)]
     pub fn capture(
         rt: &Runtime,
         site: &'static GraphSite,
         sizes: &'static [usize],
         eager_fallback: bool,
+        book: &AddressBook,
         static_bytes: usize,
-        body: &mut dyn FnMut(usize) -> Result<(), GraphError>,
+        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
     ) -> Result<Self, GraphError> {
         let started = Instant::now();
+        // The family stages its rows itself (copies and padding), outside the graphs.
+        let no_inputs = crate::inputs::InputNodes::new();
         let mut graphs = Vec::with_capacity(sizes.len());
         for (k, &bucket) in sizes.iter().enumerate().rev() {
             let t = Instant::now();
-            let mut run = || body(bucket);
+            let mut run = |step: Step| body(bucket, step);
             let g =
-                crate::capture::capture_graph(rt, site, static_bytes, &mut run).map_err(|e| {
-                    GraphError::Bucket {
-                        graph: site.name,
-                        bucket,
-                        source: Box::new(e),
-                    }
+                crate::capture::capture_graph(rt, site, book, &no_inputs, static_bytes, &mut run)
+                    .map_err(|e| GraphError::Bucket {
+                    graph: site.name,
+                    bucket,
+                    source: Box::new(e),
                 })?;
             tracing::info!(
                 graph = site.name,
@@ -307,6 +428,7 @@ impl Buckets {
 
     /// The smallest bucket that holds `rows`, or eager execution when none does and the
     /// family allows it.
+    #[doc(hidden)]
     pub fn pick(&self, rows: usize) -> Result<Pick, GraphError> {
         match self.sizes.iter().position(|&b| b >= rows) {
             Some(index) => Ok(Pick::Graph {
@@ -328,6 +450,7 @@ impl Buckets {
     }
 
     /// Checks that every batched input holds the same number of rows.
+    #[doc(hidden)]
     pub fn same_rows(
         &self,
         input: &'static str,

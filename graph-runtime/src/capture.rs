@@ -1,28 +1,37 @@
-//! Warmup, capture and the capture guard.
+//! Warmup, capture and the capture guard: the procedure behind every generated `capture`.
 //!
-//! [`capture_graph`] is the whole procedure behind a generated `capture`:
+//! 1. Snapshot, on the device, every random generator of the runtime and every `&mut` state
+//!    of the graph (unless opted out with `#[state(no_restore)]`).
+//! 2. Run the body `warmup` times, eagerly, on the runtime's stream (kernels get compiled
+//!    and loaded, cuBLAS picks its algorithms, allocations settle). After every run the
+//!    body's state and outputs must still hold the buffers they were captured with.
+//! 3. Synchronize, so an asynchronous failure of the warmup is reported as one.
+//! 4. Restore the generators and the state, so the graph starts where an eager program
+//!    would.
+//! 5. Begin capture on the same stream, run the body once more, end capture, check the
+//!    addresses again.
+//! 6. Instantiate (temporaries freed on relaunch), upload, count the nodes.
 //!
-//! 1. run the body `warmup` times, eagerly, on the runtime's stream (kernels get compiled
-//!    and loaded, cuBLAS picks its algorithms, allocations settle);
-//! 2. synchronize, so an asynchronous failure of the warmup is reported as one;
-//! 3. begin capture on the same stream, run the body once more, end capture;
-//! 4. instantiate (temporaries freed on relaunch), upload, count the nodes.
-//!
-//! Step 3 runs under [`ActiveCapture`], a guard whose `Drop` ends the capture. A body that
-//! returns an error, or panics, therefore never leaves the stream capturing: the capture is
-//! ended, the half-recorded graph destroyed, errors that cudarc recorded on the context
-//! during the failed capture are cleared, and the runtime is usable for the next capture.
+//! An error and a panic unwind the same way at every step: the capture is ended (a guard,
+//! [`ActiveCapture`]), the half-recorded graph destroyed, errors cudarc recorded meanwhile
+//! are cleared, the generators and the state are put back (the state only when it still
+//! holds the buffers it was snapshotted from), and the runtime is usable for the next
+//! capture.
 
-use std::cell::Cell;
-use std::panic::Location;
+use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaStream, DriverError};
+use cudarc::driver::{sys, CudaStream, DriverError};
 
-use crate::error::GraphError;
+use crate::driver;
+use crate::error::{GraphError, When};
+use crate::fingerprint::Fingerprint;
 use crate::graph::{Graph, GraphInfo};
+use crate::inputs::InputNodes;
+use crate::phase::{Phase, PhaseScope, ProcedureScope};
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
+use crate::state::{AddressBook, StateSnapshot};
 
 /// How strictly CUDA polices other CUDA calls while a stream captures.
 ///
@@ -53,101 +62,6 @@ impl CaptureMode {
     }
 }
 
-/// What the current thread is doing, as far as graphs are concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Ordinary eager execution.
-    Eager,
-    /// Warmup run `run` (from 1) of the graph `graph`, before its capture.
-    Warmup {
-        /// The graph being warmed up.
-        graph: &'static str,
-        /// Which warmup run, from 1.
-        run: u32,
-    },
-    /// The body of `graph` is being recorded.
-    Capture {
-        /// The graph being captured.
-        graph: &'static str,
-    },
-}
-
-thread_local! {
-    static PHASE: Cell<Phase> = const { Cell::new(Phase::Eager) };
-    /// The graph whose capture procedure (warmup included) runs on this thread.
-    static PROCEDURE: Cell<Option<&'static str>> = const { Cell::new(None) };
-}
-
-/// Marks the thread as running the capture procedure of one graph, until dropped.
-struct ProcedureScope;
-
-impl ProcedureScope {
-    fn enter(graph: &'static str) -> Result<Self, &'static str> {
-        PROCEDURE.with(|p| match p.get() {
-            Some(outer) => Err(outer),
-            None => {
-                p.set(Some(graph));
-                Ok(ProcedureScope)
-            }
-        })
-    }
-}
-
-impl Drop for ProcedureScope {
-    fn drop(&mut self) {
-        PROCEDURE.with(|p| p.set(None));
-    }
-}
-
-/// The current thread's [`Phase`].
-pub fn phase() -> Phase {
-    PHASE.with(Cell::get)
-}
-
-/// Whether the current thread is recording a graph right now.
-pub fn is_capturing() -> bool {
-    matches!(phase(), Phase::Capture { .. })
-}
-
-/// Fails with [`GraphError::SyncInCapture`] when the current thread is capturing.
-///
-/// The runtime's own host-synchronising operations call this first; call it from your own
-/// helpers that wait for the GPU, so a mistake names your line instead of invalidating the
-/// capture with CUDA error 900.
-#[track_caller]
-pub fn ensure_not_capturing(op: &'static str) -> Result<(), GraphError> {
-    refuse_in_capture(op, Location::caller())
-}
-
-pub(crate) fn refuse_in_capture(
-    op: &'static str,
-    location: &'static Location<'static>,
-) -> Result<(), GraphError> {
-    match phase() {
-        Phase::Capture { graph } => Err(GraphError::SyncInCapture {
-            op,
-            graph,
-            location,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Sets the thread's phase and puts the previous one back on drop (also on panic).
-struct PhaseScope(Phase);
-
-impl PhaseScope {
-    fn enter(phase: Phase) -> Self {
-        PhaseScope(PHASE.with(|p| p.replace(phase)))
-    }
-}
-
-impl Drop for PhaseScope {
-    fn drop(&mut self) {
-        PHASE.with(|p| p.set(self.0));
-    }
-}
-
 /// What the generated code tells the runtime about one `#[cuda_graph]` function.
 #[derive(Debug)]
 pub struct GraphSite {
@@ -157,6 +71,19 @@ pub struct GraphSite {
     pub warmup: u32,
     /// The capture mode.
     pub mode: CaptureMode,
+    /// Capture twice and compare the recordings, and compare the kernels the last warmup
+    /// run and the capture looked up (`check_determinism`, on by default in debug builds).
+    pub determinism: bool,
+}
+
+/// What the capture procedure asks of the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Run the function once: eagerly in a warmup run, or recorded while capturing.
+    Run(When),
+    /// Check that the state and the outputs still hold the buffers they were recorded with
+    /// (see [`AddressBook::check`]).
+    Check(When),
 }
 
 /// A capture in progress on the runtime's stream. Dropping it without [`ActiveCapture::end`]
@@ -170,13 +97,13 @@ struct ActiveCapture<'r> {
 
 impl<'r> ActiveCapture<'r> {
     fn begin(rt: &'r Runtime, site: &'static GraphSite) -> Result<Self, GraphError> {
+        rt.refuse_event_tracking("capturing a graph")?;
         let stream = rt.stream();
         stream.context().bind_to_thread()?;
         rt.gate().begin_capture();
-        let (cu_stream, mode) = (stream.cu_stream(), site.mode.raw());
         // SAFETY: the stream is alive (borrowed from the runtime) and belongs to the context
         // just bound to this thread.
-        let begun = unsafe { result::stream::begin_capture(cu_stream, mode) };
+        let begun = unsafe { driver::begin_capture(stream.cu_stream(), site.mode.raw()) };
         if let Err(e) = begun {
             rt.gate().end_capture();
             return Err(GraphError::from_driver(site.name, e));
@@ -204,13 +131,12 @@ impl Drop for ActiveCapture<'_> {
             return;
         }
         // The body failed or panicked: end the capture and throw the recording away.
-        match end_raw(self.rt.stream()) {
-            Ok(graph) if !graph.is_null() => {
+        if let Ok(graph) = end_raw(self.rt.stream()) {
+            if !graph.is_null() {
                 // SAFETY: `graph` was just returned by cuStreamEndCapture and is owned here;
                 // nothing else refers to it.
-                let _ = unsafe { result::graph::destroy(graph) };
+                let _ = unsafe { driver::graph_destroy(graph) };
             }
-            _ => {}
         }
         self.rt.gate().end_capture();
         clear_recorded_errors(self.rt, self.site.name);
@@ -218,54 +144,149 @@ impl Drop for ActiveCapture<'_> {
 }
 
 fn end_raw(stream: &CudaStream) -> Result<sys::CUgraph, DriverError> {
-    // SAFETY: the stream is alive and is the one the capture was begun on.
-    unsafe { result::stream::end_capture(stream.cu_stream()) }
+    // SAFETY: the stream is alive and is the one this thread began capturing.
+    unsafe { driver::end_capture(stream.cu_stream()) }
 }
 
 /// cudarc records errors of calls that cannot return one (drops of buffers, for instance) on
 /// the context and returns them from the next call. After a failed capture such errors are
 /// consequences of that failure; clear them so they do not fail an unrelated later call.
 fn clear_recorded_errors(rt: &Runtime, graph: &'static str) -> Option<DriverError> {
-    let e = rt.context().check_err().err();
-    if let Some(e) = e {
+    let e = rt.take_recorded_error();
+    if let Some(e) = &e {
         tracing::debug!(graph, error = ?e, "cleared an error cudarc recorded during the capture");
     }
     e
 }
 
-/// The eager warmup runs, then a synchronize so that an asynchronous failure is reported as
-/// one, then a check of the errors cudarc recorded meanwhile.
+/// What the warmup snapshotted, to be put back on every path out of the warmup.
+struct Snapshots {
+    generators: WarmupSnapshot,
+    state: StateSnapshot,
+}
+
+impl Snapshots {
+    fn take(rt: &Runtime, book: &AddressBook) -> Result<Self, GraphError> {
+        Ok(Snapshots {
+            generators: WarmupSnapshot::take(rt)?,
+            state: StateSnapshot::take(rt, book)?,
+        })
+    }
+
+    /// Puts the generators back, and the state when `state_intact` (its buffers are the ones
+    /// it was snapshotted from: restoring into a replaced buffer would write freed memory).
+    fn restore(
+        self,
+        rt: &Runtime,
+        warmup: u32,
+        state_intact: bool,
+    ) -> Result<(Vec<crate::graph::RngAdvance>, usize), GraphError> {
+        let bytes = self.state.bytes();
+        let state = if state_intact {
+            self.state.restore(rt)
+        } else {
+            Ok(())
+        };
+        let rng = self.generators.restore(rt, warmup)?;
+        state?;
+        Ok((rng, bytes))
+    }
+}
+
+/// The eager warmup runs, each followed by an address check, then a synchronize (so an
+/// asynchronous failure is reported as one) and a check of the errors cudarc recorded.
+///
+/// Returns whether the state is intact (still in the buffers it was recorded with) and the
+/// outcome. A panic in a run is caught so the caller can restore, then resumed.
 fn warm_up(
     rt: &Runtime,
     site: &'static GraphSite,
-    body: &mut dyn FnMut() -> Result<(), GraphError>,
-) -> Result<(), GraphError> {
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+    lookups: &crate::phase::KernelLookups,
+) -> Result<(), WarmupFailure> {
     let graph = site.name;
-    let failed = |iteration: u32, e: GraphError| GraphError::Warmup {
-        graph,
-        iteration,
-        warmup: site.warmup,
-        source: Box::new(e),
+    let failed = |iteration: u32, e: GraphError| {
+        let e = GraphError::Warmup {
+            graph,
+            iteration,
+            warmup: site.warmup,
+            source: Box::new(e),
+        };
+        // Out of memory is reported as such, naming the run.
+        rt.oom_context(
+            e,
+            || format!("warmup run {iteration} of `{graph}` (the body's own allocations)"),
+            None,
+        )
     };
     for run in 1..=site.warmup {
-        let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
-        body().map_err(|e| failed(run, e))?;
+        // Only the last run's kernel lookups are compared with the capture's.
+        drop(lookups.take());
+        let ran = {
+            let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
+            panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Warmup { run }))))
+        };
+        let checked = body(Step::Check(When::Warmup { run }));
+        match (ran, checked) {
+            (Err(panic), checked) => {
+                return Err(WarmupFailure::Panic {
+                    payload: panic,
+                    state_intact: checked.is_ok(),
+                })
+            }
+            (Ok(_), Err(moved)) => {
+                return Err(WarmupFailure::Error {
+                    error: moved,
+                    state_intact: false,
+                })
+            }
+            (Ok(Err(e)), Ok(())) => {
+                return Err(WarmupFailure::Error {
+                    error: failed(run, e),
+                    state_intact: true,
+                })
+            }
+            (Ok(Ok(())), Ok(())) => {}
+        }
     }
-    rt.stream()
+    let synced = rt
+        .stream()
         .synchronize()
-        .map_err(|e| failed(site.warmup, e.into()))?;
-    match clear_recorded_errors(rt, graph) {
-        Some(e) => Err(failed(site.warmup, e.into())),
+        .map_err(|e| failed(site.warmup, e.into()));
+    let recorded = clear_recorded_errors(rt, graph).map(|e| failed(site.warmup, e.into()));
+    match synced.err().or(recorded) {
+        Some(error) => Err(WarmupFailure::Error {
+            error,
+            state_intact: true,
+        }),
         None => Ok(()),
     }
 }
 
+/// How the warmup ended when it did not succeed.
+enum WarmupFailure {
+    Error {
+        error: GraphError,
+        state_intact: bool,
+    },
+    Panic {
+        payload: Box<dyn std::any::Any + Send>,
+        state_intact: bool,
+    },
+}
+
 /// Warmup, capture, instantiate and upload `body`. See the module docs.
+///
+/// `book` holds the addresses of the graph's state and outputs (the body checks them when
+/// asked with [`Step::Check`]) and says which state to snapshot around the warmup;
+/// `static_bytes` is what the graph's static buffers take, for its report.
 pub(crate) fn capture_graph(
     rt: &Runtime,
     site: &'static GraphSite,
+    book: &AddressBook,
+    inputs: &InputNodes,
     static_bytes: usize,
-    body: &mut dyn FnMut() -> Result<(), GraphError>,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
 ) -> Result<Graph, GraphError> {
     let graph = site.name;
     // One capture procedure per thread at a time: a body that captures another graph, during
@@ -275,81 +296,112 @@ pub(crate) fn capture_graph(
         Err(outer) => return Err(GraphError::NestedCapture { graph, outer }),
     };
     let _serial = rt.capture_lock();
+    let _span = tracing::debug_span!("cuda_graph_capture", graph).entered();
 
     let started = Instant::now();
-    // Warmup draws random numbers; every generator is put back afterwards, so that the first
-    // replay draws what the first eager call would (see `crate::rng`).
-    let generators = WarmupSnapshot::take(rt)?;
-    let warmed = warm_up(rt, site, body).map_err(|e| {
-        let run = match &e {
-            GraphError::Warmup { iteration, .. } => *iteration,
-            _ => 1,
-        };
-        e.with_oom_context(
-            rt,
-            || format!("warmup run {run} of `{graph}` (the body's own allocations)"),
-            None,
-        )
-    });
-    let restored = generators.restore(rt, site.warmup);
-    warmed?; // a failed warmup is the error to report, not what followed from it
-    let rng = restored?;
+    let input_copy = inputs.prepare(rt)?;
+    // Warmup draws random numbers and updates `&mut` state; both are put back afterwards, so
+    // that the first replay sees what the first eager call would have (see `crate::state`).
+    let snapshots = Snapshots::take(rt, book)?;
+    let lookups = crate::phase::KernelLookups::start(site.determinism);
+    let warmed = warm_up(rt, site, body, &lookups);
+    let warmup_lookups = lookups.take();
+    let (rng, state_snapshot_bytes) = match warmed {
+        Ok(()) => snapshots.restore(rt, site.warmup, true)?,
+        Err(WarmupFailure::Error {
+            error,
+            state_intact,
+        }) => {
+            // The warmup's failure is the error to report, not what followed from it.
+            let _ = snapshots.restore(rt, site.warmup, state_intact);
+            return Err(name_the_failed_allocation(rt, site, body, error));
+        }
+        Err(WarmupFailure::Panic {
+            payload,
+            state_intact,
+        }) => {
+            let _ = snapshots.restore(rt, site.warmup, state_intact);
+            clear_recorded_errors(rt, graph);
+            panic::resume_unwind(payload);
+        }
+    };
     let warmup_time = started.elapsed();
+    tracing::trace!(graph, ms = warmup_time.as_secs_f64() * 1e3, "warmup done");
 
     let capture_started = Instant::now();
     let active = ActiveCapture::begin(rt, site)?;
-    let body_result = body();
-    let (raw, capture_time) = match body_result {
+    let early_launches = crate::phase::EarlyLaunches::start();
+    let input_nodes = match &input_copy {
+        Some(copy) => inputs.record(rt, copy),
+        None => Ok(Vec::new()),
+    };
+    let body_result = input_nodes.and_then(|nodes| body(Step::Run(When::Capture)).map(|()| nodes));
+    let capture_lookups = lookups.take();
+    let (raw, input_nodes) = match body_result {
         Err(e) => {
             drop(active);
+            // A body that failed may also have replaced a buffer; that is the worse news.
+            body(Step::Check(When::Capture))?;
             return Err(GraphError::in_capture(graph, e));
         }
-        Ok(()) => {
-            let ended = active.end();
-            let recorded = clear_recorded_errors(rt, graph);
-            match ended {
-                Ok(raw) if recorded.is_none() => (raw, capture_started.elapsed()),
-                Ok(raw) => {
-                    if !raw.is_null() {
-                        // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-                        let _ = unsafe { result::graph::destroy(raw) };
-                    }
-                    let e = recorded.expect("checked above");
-                    return Err(GraphError::in_capture(graph, e.into()));
-                }
-                Err(end_err) => {
-                    // Prefer the root cause cudarc recorded (a 900 from a dropped guard, say)
-                    // over the 901 that CUDA returns when ending an invalidated capture.
-                    let cause = recorded
-                        .filter(|r| r.0 != sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-                        .unwrap_or(end_err);
-                    return Err(GraphError::from_driver(graph, cause));
-                }
-            }
-        }
+        Ok(nodes) => (end_capture(rt, graph, active)?, nodes),
     };
+    let capture_time = capture_started.elapsed();
+    if let Err(moved) = body(Step::Check(When::Capture)) {
+        if !raw.is_null() {
+            // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
+            let _ = unsafe { driver::graph_destroy(raw) };
+        }
+        return Err(moved);
+    }
     if raw.is_null() {
         return Err(GraphError::EmptyGraph { graph });
+    }
+    let checks_started = Instant::now();
+    if site.determinism {
+        let copy = input_copy.as_ref().map(|c| (inputs, c));
+        if let Err(e) =
+            check_determinism(rt, site, body, raw, copy, &warmup_lookups, capture_lookups)
+        {
+            // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
+            let _ = unsafe { driver::graph_destroy(raw) };
+            return Err(e);
+        }
+    }
+    let checks_time = checks_started.elapsed();
+    // Ranks capturing collectives together compare what they recorded before any of them
+    // instantiates (see `crate::nccl`; a determinism check's second capture is recorded the
+    // same way on every rank); without an open session this does nothing.
+    #[cfg(feature = "nccl")]
+    if let Err(e) = crate::nccl::session::before_instantiate(site) {
+        // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
+        let _ = unsafe { driver::graph_destroy(raw) };
+        return Err(e);
     }
 
     let info = GraphInfo {
         rng,
         temp_bytes: 0,
         static_bytes,
-        early_edges: 0,
+        // Counted by `Graph::instantiate`, which reads the edges only when this is not 0.
+        early_edges: early_launches.count(),
+        state_snapshot_bytes,
         name: graph,
         kinds: Default::default(),
         warmup: site.warmup,
         warmup_time,
         capture_time,
+        checks_time,
         instantiate_time: Duration::ZERO,
+        inspect_time: Duration::ZERO,
     };
-    let built = Graph::instantiate(rt, raw, info)?;
+    let built = Graph::instantiate(rt, raw, info, input_nodes)?;
     tracing::debug!(
         graph,
         nodes = built.info().nodes(),
         temp_bytes = built.info().temp_bytes,
         static_bytes,
+        state_snapshot_bytes,
         early_edges = built.info().early_edges,
         warmup = site.warmup,
         warmup_ms = warmup_time.as_secs_f64() * 1e3,
@@ -358,4 +410,158 @@ pub(crate) fn capture_graph(
         "captured CUDA graph"
     );
     Ok(built)
+}
+
+/// The optional checks of `check_determinism`: the kernels the last warmup run and the
+/// capture looked up through the runtime must be the same, and a second capture must record
+/// what the first did.
+fn check_determinism(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+    first: sys::CUgraph,
+    inputs: Option<(&InputNodes, &cudarc::driver::CudaFunction)>,
+    warmup_lookups: &[String],
+    capture_lookups: Vec<String>,
+) -> Result<(), GraphError> {
+    let graph = site.name;
+    if warmup_lookups != capture_lookups.as_slice() {
+        return Err(GraphError::WarmupDiverged {
+            graph,
+            warmup: warmup_lookups.join(", "),
+            capture: capture_lookups.join(", "),
+        });
+    }
+    let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
+    // SAFETY: `first` is the live graph just captured on the runtime's context.
+    let a = unsafe { Fingerprint::of(first, skip) }?;
+    let active = ActiveCapture::begin(rt, site)?;
+    let recorded = match inputs {
+        Some((inputs, copy)) => inputs.record(rt, copy).map(drop),
+        None => Ok(()),
+    };
+    let second = match recorded.and_then(|()| body(Step::Run(When::Capture))) {
+        Err(e) => {
+            drop(active);
+            return Err(GraphError::in_capture(graph, e));
+        }
+        Ok(()) => end_capture(rt, graph, active)?,
+    };
+    let checked = body(Step::Check(When::Capture));
+    let b = if second.is_null() {
+        None
+    } else {
+        // SAFETY: `second` is the live graph just captured; destroyed right after.
+        let b = unsafe { Fingerprint::of(second, skip) };
+        // SAFETY: `second` is owned here and not used afterwards.
+        let _ = unsafe { driver::graph_destroy(second) };
+        Some(b?)
+    };
+    checked?;
+    let difference = match b {
+        None => Some("the second capture recorded nothing".to_owned()),
+        Some(b) => a.first_difference(&b),
+    };
+    match difference {
+        None => Ok(()),
+        Some(difference) => Err(GraphError::NondeterministicCapture { graph, difference }),
+    }
+}
+
+/// Out of memory in the body's own allocation during the warmup: cudarc does not say how
+/// much was asked for, so the body is recorded once more without running it (a capture
+/// allocates nothing, it only records allocation nodes with their sizes) and the largest
+/// allocation it asks for is reported. Other errors, and a record that fails, pass through.
+fn name_the_failed_allocation(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+    error: GraphError,
+) -> GraphError {
+    let GraphError::OutOfMemory {
+        during,
+        requested_bytes: None,
+        free_bytes,
+    } = error
+    else {
+        return error;
+    };
+    let largest = (|| {
+        let active = ActiveCapture::begin(rt, site).ok()?;
+        let recorded = panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Capture))));
+        let raw = active.end().ok();
+        clear_recorded_errors(rt, site.name);
+        let raw = raw.filter(|g| !g.is_null())?;
+        // SAFETY: `raw` is the live graph cuStreamEndCapture just returned, owned here.
+        let sizes = unsafe { driver::graph_nodes(raw) }.ok().map(|nodes| {
+            nodes
+                .into_iter()
+                .filter_map(|n| {
+                    // SAFETY: `n` belongs to the live graph `raw`.
+                    let kind = unsafe { driver::node_type(n) }.ok()?;
+                    (kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+                        // SAFETY: `n` is an allocation node of the live graph `raw`.
+                        .then(|| unsafe { driver::mem_alloc_node_params(n) }.ok())
+                        .flatten()
+                        .map(|p| p.bytesize)
+                })
+                .max()
+        });
+        // SAFETY: `raw` is owned here and not used afterwards.
+        let _ = unsafe { driver::graph_destroy(raw) };
+        drop(recorded);
+        sizes.flatten()
+    })();
+    GraphError::OutOfMemory {
+        during: match largest {
+            Some(_) => format!("{during}: its largest allocation"),
+            None => during,
+        },
+        requested_bytes: largest,
+        free_bytes,
+    }
+}
+
+/// Ends a capture whose body returned `Ok` and hands back the recorded graph (null when
+/// nothing was recorded), or the error that explains why the capture failed.
+fn end_capture(
+    rt: &Runtime,
+    graph: &'static str,
+    active: ActiveCapture<'_>,
+) -> Result<sys::CUgraph, GraphError> {
+    let ended = active.end();
+    let recorded = clear_recorded_errors(rt, graph);
+    match ended {
+        Ok(raw) if recorded.is_none() => Ok(raw),
+        Ok(raw) => {
+            if !raw.is_null() {
+                // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
+                let _ = unsafe { driver::graph_destroy(raw) };
+            }
+            let e = recorded.expect("checked above");
+            Err(GraphError::in_capture(graph, e.into()))
+        }
+        Err(end_err) => {
+            // Prefer the root cause cudarc recorded (a 900 from a dropped guard, say) over
+            // the 901 that CUDA returns when ending an invalidated capture.
+            let cause = recorded
+                .filter(|r| r.0 != sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+                .unwrap_or(end_err);
+            Err(GraphError::from_driver(graph, cause))
+        }
+    }
+}
+
+/// Warmup, capture, instantiate: the procedure behind every generated `capture`.
+#[doc(hidden)]
+#[inline]
+pub fn capture(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    book: &AddressBook,
+    inputs: &InputNodes,
+    static_bytes: usize,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+) -> Result<Graph, GraphError> {
+    capture_graph(rt, site, book, inputs, static_bytes, body)
 }

@@ -49,6 +49,36 @@ pub enum GraphError {
         count: usize,
     },
 
+    /// cudarc's per-buffer event tracking is active on the runtime's context: every use of a
+    /// buffer would wait on events recorded outside the capture (CUDA error 905).
+    #[error(
+        "{during}: cudarc's event tracking is on for this context, and with more than one stream it makes \
+         every buffer wait on events recorded before the capture, which a capture refuses (CUDA error 905). \
+         Fix: turn it off before allocating (`unsafe {{ ctx.disable_event_tracking() }}`, after which you \
+         order your own streams with `stream.join(&other)`), or capture on the one stream your code \
+         already uses with `Runtime::from_stream(stream)` and do not create other streams on the context"
+    )]
+    EventTracking {
+        /// What was about to happen.
+        during: &'static str,
+    },
+
+    /// A runtime was asked to capture on a default stream.
+    #[error(
+        "a runtime cannot capture on the legacy default stream or the per-thread default stream: CUDA \
+         refuses to capture them. Fix: pass a stream made with `ctx.new_stream()` to \
+         `Runtime::from_stream`, or let the runtime make its own (`Runtime::from_context`)"
+    )]
+    DefaultStream,
+
+    /// A body whose context is a stream asked for the runtime of that stream, and none exists.
+    #[error(
+        "no runtime was made for this stream: `graph_runtime::function(stream, …)` reaches the kernel cache \
+         of the runtime that owns the stream. Fix: make the runtime first (`Runtime::new`, \
+         `Runtime::from_stream(stream)`), and keep it alive while the body runs"
+    )]
+    NoRuntimeForStream,
+
     /// CUDA error 900 during capture.
     #[error(
         "capturing `{graph}` failed with CUDA error 900 (operation not permitted when stream is capturing): \
@@ -268,6 +298,66 @@ pub enum GraphError {
         source: Box<GraphError>,
     },
 
+    /// A `#[state]` parameter (or an output the body was given) no longer holds the device
+    /// buffers the graph was captured with: one was replaced, freed or reallocated.
+    #[error(
+        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with: {detail}; it \
+         was replaced, freed or reallocated {when}. The graph reads and writes its state by address and \
+         would touch freed memory, so nothing was launched. Fix: write into state in place (`state_mut()` \
+         lends `CudaSlice` state as a `CudaViewMut`, which cannot be replaced), never assign a new buffer to \
+         a field of a struct the graph holds, and capture a new graph when the buffers must change"
+    )]
+    StateMoved {
+        /// The graph.
+        graph: &'static str,
+        /// The parameter whose buffers moved.
+        param: &'static str,
+        /// When the check found it.
+        when: When,
+        /// Which buffer, and its addresses before and now.
+        detail: String,
+    },
+
+    /// A verification found the replay's outputs or state different from the eager run's.
+    #[error("{report}")]
+    VerifyMismatch {
+        /// The graph.
+        graph: &'static str,
+        /// What differed, item by item.
+        report: Box<crate::verify::VerifyReport>,
+    },
+
+    /// The last warmup run and the capture looked up different kernels.
+    #[error(
+        "the last warmup run of `{graph}` and its capture took different paths: the warmup looked up the \
+         kernels [{warmup}] and the capture [{capture}]. The warmup runs exist to do once what a capture \
+         must not (compile, load, allocate) on the path the capture takes; a body that branches on \
+         `is_capturing()` or on a host counter captures work its warmup never ran. Fix: run the same code \
+         in the warmup and the capture"
+    )]
+    WarmupDiverged {
+        /// The graph.
+        graph: &'static str,
+        /// The kernels the last warmup run looked up, in order.
+        warmup: String,
+        /// The kernels the capture looked up, in order.
+        capture: String,
+    },
+
+    /// Two captures of the same body recorded different work.
+    #[error(
+        "capturing `{graph}` twice recorded different work: {difference}. The graph would replay whatever \
+         one capture happened to record. Fix: make the body record the same kernels with the same \
+         arguments every time it runs: no host counters, caches or clocks that change what it launches \
+         (keep such values on the device, or pass them as `#[constant]`)"
+    )]
+    NondeterministicCapture {
+        /// The graph.
+        graph: &'static str,
+        /// The first difference: node index, kernel name, what differed.
+        difference: String,
+    },
+
     /// A replay input does not have the shape the graph was captured with.
     #[error(
         "replay of `{graph}`: input `{input}` has shape {got}, but the graph was captured with {expected}; \
@@ -379,6 +469,12 @@ pub enum GraphError {
     /// An error of the user's own type, returned by a captured body.
     #[error(transparent)]
     User(BoxError),
+
+    /// A collective failed or was refused: NCCL set-up, a collective's arguments, or ranks
+    /// that did not capture the same collectives (see [`crate::nccl::CollectiveError`]).
+    #[cfg(feature = "nccl")]
+    #[error(transparent)]
+    Collective(Box<crate::nccl::CollectiveError>),
 }
 
 /// `1536` → `1.5 KiB`: byte counts as people read them.
@@ -440,21 +536,17 @@ impl GraphError {
         }
     }
 
-    /// Adds what the runtime knows to an out-of-memory error: what it was doing, the size
-    /// asked for, and the device's free memory now. Other errors pass through.
-    pub(crate) fn with_oom_context(
-        self,
-        rt: &crate::Runtime,
-        during: impl FnOnce() -> String,
-        requested: Option<usize>,
-    ) -> Self {
-        if !self.is_out_of_memory() {
-            return self;
-        }
-        GraphError::OutOfMemory {
-            during: during(),
-            requested_bytes: requested,
-            free_bytes: rt.mem_info().ok().map(|(free, _)| free),
+    /// The size an out-of-memory error asked for, where it is known (also inside a
+    /// warmup, body or bucket error).
+    pub fn requested_bytes(&self) -> Option<usize> {
+        match self {
+            GraphError::OutOfMemory {
+                requested_bytes, ..
+            } => *requested_bytes,
+            GraphError::Warmup { source, .. }
+            | GraphError::Body { source, .. }
+            | GraphError::Bucket { source, .. } => source.requested_bytes(),
+            _ => None,
         }
     }
 
@@ -541,5 +633,110 @@ impl GraphError {
                 source: Box::new(other),
             },
         }
+    }
+}
+
+/// When an address check ran (see [`GraphError::StateMoved`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// After warmup run `run` (from 1).
+    Warmup {
+        /// The run.
+        run: u32,
+    },
+    /// After the body was captured.
+    Capture,
+    /// Before a replay.
+    Replay,
+}
+
+impl std::fmt::Display for When {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            When::Warmup { run } => write!(f, "during warmup run {run}"),
+            When::Capture => f.write_str("while the body was captured"),
+            When::Replay => f.write_str("between the capture and this replay"),
+        }
+    }
+}
+
+/// What a `#[cuda_graph]` function may return: `()` or `Result<(), E>` for any error type
+/// that converts into a boxed error (cudarc's errors, [`GraphError`], `anyhow::Error`, yours).
+#[diagnostic::on_unimplemented(
+    message = "a `#[cuda_graph]` function must return `()` or `Result<(), E>`, not `{Self}`",
+    label = "graph outputs are `&mut` parameters; the return value carries only success or an error"
+)]
+pub trait BodyResult {
+    /// Converts the body's return value.
+    fn into_graph_result(self) -> Result<(), GraphError>;
+}
+
+impl BodyResult for () {
+    #[inline]
+    fn into_graph_result(self) -> Result<(), GraphError> {
+        Ok(())
+    }
+}
+
+impl<E: Into<BoxError>> BodyResult for Result<(), E> {
+    #[inline]
+    fn into_graph_result(self) -> Result<(), GraphError> {
+        self.map_err(|e| into_graph_error(e.into()))
+    }
+}
+
+fn into_graph_error(e: BoxError) -> GraphError {
+    let e = match e.downcast::<GraphError>() {
+        Ok(g) => return *g,
+        Err(e) => e,
+    };
+    let e = match e.downcast::<DriverError>() {
+        Ok(d) => return GraphError::from(*d),
+        Err(e) => e,
+    };
+    match e.downcast::<CublasError>() {
+        Ok(c) => GraphError::from(*c),
+        Err(e) => GraphError::User(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_errors_keep_their_kind() {
+        use cudarc::driver::sys::CUresult;
+        let r: Result<(), DriverError> =
+            Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+        let e = r.into_graph_result().unwrap_err();
+        assert!(matches!(e, GraphError::Driver(_)));
+        let mapped = GraphError::in_capture("f", e);
+        assert!(matches!(
+            mapped,
+            GraphError::CaptureUnsupported { graph: "f" }
+        ));
+
+        let r: Result<(), GraphError> = Err(GraphError::EmptyGraph { graph: "g" });
+        assert!(matches!(
+            r.into_graph_result(),
+            Err(GraphError::EmptyGraph { graph: "g" })
+        ));
+
+        #[derive(Debug)]
+        struct Mine;
+        impl std::fmt::Display for Mine {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("my error")
+            }
+        }
+        impl std::error::Error for Mine {}
+        let r: Result<(), Mine> = Err(Mine);
+        let e = GraphError::in_capture("f", r.into_graph_result().unwrap_err());
+        assert_eq!(
+            e.to_string(),
+            "capturing `f` failed inside the body: my error"
+        );
+        assert!(().into_graph_result().is_ok());
     }
 }

@@ -3,11 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
 
-use crate::buffer::{InputSource, StaticBuffer};
+use crate::buffer::Staging;
+use crate::driver;
 use crate::error::GraphError;
-use crate::runtime::{Runtime, StreamGate};
+use crate::inputs::InputNode;
+use crate::runtime::Runtime;
 
 /// Facts about one captured graph, for logs and reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +24,14 @@ pub struct GraphInfo {
     pub warmup_time: Duration,
     /// Time between beginning and ending the capture.
     pub capture_time: Duration,
-    /// Time to instantiate and upload the graph.
+    /// Time to inspect, instantiate and upload the graph.
     pub instantiate_time: Duration,
+    /// The part of `instantiate_time` spent reading the recorded graph's nodes (their kinds,
+    /// the temporaries' sizes, the copies' endpoints) before instantiating it.
+    pub inspect_time: Duration,
+    /// Time the optional capture checks took (`check_determinism`: a second capture and the
+    /// comparison); zero when they are off.
+    pub checks_time: Duration,
     /// How far each replay moves the generators the body draws from (measured on the
     /// warmup runs; the graph itself moves them on the device).
     pub rng: Vec<RngAdvance>,
@@ -36,6 +44,9 @@ pub struct GraphInfo {
     /// finishes, recorded from [early launches](crate::launch). 0 when the body launched
     /// every kernel in order.
     pub early_edges: usize,
+    /// Bytes of the device snapshot of `&mut` state taken before the warmup and restored
+    /// after it (freed once the graph is captured); 0 when no `&mut` state is restored.
+    pub state_snapshot_bytes: usize,
 }
 
 impl GraphInfo {
@@ -57,8 +68,11 @@ pub struct RngAdvance {
 /// How many nodes of each kind a captured graph holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NodeKinds {
-    /// Kernel launches (cuBLAS calls are kernels too).
+    /// Kernel launches of the body (cuBLAS calls are kernels too).
     pub kernels: usize,
+    /// The kernels that copy new inputs into the static buffers, one per input (see
+    /// `replay`): not counted in `kernels`.
+    pub input_copies: usize,
     /// Memory copies.
     pub copies: usize,
     /// Memsets (`alloc_zeros`, `memset_zeros`).
@@ -79,18 +93,22 @@ pub struct NodeKinds {
 pub struct Graph {
     exec: sys::CUgraphExec,
     graph: sys::CUgraph,
-    stream: Arc<CudaStream>,
-    gate: Arc<StreamGate>,
+    /// Keeps the context, the stream, the loaded kernels and the generators alive for as
+    /// long as the graph can be launched.
+    rt: Runtime,
     /// Used to order copies from buffers that live on other streams; created once here so
     /// that replay allocates nothing.
     before: CudaEvent,
     after: CudaEvent,
+    /// The copy node of each static input (see `crate::inputs`).
+    inputs: Vec<InputNode>,
     info: GraphInfo,
 }
 
 // SAFETY: the graph and executable-graph handles may be used from any thread as long as
 // calls on them are serialised; `Graph` is not `Sync` and every method that touches the
-// handles takes `&self` from a single owner, so only one thread uses them at a time.
+// handles goes through its single owner, so only one thread uses them at a time. The other
+// fields are `Send`.
 unsafe impl Send for Graph {}
 
 impl std::fmt::Debug for Graph {
@@ -103,10 +121,16 @@ impl std::fmt::Debug for Graph {
 
 impl Graph {
     /// Instantiates `raw` (taking ownership of it) for the runtime's stream and uploads it.
+    ///
+    /// Before the driver maps any memory, a graph whose temporaries could not all be mapped is
+    /// refused with [`GraphError::OutOfMemory`] (see `refuse_temporaries_that_cannot_fit`). A
+    /// failure at any step destroys what was made and gives the graph memory pool's unused
+    /// memory back to the device.
     pub(crate) fn instantiate(
         rt: &Runtime,
         raw: sys::CUgraph,
         mut info: GraphInfo,
+        inputs: Vec<InputNode>,
     ) -> Result<Self, GraphError> {
         let started = Instant::now();
         // Temporaries the body allocates during capture become allocation nodes; with
@@ -114,13 +138,16 @@ impl Graph {
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let built = (|| {
-            let (kinds, temp_bytes) = inspect(raw, info.name)?;
-            info.kinds = kinds;
-            info.temp_bytes = temp_bytes;
-            info.early_edges = programmatic_edges(raw)?;
+            let inspected = inspect(raw, info.name, &inputs, info.early_edges > 0)?;
+            info.inspect_time = started.elapsed();
+            info.kinds = inspected.kinds;
+            info.temp_bytes = inspected.temp_bytes;
+            info.early_edges = inspected.early_edges;
+            refuse_temporaries_that_cannot_fit(rt, &info)?;
             let (before, after) = (timing_free_event(rt)?, timing_free_event(rt)?);
-            // SAFETY: `raw` is a valid graph; instantiation does not take ownership of it.
-            let exec = unsafe { result::graph::instantiate(raw, flags) }
+            // SAFETY: `raw` is a live graph of the runtime's context, which the capture bound
+            // to this thread; instantiation does not take ownership of it.
+            let exec = unsafe { driver::instantiate(raw, flags) }
                 .map_err(|e| GraphError::from_driver(info.name, e))?;
             Ok((exec, before, after))
         })();
@@ -128,7 +155,8 @@ impl Graph {
             Ok(parts) => parts,
             Err(e) => {
                 // SAFETY: `raw` is owned here and no executable graph was made from it.
-                let _ = unsafe { result::graph::destroy(raw) };
+                let _ = unsafe { driver::graph_destroy(raw) };
+                give_back_graph_memory(rt);
                 return Err(e);
             }
         };
@@ -136,22 +164,26 @@ impl Graph {
         let mut g = Graph {
             exec,
             graph: raw,
-            stream: rt.stream().clone(),
-            gate: rt.gate().clone(),
+            rt: rt.clone(),
             before,
             after,
+            inputs,
             info,
         };
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
         // Uploading maps the graph's temporaries to physical memory now, so an out-of-memory
         // failure surfaces here, at capture, and not at the first replay.
-        unsafe { result::graph::upload(g.exec, g.stream.cu_stream()) }.map_err(|e| {
-            GraphError::from_driver(g.info.name, e).with_oom_context(
-                rt,
-                || format!("uploading the graph of `{}` (its temporaries)", g.info.name),
-                Some(g.info.temp_bytes),
-            )
-        })?;
+        let uploaded = unsafe { driver::upload(g.exec, rt.stream().cu_stream()) };
+        if let Err(e) = uploaded {
+            let (name, temp_bytes) = (g.info.name, g.info.temp_bytes);
+            drop(g);
+            give_back_graph_memory(rt);
+            return Err(rt.oom_context(
+                GraphError::from_driver(name, e),
+                || format!("uploading the graph of `{name}` (its temporaries)"),
+                Some(temp_bytes),
+            ));
+        }
         g.info.instantiate_time = started.elapsed();
         Ok(g)
     }
@@ -161,140 +193,328 @@ impl Graph {
         &self.info
     }
 
+    /// The runtime this graph was captured on (the graph keeps it alive).
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
     /// The stream this graph launches on (the runtime's stream).
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        self.rt.stream()
     }
 
     /// The graph's stream and ordering events, for copies queued outside a replay (a bucket
     /// family's eager fallback) without creating events each time.
     pub fn staging(&self) -> Staging<'_> {
-        Staging {
-            stream: &self.stream,
-            before: &self.before,
-            after: &self.after,
-        }
+        Staging::new(self.rt.stream(), &self.before, &self.after)
     }
 
-    /// Launches the graph as it is, without touching its inputs.
-    #[inline]
-    pub fn launch(&self) -> Result<(), GraphError> {
-        self.replay_with(|_| Ok(()))
+    /// The recorded CUDA graph, for driver calls this crate does not wrap (reading its nodes,
+    /// writing it out, instantiating it again with other flags).
+    ///
+    /// The handle stays owned by this `Graph`: do not destroy it, and do not use it after the
+    /// `Graph` is dropped.
+    pub fn cu_graph(&self) -> sys::CUgraph {
+        self.graph
+    }
+
+    /// The executable graph, for driver calls this crate does not wrap.
+    ///
+    /// The handle stays owned by this `Graph`: do not destroy it, do not use it after the
+    /// `Graph` is dropped, and do not launch it while another thread launches this `Graph`.
+    pub fn cu_graph_exec(&self) -> sys::CUgraphExec {
+        self.exec
     }
 
     /// Runs `stage` (which queues the input copies on the graph's stream) and then launches
     /// the graph, both under the stream's capture gate.
     #[inline]
-    pub fn replay_with(
+    pub(crate) fn replay_with(
         &self,
         stage: impl FnOnce(&Staging<'_>) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        self.gate.launch(self.info.name, || {
-            self.stream.context().bind_to_thread()?;
-            stage(&self.staging())?;
+        // Allocation-free and a few nanoseconds when `trace` is not enabled for this crate.
+        let _span = tracing::trace_span!("cuda_graph_replay", graph = self.info.name).entered();
+        self.rt.gate().launch(self.info.name, || {
+            let stream = self.rt.stream();
+            stream.context().bind_to_thread()?;
+            stage(&self.staging().with_inputs(self.exec, &self.inputs))?;
             // SAFETY: `exec` is a live executable graph owned by `self`, instantiated for
-            // this stream's context, which is bound to this thread just above.
-            unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }
-                .map_err(GraphError::Driver)
+            // this stream's context, which is bound to this thread just above; the context,
+            // kernels and generators it uses are kept alive by `self.rt`, and the buffers it
+            // addresses by the owner of this `Graph` (a generated graph type, which checks
+            // its state's addresses before calling this).
+            unsafe { driver::launch(self.exec, stream.cu_stream()) }.map_err(GraphError::Driver)
         })
     }
 }
 
+impl Graph {
+    /// The kernels of the body by name, with how many nodes launch each, sorted by count
+    /// (then name; the input copy nodes are left out). Reads the graph's nodes from the
+    /// driver.
+    pub fn kernel_counts(&self) -> Result<Vec<(String, usize)>, GraphError> {
+        self.rt.context().bind_to_thread()?;
+        let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+        // SAFETY: `self.graph` is the live graph this `Graph` owns.
+        for node in unsafe { driver::graph_nodes(self.graph) }? {
+            // SAFETY: `node` belongs to the live graph.
+            if unsafe { driver::node_type(node) }?
+                != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
+                || self.inputs.iter().any(|i| i.node() == node)
+            {
+                continue;
+            }
+            // SAFETY: `node` is a kernel node of the live graph.
+            let params = unsafe { driver::kernel_node_params(node) }?;
+            // SAFETY: the node's function lives as long as its module, which the runtime
+            // keeps loaded.
+            let name = unsafe { driver::function_name(params.func) }
+                .unwrap_or_else(|| "<unnamed kernel>".to_owned());
+            *counts.entry(name).or_default() += 1;
+        }
+        let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(counts)
+    }
+
+    /// Writes the graph as Graphviz DOT to `path` (CUDA's own rendering of the nodes and
+    /// edges; `verbose` adds every node's parameters). Render it with `dot -Tsvg`.
+    pub fn write_dot(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        verbose: bool,
+    ) -> Result<(), GraphError> {
+        let path = path.as_ref();
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            GraphError::User(format!("the path {} contains a NUL byte", path.display()).into())
+        })?;
+        let flags = if verbose {
+            sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE as u32
+        } else {
+            0
+        };
+        self.rt.context().bind_to_thread()?;
+        // SAFETY: `self.graph` is the live graph this `Graph` owns.
+        unsafe { driver::debug_dot_print(self.graph, &c_path, flags) }?;
+        Ok(())
+    }
+}
+
+/// A compact summary: nodes by kind, kernels by name with counts, edges, memory, timings.
+///
+/// ```text
+/// graph `decode` · 183 nodes: 179 kernels, 2 copies, 0 memsets, 1 alloc, 1 free, 0 other
+///   edges: 182, early-launch (programmatic) 16
+///   kernels: matvec ×96, rmsnorm ×33, rope_kv ×16, attention ×16, …
+///   memory: temporaries 1.0 MiB, static buffers 64 KiB, state snapshot 0 B
+///   time: warmup 3 runs 2.1 ms, capture 0.4 ms, instantiate 1.2 ms
+/// ```
+impl std::fmt::Display for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.info;
+        let k = &i.kinds;
+        writeln!(
+            f,
+            "graph `{}` · {} nodes: {} kernels, {} input copies, {} copies, {} memsets, {} allocs, {} \
+             frees, {} other",
+            i.name,
+            i.nodes(),
+            k.kernels,
+            k.input_copies,
+            k.copies,
+            k.memsets,
+            k.allocs,
+            k.frees,
+            k.other
+        )?;
+        let edges = {
+            let _ = self.rt.context().bind_to_thread();
+            // SAFETY: `self.graph` is the live graph this `Graph` owns.
+            unsafe { driver::graph_edges(self.graph) }
+                .map(|e| e.len())
+                .unwrap_or(0)
+        };
+        writeln!(
+            f,
+            "  edges: {edges}, early-launch (programmatic) {}",
+            i.early_edges
+        )?;
+        match self.kernel_counts() {
+            Ok(counts) => {
+                const SHOWN: usize = 8;
+                let mut names: Vec<String> = counts
+                    .iter()
+                    .take(SHOWN)
+                    .map(|(n, c)| format!("{n} ×{c}"))
+                    .collect();
+                if counts.len() > SHOWN {
+                    names.push(format!("… ({} more)", counts.len() - SHOWN));
+                }
+                writeln!(f, "  kernels: {}", names.join(", "))?;
+            }
+            Err(e) => writeln!(f, "  kernels: (could not be read: {e})")?,
+        }
+        writeln!(
+            f,
+            "  memory: temporaries {}, static buffers {}, state snapshot {}",
+            crate::error::bytes(i.temp_bytes),
+            crate::error::bytes(i.static_bytes),
+            crate::error::bytes(i.state_snapshot_bytes)
+        )?;
+        write!(
+            f,
+            "  time: warmup {} run(s) {:.2} ms, capture {:.2} ms, instantiate {:.2} ms",
+            i.warmup,
+            i.warmup_time.as_secs_f64() * 1e3,
+            i.capture_time.as_secs_f64() * 1e3,
+            i.instantiate_time.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// One launch of `graph` with its static inputs as they are (its input copy nodes copy
+/// nothing): what a generated `launch` calls after checking its state's addresses.
+#[doc(hidden)]
+#[inline]
+pub fn launch_as_is(graph: &Graph) -> Result<(), GraphError> {
+    graph.replay_with(|staging| staging.keep_inputs())
+}
+
+/// Queues `stage` (the input copies) and one launch of `graph`: what a generated `replay`
+/// calls after checking its inputs' shapes and its state's addresses.
+///
+/// Not part of the API: a generated graph type is what guarantees that the buffers the graph
+/// addresses are still allocated (it owns its static buffers, holds its state and checks its
+/// addresses). Calling this directly on a graph taken from one bypasses those checks.
+#[doc(hidden)]
+#[inline]
+pub fn replay(
+    graph: &Graph,
+    stage: impl FnOnce(&Staging<'_>) -> Result<(), GraphError>,
+) -> Result<(), GraphError> {
+    graph.replay_with(stage)
+}
+
 impl Drop for Graph {
     fn drop(&mut self) {
-        let ctx = self.stream.context();
+        let ctx = self.rt.context();
         ctx.record_err(ctx.bind_to_thread());
         // SAFETY: both handles are owned by `self` and destroyed exactly once, here. CUDA
         // defers the destruction of an executable graph until launches in flight complete.
         unsafe {
-            ctx.record_err(result::graph::exec_destroy(self.exec));
-            ctx.record_err(result::graph::destroy(self.graph));
+            ctx.record_err(driver::exec_destroy(self.exec));
+            ctx.record_err(driver::graph_destroy(self.graph));
         }
         if self.info.temp_bytes > 0 {
             // Give the physical memory of this graph's temporaries back to the device, unless
             // another graph (or a launch still in flight) uses it.
-            // SAFETY: trims the device's graph memory pool; no precondition beyond a valid
-            // device, which the context holds.
-            ctx.record_err(unsafe { sys::cuDeviceGraphMemTrim(ctx.cu_device()) }.result());
+            ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
         }
     }
 }
 
-/// What an input copy needs during a replay: the graph's stream, and two events to order a
-/// source that lives on another stream.
-pub struct Staging<'g> {
-    stream: &'g Arc<CudaStream>,
-    before: &'g CudaEvent,
-    after: &'g CudaEvent,
+/// After a failed instantiation or upload: waits for the runtime's stream (a half-finished
+/// upload is queued there) and gives the graph memory pool's unused memory back.
+fn give_back_graph_memory(rt: &Runtime) {
+    let ctx = rt.context();
+    ctx.record_err(rt.stream().synchronize());
+    ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
+    if let Some(e) = rt.take_recorded_error() {
+        tracing::debug!(error = ?e, "cleared an error recorded while giving graph memory back");
+    }
 }
 
-impl Staging<'_> {
-    /// The stream the copies and the launch are queued on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        self.stream
+/// Refuses a graph whose temporaries could not be mapped, before the driver tries.
+///
+/// A failed upload (or first launch) is not an error the driver recovers from: on an H100
+/// with driver 580, the device's graph memory pool kept the ~80 GB it had reserved for the
+/// attempt after the executable graph was destroyed, the stream and the context were
+/// synchronised and the pool was trimmed, and every later graph in the process failed.
+/// So the graph is measured first, by the sum of its temporaries (an upper bound on what
+/// it maps: CUDA may reuse memory between temporaries whose lifetimes do not overlap), and
+/// refused when that is more than the free memory plus what the pool already holds (graphs
+/// launched on one stream share the pool's memory).
+fn refuse_temporaries_that_cannot_fit(rt: &Runtime, info: &GraphInfo) -> Result<(), GraphError> {
+    if info.temp_bytes == 0 {
+        return Ok(());
     }
+    let (free, _total) = rt.mem_info()?;
+    let pool = rt.graph_memory()?;
+    let available = free.saturating_add(pool.reserved);
+    if info.temp_bytes <= available {
+        return Ok(());
+    }
+    Err(GraphError::OutOfMemory {
+        during: format!(
+            "instantiating the graph of `{}`: its temporaries (the allocations its body made while captured) add \
+             up to more than the device could map ({} free, {} held by the graph memory pool), so the graph \
+             was refused before the driver mapped anything",
+            info.name,
+            crate::error::bytes(free),
+            crate::error::bytes(pool.reserved)
+        ),
+        requested_bytes: Some(info.temp_bytes),
+        free_bytes: Some(free),
+    })
+}
 
-    /// Makes the graph's stream wait for the work queued so far on `other`.
-    pub fn wait_for(&self, other: &CudaStream) -> Result<(), GraphError> {
-        if other.cu_stream() != self.stream.cu_stream() {
-            self.before.record(other)?;
-            self.stream.wait(self.before)?;
-        }
-        Ok(())
-    }
-
-    /// Makes `other` wait for the work queued so far on the graph's stream, so that a source
-    /// freed on `other` is not freed before the copy has read it.
-    pub fn release_to(&self, other: &CudaStream) -> Result<(), GraphError> {
-        if other.cu_stream() != self.stream.cu_stream() {
-            self.after.record(self.stream)?;
-            other.wait(self.after)?;
-        }
-        Ok(())
-    }
+/// What a captured graph holds, by kind, and what its temporaries need.
+struct Inspected {
+    kinds: NodeKinds,
+    temp_bytes: usize,
+    early_edges: usize,
 }
 
 impl NodeKinds {
     /// All nodes.
     pub fn total(&self) -> usize {
-        self.kernels + self.copies + self.memsets + self.allocs + self.frees + self.other
+        self.kernels
+            + self.input_copies
+            + self.copies
+            + self.memsets
+            + self.allocs
+            + self.frees
+            + self.other
     }
 }
 
-/// Counts the nodes of `raw` by kind and refuses copies that touch pageable host memory.
+/// Counts the nodes of `raw` by kind, sizes its temporaries, counts its programmatic edges
+/// and refuses copies that touch pageable host memory.
 ///
 /// CUDA records a device-to-host or host-to-device copy of pageable memory (a `Vec`, a
 /// slice) as a memcpy node with the host address baked in. The body saw a value read before
 /// the GPU ran, and every replay would read or write that address again, long after the
 /// `Vec` was freed. Pinned (page-locked) host buffers are allowed: they are how data is
 /// staged on purpose.
-fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<(NodeKinds, usize), GraphError> {
-    let mut count = 0usize;
-    // SAFETY: `raw` is a valid graph; a null array asks only for the count.
-    unsafe { sys::cuGraphGetNodes(raw, std::ptr::null_mut(), &mut count) }.result()?;
-    if count == 0 {
+fn inspect(
+    raw: sys::CUgraph,
+    graph: &'static str,
+    inputs: &[InputNode],
+    count_edges: bool,
+) -> Result<Inspected, GraphError> {
+    // SAFETY: `raw` is the live graph the capture just returned.
+    let nodes = unsafe { driver::graph_nodes(raw) }?;
+    if nodes.is_empty() {
         return Err(GraphError::EmptyGraph { graph });
     }
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
-    // SAFETY: `nodes` has room for `count` handles, the number CUDA just reported.
-    unsafe { sys::cuGraphGetNodes(raw, nodes.as_mut_ptr(), &mut count) }.result()?;
-    nodes.truncate(count);
+    let nodes_len = nodes.len();
     let mut kinds = NodeKinds::default();
     let mut temp_bytes = 0usize;
     for node in nodes {
-        let mut kind = std::mem::MaybeUninit::uninit();
-        // SAFETY: `node` belongs to `raw`, which is alive; CUDA writes the type.
-        unsafe { sys::cuGraphNodeGetType(node, kind.as_mut_ptr()) }.result()?;
-        // SAFETY: initialised by the successful call above.
-        match unsafe { kind.assume_init() } {
-            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => kinds.kernels += 1,
+        // SAFETY: `node` belongs to `raw`, which is alive.
+        match unsafe { driver::node_type(node) }? {
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                if inputs.iter().any(|i| i.node() == node) {
+                    kinds.input_copies += 1;
+                } else {
+                    kinds.kernels += 1;
+                }
+            }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => {
                 kinds.copies += 1;
-                let mut p = std::mem::MaybeUninit::<sys::CUDA_MEMCPY3D>::zeroed();
-                // SAFETY: `node` is a memcpy node of a live graph; CUDA fills `p`.
-                unsafe { sys::cuGraphMemcpyNodeGetParams(node, p.as_mut_ptr()) }.result()?;
-                // SAFETY: initialised (zeroed, then filled by the call above).
-                let p = unsafe { p.assume_init() };
+                // SAFETY: `node` is a memcpy node of the live graph `raw`.
+                let p = unsafe { driver::memcpy_node_params(node) }?;
                 let src_pageable = is_pageable(p.srcMemoryType, p.srcHost as usize, p.srcDevice);
                 let dst_pageable = is_pageable(p.dstMemoryType, p.dstHost as usize, p.dstDevice);
                 if src_pageable || dst_pageable {
@@ -309,56 +529,34 @@ fn inspect(raw: sys::CUgraph, graph: &'static str) -> Result<(NodeKinds, usize),
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => kinds.memsets += 1,
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 kinds.allocs += 1;
-                let mut p = std::mem::MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
-                // SAFETY: `node` is an allocation node of a live graph; CUDA fills `p`.
-                unsafe { sys::cuGraphMemAllocNodeGetParams(node, p.as_mut_ptr()) }.result()?;
-                // SAFETY: initialised (zeroed, then filled by the call above).
-                temp_bytes += unsafe { p.assume_init() }.bytesize;
+                // SAFETY: `node` is an allocation node of the live graph `raw`.
+                temp_bytes += unsafe { driver::mem_alloc_node_params(node) }?.bytesize;
             }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => kinds.frees += 1,
             _ => kinds.other += 1,
         }
     }
-    Ok((kinds, temp_bytes))
-}
-
-/// How many of the graph's edges are programmatic (early-launch) dependencies.
-fn programmatic_edges(raw: sys::CUgraph) -> Result<usize, GraphError> {
-    let mut count = 0usize;
-    // SAFETY: `raw` is a valid graph; null arrays ask only for the edge count.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            raw,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut count,
-        )
+    if kinds.input_copies == nodes_len {
+        // Only the runtime's own input copies: the body queued nothing on the capture stream.
+        return Err(GraphError::EmptyGraph { graph });
     }
-    .result()?;
-    if count == 0 {
-        return Ok(0);
-    }
-    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
-    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
-    // SAFETY: all-zero edge data is a valid value of this plain C struct.
-    let mut data: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; count];
-    // SAFETY: the three arrays have room for `count` entries, the number CUDA just reported.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            raw,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            data.as_mut_ptr(),
-            &mut count,
-        )
-    }
-    .result()?;
-    let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
-    Ok(data[..count.min(data.len())]
-        .iter()
-        .filter(|e| e.type_ == programmatic)
-        .count())
+    // Programmatic edges come only from early launches: the edges are read (one driver call
+    // for every edge of the graph) only when the capture made some.
+    let early_edges = if count_edges {
+        let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+        // SAFETY: `raw` is alive.
+        unsafe { driver::graph_edges(raw) }?
+            .iter()
+            .filter(|(_, _, d)| d.type_ == programmatic)
+            .count()
+    } else {
+        0
+    };
+    Ok(Inspected {
+        kinds,
+        temp_bytes,
+        early_edges,
+    })
 }
 
 /// Whether a copy endpoint is host memory the driver does not know (pageable).
@@ -376,40 +574,11 @@ fn is_pageable(kind: sys::CUmemorytype, host: usize, device: sys::CUdeviceptr) -
             }
         }
     };
-    let mut mem_type: u32 = 0;
-    // SAFETY: the attribute query only reads the driver's tables for `ptr`; `mem_type` is a
-    // valid place for the 32-bit answer. Pointers the driver does not know fail the query.
-    let known = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut mem_type as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    }
-    .result();
-    known.is_err()
+    driver::pointer_memory_type(ptr).is_none()
 }
 
-fn timing_free_event(rt: &Runtime) -> Result<CudaEvent, GraphError> {
+pub(crate) fn timing_free_event(rt: &Runtime) -> Result<CudaEvent, GraphError> {
     Ok(rt
         .context()
         .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?)
-}
-
-/// Copies `src` into `dst` on the runtime's stream outside any replay (used at capture to
-/// fill the static inputs with the example values).
-pub(crate) fn copy_outside_replay<B: StaticBuffer, S: InputSource<B> + ?Sized>(
-    rt: &Runtime,
-    src: &S,
-    dst: &mut B,
-) -> Result<(), GraphError> {
-    let (before, after) = (timing_free_event(rt)?, timing_free_event(rt)?);
-    src.copy_into(
-        dst,
-        &Staging {
-            stream: rt.stream(),
-            before: &before,
-            after: &after,
-        },
-    )
 }

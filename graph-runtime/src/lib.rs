@@ -47,22 +47,27 @@
 //!
 //! | concept | what it is | where |
 //! | --- | --- | --- |
-//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache | [`Runtime`] |
+//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache; a cheap `Clone` handle that every graph keeps, so a graph cannot outlive it. Made on a device, or on a context or stream you already have (candle's, your own) | [`Runtime`], [`Runtime::from_context`], [`Runtime::from_stream`], [`Runtime::for_stream`] |
 //! | capture stream | the non-blocking stream that warmup, capture and replay all use; never the legacy default stream | [`Runtime::stream`] |
 //! | warmup | `warmup = N` eager runs of the body before capture, so that lazy work (NVRTC, module loads, cuBLAS heuristics, allocations) happens outside the graph | [`GraphSite::warmup`] |
 //! | capture | recording the body once into a CUDA graph; an error or panic in the body ends the capture and leaves the runtime usable | [`GraphInfo`] |
-//! | input (`&T`) | a static device buffer the graph owns; every `replay` copies the new value into it, after checking its shape | [`InputSource`], [`StaticBuffer`] |
-//! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph | generated `FooGraph<'s>` |
+//! | input (`&T`) | a static device buffer the graph owns; every `replay` checks the new value's shape and fills the buffer: a device source on the runtime's stream through the graph's own first node (one node update, no copy launch), any other source by a copy before the launch | [`InputSource`], [`StaticBuffer`], [`NodeKinds::input_copies`] |
+//! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph; its addresses are recorded at capture and checked at every replay (a buffer swapped behind the borrow is [`GraphError::StateMoved`]); `&mut` state is snapshotted around the warmup so warmup runs do not change it | [`DeviceState`], `#[derive(DeviceState)]`, generated `FooGraph<'s>` |
+//! | owned or shared state | the graph holds its state (by value, or in an `Arc`) instead of borrowing it: `FooGraph<'static>` fits in your own struct | [`StateArg`], [`StateArgMut`], [`Held`], [`HeldMut`] |
 //! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
 //! | constant (`#[constant] T`) | a host value fixed at capture; the graph replays with the captured value | generated `capture` |
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
 //! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
-//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | [`buckets`] |
+//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | [`Buckets`] |
 //! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
+//! | random numbers in your kernels | a CUDA device API (`philox_begin`, `philox_group`, `philox_end`, the library's conversions) plus the generator's state pointer: a kernel of yours draws what the library draws and stays graph-safe | [`rng::PHILOX_DEVICE_API`], [`philox_device_api!`], [`Generator::kernel_arg`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
+//! | verification | the generated `verify` runs the body eagerly on the same inputs and compares every output with the replay's (bitwise or within a tolerance); `verify = "first"`/`"every"`/`verify_every = N` do it on replays; `check_determinism` captures twice and compares the two graphs node by node | [`verify`], [`VerifyReport`], [`Tolerance`] |
+//! | inspection | node counts by kind, the graph as Graphviz, timings of capture and replay, raw handles for what the library does not wrap | [`GraphInfo`], [`Graph::write_dot`], [`GraphTimer`], [`Graph::cu_graph_exec`] |
 //! | phase | whether this thread is running eagerly, warming up or capturing | [`phase`], [`ensure_not_capturing`] |
 //! | early launch | a kernel started while the one before it finishes (programmatic dependent launch, sm_90+): it loads what no running kernel writes, then waits; captured as a programmatic graph edge | [`launch`], [`Runtime::launch_early`], [`GraphInfo::early_edges`] |
-//! | fork/join | a parallel branch on a side stream made before the capture, always rejoined | [`Runtime::fork`], [`fork_join`] |
+//! | fork/join | a parallel branch on a side stream made before the capture, always rejoined; the branch borrows the buffers it reads and writes, so the borrow checker rejects a race between the branches | [`Runtime::fork`], [`fork_join`], [`ForkedStream`] |
+//! | collectives (feature `nccl`) | NCCL all-reduce, all-gather, reduce-scatter and broadcast on the runtime's stream, one thread and runtime per GPU; every rank captures together and the ranks' collective sequences are compared before instantiation | `graph_runtime::nccl` (`CommGroup`, `Communicator`) |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
@@ -101,16 +106,28 @@
 
 pub use cudarc;
 pub use graph_macros::cuda_graph;
+/// The `half` crate, whose `f16` and `bf16` are the 16-bit element types generators fill.
+pub use half;
 
-pub mod buckets;
+mod buckets;
 mod buffer;
 mod capture;
+mod driver;
 mod error;
+mod fingerprint;
 mod fork;
 mod graph;
+mod inputs;
 pub mod launch;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+mod phase;
+mod region;
 pub mod rng;
 mod runtime;
+pub mod state;
+mod timer;
+pub mod verify;
 
 #[doc(hidden)]
 pub mod __private;
@@ -120,14 +137,20 @@ pub mod __private;
 #[doc = include_str!("coverage.md")]
 pub mod coverage {}
 
-pub use buffer::{InputSource, StaticBuffer};
-pub use capture::{ensure_not_capturing, is_capturing, phase, CaptureMode, GraphSite, Phase};
-pub use error::{BoxError, GraphError};
-pub use fork::{fork_join, ForkedStream};
-pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance, Staging};
+pub use buckets::Buckets;
+pub use buffer::{InputSource, Staging, StaticBuffer};
+pub use capture::{CaptureMode, GraphSite};
+pub use error::{BoxError, GraphError, When};
+pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
+pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};
+pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
-pub use rng::{Generator, RngState};
-pub use runtime::{driver_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
+pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
+pub use rng::{Generator, RngKernelArg, RngState};
+pub use runtime::{driver_available, function, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
+pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
+pub use timer::GraphTimer;
+pub use verify::{Tolerance, VerifyReport};
 
 use std::sync::Arc;
 

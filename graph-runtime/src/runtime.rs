@@ -9,8 +9,9 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use crate::capture;
+use crate::driver;
 use crate::error::GraphError;
+use crate::phase::refuse_while_capturing;
 use crate::rng::{Generator, GeneratorInner, DEFAULT_SEED};
 
 /// Bytes of cuBLAS workspace the runtime sets up front. cuBLAS otherwise allocates its
@@ -33,18 +34,29 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// produces a graph's inputs on [`Runtime::stream`] (or make that stream wait for yours,
 /// `rt.stream().join(&yours)`), and replays copy inputs in order.
 ///
+/// # A handle
+/// `Runtime` is a cheap handle: `clone()` gives another handle to the same device, stream
+/// and caches. Every graph keeps one, so a graph never outlives the context, the stream, the
+/// kernels and the generators it was captured with: dropping your last handle while a graph
+/// lives only drops a reference.
+///
 /// # Threads
 /// `Runtime` is `Send + Sync`. Captures on one runtime are serialised; a replay attempted
 /// from another thread while a capture records is refused with
 /// [`GraphError::StreamCapturing`] instead of being recorded into the wrong graph.
+#[derive(Clone)]
 pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     // Field order is drop order: the cuBLAS handle goes before its workspace, both before
     // the stream, the stream before the context.
     blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
-    kernels: Mutex<HashMap<SourceKey, LoadedModule>>,
+    kernels: Mutex<KernelCache>,
     capture_lock: Mutex<()>,
-    gate: Arc<StreamGate>,
+    gate: StreamGate,
     rng: Generator,
     generators: Mutex<Vec<Weak<GeneratorInner>>>,
     stream: Arc<CudaStream>,
@@ -56,20 +68,116 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("ordinal", &self.ctx.ordinal())
-            .field("compute_capability", &self.compute_capability)
+            .field("ordinal", &self.inner.ctx.ordinal())
+            .field("compute_capability", &self.inner.compute_capability)
             .finish_non_exhaustive()
     }
 }
 
-struct LoadedModule {
+/// Where a module comes from: CUDA C++ for NVRTC, or PTX text.
+#[derive(Clone, Copy)]
+enum ModuleSource<'a> {
+    Cuda(&'a str),
+    Ptx(&'a str),
+}
+
+impl ModuleSource<'_> {
+    fn text(&self) -> &str {
+        match self {
+            ModuleSource::Cuda(t) | ModuleSource::Ptx(t) => t,
+        }
+    }
+
+    fn is_ptx(&self) -> bool {
+        matches!(self, ModuleSource::Ptx(_))
+    }
+}
+
+/// The modules one runtime has loaded, each with the functions looked up so far.
+#[derive(Default)]
+struct KernelCache {
+    /// The address and length of a source text last seen for a module: the fast path for
+    /// sources passed again from the same place (a `const`); confirmed by comparing text.
+    by_address: HashMap<(usize, usize), usize>,
+    modules: Vec<CachedModule>,
+}
+
+struct CachedModule {
+    source: String,
+    ptx: bool,
+    options: Vec<String>,
     module: Arc<CudaModule>,
     functions: HashMap<String, CudaFunction>,
 }
 
-/// Identity of a `&'static str` kernel source: its address and length. Two different
-/// static sources never share both, so this is a safe and cheap cache key.
-type SourceKey = (usize, usize);
+impl CachedModule {
+    fn matches(&self, source: ModuleSource<'_>, options: &[&str]) -> bool {
+        self.ptx == source.is_ptx()
+            && self.source == source.text()
+            && self
+                .options
+                .iter()
+                .map(String::as_str)
+                .eq(options.iter().copied())
+    }
+}
+
+impl KernelCache {
+    fn find(&mut self, source: ModuleSource<'_>, options: &[&str]) -> Option<usize> {
+        let text = source.text();
+        let key = (text.as_ptr() as usize, text.len());
+        if let Some(&i) = self.by_address.get(&key) {
+            if self.modules[i].matches(source, options) {
+                return Some(i);
+            }
+        }
+        let i = self
+            .modules
+            .iter()
+            .position(|m| m.matches(source, options))?;
+        self.by_address.insert(key, i);
+        Some(i)
+    }
+
+    fn insert(
+        &mut self,
+        source: ModuleSource<'_>,
+        options: &[&str],
+        module: Arc<CudaModule>,
+    ) -> usize {
+        let text = source.text();
+        self.modules.push(CachedModule {
+            source: text.to_owned(),
+            ptx: source.is_ptx(),
+            options: options.iter().map(|o| (*o).to_owned()).collect(),
+            module,
+            functions: HashMap::new(),
+        });
+        let i = self.modules.len() - 1;
+        self.by_address
+            .insert((text.as_ptr() as usize, text.len()), i);
+        i
+    }
+}
+
+/// Every live runtime by its stream, so that a body whose context is the stream can reach
+/// the runtime's kernel cache ([`Runtime::for_stream`]).
+type Registry = Vec<(Weak<CudaStream>, Weak<Inner>)>;
+static REGISTRY: Mutex<Registry> = Mutex::new(Vec::new());
+
+/// Kernel `name` of `source` through the runtime of `stream` (see [`Runtime::for_stream`]):
+/// for a `#[cuda_graph]` body whose context parameter is the stream.
+///
+/// Fails with [`GraphError::NoRuntimeForStream`] when no runtime was made for `stream`.
+pub fn function(
+    stream: &Arc<CudaStream>,
+    source: &str,
+    name: &str,
+) -> Result<CudaFunction, GraphError> {
+    Runtime::for_stream(stream)
+        .ok_or(GraphError::NoRuntimeForStream)?
+        .function(source, name)
+}
 
 /// Whether a CUDA driver library is on this machine. cudarc panics on first use without
 /// one, so the runtime asks this before touching the driver.
@@ -110,9 +218,6 @@ impl Runtime {
         if ordinal >= count {
             return Err(GraphError::NoDevice { ordinal, count });
         }
-        if !cublas_available() {
-            return Err(GraphError::MissingLibrary { library: "cublas" });
-        }
         let ctx = CudaContext::new(ordinal)?;
         // SAFETY: the context was created just now and nothing has been allocated from it
         // through this handle; the runtime issues all of its own work on one stream, and the
@@ -120,13 +225,70 @@ impl Runtime {
         // condition `disable_event_tracking` places on its caller.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        Self::assemble(ctx, stream)
+    }
+
+    /// A runtime on a context you created (candle's `CudaDevice`, a context of your own):
+    /// it creates its own capture stream on that context.
+    ///
+    /// A second stream makes cudarc synchronise every buffer of the context through events
+    /// when event tracking is on, and a capture cannot wait on events recorded before it
+    /// (CUDA error 905). So the context must have event tracking off; if it is on, this is
+    /// [`GraphError::EventTracking`], which says how to turn it off, or to use
+    /// [`Runtime::from_stream`] with the one stream you already use.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Self, GraphError> {
+        if ctx.is_event_tracking() {
+            return Err(GraphError::EventTracking {
+                during: "creating a runtime with its own stream on your context",
+            });
+        }
+        let stream = ctx.new_stream()?;
+        Self::assemble(ctx, stream)
+    }
+
+    /// A runtime that captures and replays on `stream`, a stream you created (for candle,
+    /// `CudaDevice::cuda_stream()`): graphs then run in order with the rest of your work on
+    /// that stream, and buffers made before the runtime existed are used as they are.
+    ///
+    /// The stream must not be the legacy default stream or the per-thread default stream:
+    /// CUDA cannot capture them ([`GraphError::DefaultStream`]). The context's event
+    /// tracking may stay on as long as the context has this one stream (cudarc then records
+    /// no waits); once it has several, a capture is refused with
+    /// [`GraphError::EventTracking`] instead of failing with CUDA error 905, and so is a
+    /// [`Runtime::fork`] that would create a side stream.
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self, GraphError> {
+        let raw = stream.cu_stream() as usize;
+        if raw == 0 || raw == 0x2 {
+            return Err(GraphError::DefaultStream);
+        }
+        let ctx = stream.context().clone();
+        Self::assemble(ctx, stream)
+    }
+
+    /// The runtime of `stream`, if one was made for it (by [`Runtime::new`],
+    /// [`Runtime::from_context`] or [`Runtime::from_stream`]) and is still alive: how a body
+    /// whose context parameter is the stream reaches the kernel cache (see [`function`]).
+    pub fn for_stream(stream: &Arc<CudaStream>) -> Option<Runtime> {
+        let registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+        registry
+            .iter()
+            .filter(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(stream)))
+            .find_map(|(_, inner)| inner.upgrade())
+            .map(|inner| Runtime { inner })
+    }
+
+    fn assemble(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, GraphError> {
+        if !cublas_available() {
+            return Err(GraphError::MissingLibrary { library: "cublas" });
+        }
+        ctx.bind_to_thread()?;
         let blas = CudaBlas::new(stream.clone())?;
         let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
         {
             use cudarc::driver::DevicePtr;
             let (ptr, _sync) = workspace.device_ptr(&stream);
             // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES
-            // bytes that outlive the handle (the field order of `Runtime` drops the handle
+            // bytes that outlive the handle (the field order of `Inner` drops the handle
             // first) and are only used by this handle's stream.
             unsafe {
                 cudarc::cublas::sys::cublasSetWorkspace_v2(
@@ -143,41 +305,55 @@ impl Runtime {
         )? as u32;
         stream.synchronize()?;
         tracing::debug!(
-            ordinal,
+            ordinal = ctx.ordinal(),
             device = %ctx.name().unwrap_or_default(),
             ?compute_capability,
+            event_tracking = ctx.is_event_tracking(),
             "cuda-graph runtime ready"
         );
         let rng = Generator::create(&stream, DEFAULT_SEED)?;
-        Ok(Runtime {
+        let inner = Arc::new(Inner {
             blas,
             _blas_workspace: workspace,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(KernelCache::default()),
             capture_lock: Mutex::new(()),
-            gate: Arc::new(StreamGate::default()),
+            gate: StreamGate::default(),
             generators: Mutex::new(vec![rng.downgrade()]),
             rng,
             stream,
             ctx,
             compute_capability,
             multiprocessors,
-        })
+        });
+        let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+        registry.retain(|(s, i)| s.strong_count() > 0 && i.strong_count() > 0);
+        registry.push((Arc::downgrade(&inner.stream), Arc::downgrade(&inner)));
+        Ok(Runtime { inner })
+    }
+
+    /// Refuses a capture (or a new side stream) on a context whose cudarc event tracking is
+    /// active, naming what was about to happen.
+    pub(crate) fn refuse_event_tracking(&self, during: &'static str) -> Result<(), GraphError> {
+        if self.inner.ctx.is_managing_stream_synchronization() {
+            return Err(GraphError::EventTracking { during });
+        }
+        Ok(())
     }
 
     /// The CUDA context (device) of this runtime.
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        &self.inner.ctx
     }
 
     /// The stream every warmup, capture and replay runs on. Launch the body's kernels here.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.inner.stream
     }
 
     /// The cuBLAS handle, bound to [`Runtime::stream`], with its workspace set so that GEMMs
     /// can be captured.
     pub fn blas(&self) -> &CudaBlas {
-        &self.blas
+        &self.inner.blas
     }
 
     /// An [early launch](crate::launch) of `func` on [`Runtime::stream`]: the kernel may start
@@ -185,36 +361,68 @@ impl Runtime {
     /// graph edge. The kernel must wait with `griddepcontrol.wait` before reading what
     /// earlier kernels wrote; see [`crate::launch`].
     pub fn launch_early<'a>(&'a self, func: &'a CudaFunction) -> crate::EarlyLaunch<'a> {
-        crate::EarlyLaunch::new(&self.stream, func)
+        crate::EarlyLaunch::new(&self.inner.stream, func)
     }
 
     /// The device's compute capability, e.g. `(9, 0)` on an H100.
     pub fn compute_capability(&self) -> (i32, i32) {
-        self.compute_capability
+        self.inner.compute_capability
     }
 
     /// Returns kernel `name` from the CUDA C++ `source`, compiling it with NVRTC for this
     /// device the first time the process sees that source and loading it into this context
-    /// the first time this runtime asks. Later calls are a hash-map lookup.
+    /// the first time this runtime asks. Later calls are a hash-map lookup (and a comparison
+    /// of the source text, so a source built at run time is safe to pass too).
     ///
     /// Call it freely inside a `#[cuda_graph]` body: the warmup runs compile and load the
-    /// module, so the capture only looks it up.
-    pub fn function(&self, source: &'static str, name: &str) -> Result<CudaFunction, GraphError> {
-        let key = (source.as_ptr() as usize, source.len());
-        let mut kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = kernels.get(&key).and_then(|m| m.functions.get(name)) {
-            return Ok(f.clone());
-        }
-        let entry = match kernels.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let ptx = compile_cached(source, self.compute_capability)?;
-                v.insert(LoadedModule {
-                    module: self.ctx.load_module(ptx)?,
-                    functions: HashMap::new(),
-                })
+    /// module, so the capture only looks it up. The module stays loaded as long as the
+    /// runtime (and every graph, which keeps the runtime alive).
+    pub fn function(&self, source: &str, name: &str) -> Result<CudaFunction, GraphError> {
+        self.function_with(source, name, &[])
+    }
+
+    /// [`Runtime::function`] with extra NVRTC options (for example `"--use_fast_math"`);
+    /// the target architecture is always this device's.
+    pub fn function_with(
+        &self,
+        source: &str,
+        name: &str,
+        options: &[&str],
+    ) -> Result<CudaFunction, GraphError> {
+        self.cached_function(ModuleSource::Cuda(source), name, options)
+    }
+
+    /// Kernel `name` from PTX text you compiled yourself (with `nvcc -ptx`, or NVRTC with
+    /// options of your own), loaded into this context once.
+    pub fn function_from_ptx(&self, ptx: &str, name: &str) -> Result<CudaFunction, GraphError> {
+        self.cached_function(ModuleSource::Ptx(ptx), name, &[])
+    }
+
+    fn cached_function(
+        &self,
+        source: ModuleSource<'_>,
+        name: &str,
+        options: &[&str],
+    ) -> Result<CudaFunction, GraphError> {
+        crate::phase::note_kernel_lookup(name);
+        let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match cache.find(source, options) {
+            Some(i) => i,
+            None => {
+                let ptx = match source {
+                    ModuleSource::Cuda(text) => {
+                        compile_cached(text, options, self.inner.compute_capability)?
+                    }
+                    ModuleSource::Ptx(text) => Ptx::from_src(text),
+                };
+                let module = self.inner.ctx.load_module(ptx)?;
+                cache.insert(source, options, module)
             }
         };
+        let entry = &mut cache.modules[index];
+        if let Some(f) = entry.functions.get(name) {
+            return Ok(f.clone());
+        }
         let f = entry
             .module
             .load_function(name)
@@ -227,13 +435,13 @@ impl Runtime {
 
     /// Streaming multiprocessors on the device.
     pub fn multiprocessors(&self) -> u32 {
-        self.multiprocessors
+        self.inner.multiprocessors
     }
 
     /// The runtime's default random generator (seed [`DEFAULT_SEED`](crate::rng::DEFAULT_SEED)).
     /// Every graph may draw from it with no registration; see [`crate::rng`].
     pub fn rng(&self) -> &Generator {
-        &self.rng
+        &self.inner.rng
     }
 
     /// A new random generator starting at `seed`, offset 0. The runtime remembers it so that
@@ -242,14 +450,14 @@ impl Runtime {
     /// Inside a captured body this is refused with [`GraphError::GeneratorInCapture`].
     #[track_caller]
     pub fn generator(&self, seed: u64) -> Result<Generator, GraphError> {
-        if let crate::capture::Phase::Capture { graph } = crate::capture::phase() {
-            return Err(GraphError::GeneratorInCapture {
-                graph,
-                location: Location::caller(),
-            });
-        }
-        let g = Generator::create(&self.stream, seed)?;
-        let mut all = self.generators.lock().unwrap_or_else(|p| p.into_inner());
+        let location = Location::caller();
+        refuse_while_capturing(|graph| GraphError::GeneratorInCapture { graph, location })?;
+        let g = Generator::create(&self.inner.stream, seed)?;
+        let mut all = self
+            .inner
+            .generators
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         all.retain(|w| w.strong_count() > 0);
         all.push(g.downgrade());
         Ok(g)
@@ -257,7 +465,11 @@ impl Runtime {
 
     /// Every generator created from this runtime that is still alive.
     pub(crate) fn live_generators(&self) -> Vec<Generator> {
-        let all = self.generators.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self
+            .inner
+            .generators
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         all.iter()
             .filter_map(Weak::upgrade)
             .map(Generator::from_inner)
@@ -270,8 +482,13 @@ impl Runtime {
     /// caller's line, before CUDA sees it, so the capture is not invalidated.
     #[track_caller]
     pub fn synchronize(&self) -> Result<(), GraphError> {
-        capture::refuse_in_capture("Runtime::synchronize", Location::caller())?;
-        self.stream.synchronize()?;
+        let location = Location::caller();
+        refuse_while_capturing(|graph| GraphError::SyncInCapture {
+            op: "Runtime::synchronize",
+            graph,
+            location,
+        })?;
+        self.inner.stream.synchronize()?;
         Ok(())
     }
 
@@ -281,20 +498,10 @@ impl Runtime {
     /// needs, not the sum. The figures are the device's, across runtimes.
     pub fn graph_memory(&self) -> Result<GraphMemory, GraphError> {
         use cudarc::driver::sys::CUgraphMem_attribute as A;
+        self.inner.ctx.bind_to_thread()?;
+        let device = self.inner.ctx.cu_device();
         let read = |attr: A| -> Result<usize, GraphError> {
-            let mut v: u64 = 0;
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the device is valid for this context and `v` is the 64-bit value the
-            // attribute query writes.
-            unsafe {
-                cudarc::driver::sys::cuDeviceGetGraphMemAttribute(
-                    self.ctx.cu_device(),
-                    attr,
-                    (&mut v as *mut u64).cast(),
-                )
-            }
-            .result()?;
-            Ok(v as usize)
+            Ok(driver::graph_mem_attribute(device, attr)? as usize)
         };
         Ok(GraphMemory {
             used: read(A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
@@ -307,21 +514,12 @@ impl Runtime {
     /// Resets the high-water marks of [`Runtime::graph_memory`] to the current values.
     pub fn reset_graph_memory_high(&self) -> Result<(), GraphError> {
         use cudarc::driver::sys::CUgraphMem_attribute as A;
-        self.ctx.bind_to_thread()?;
+        self.inner.ctx.bind_to_thread()?;
         for attr in [
             A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
             A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
         ] {
-            let mut zero: u64 = 0;
-            // SAFETY: resetting a high-water mark takes a pointer to a 64-bit zero.
-            unsafe {
-                cudarc::driver::sys::cuDeviceSetGraphMemAttribute(
-                    self.ctx.cu_device(),
-                    attr,
-                    (&mut zero as *mut u64).cast(),
-                )
-            }
-            .result()?;
+            driver::reset_graph_mem_high(self.inner.ctx.cu_device(), attr)?;
         }
         Ok(())
     }
@@ -329,32 +527,65 @@ impl Runtime {
     /// Gives physical graph memory that no live graph uses back to the device. Dropping a
     /// graph with temporaries does this already.
     pub fn trim_graph_memory(&self) -> Result<(), GraphError> {
-        self.ctx.bind_to_thread()?;
-        // SAFETY: trims the pool of this context's device; no other precondition.
-        unsafe { cudarc::driver::sys::cuDeviceGraphMemTrim(self.ctx.cu_device()) }.result()?;
+        self.inner.ctx.bind_to_thread()?;
+        driver::graph_mem_trim(self.inner.ctx.cu_device())?;
         Ok(())
     }
 
     /// Free and total device memory in bytes, as the driver reports them.
     pub fn mem_info(&self) -> Result<(usize, usize), GraphError> {
-        Ok(self.ctx.mem_get_info()?)
+        Ok(self.inner.ctx.mem_get_info()?)
     }
 
-    pub(crate) fn gate(&self) -> &Arc<StreamGate> {
-        &self.gate
+    /// Adds what the runtime knows to an out-of-memory error: what it was doing, the size
+    /// asked for, and the device's free memory now. Other errors pass through.
+    pub(crate) fn oom_context(
+        &self,
+        e: GraphError,
+        during: impl FnOnce() -> String,
+        requested: Option<usize>,
+    ) -> GraphError {
+        if !e.is_out_of_memory() {
+            return e;
+        }
+        let requested = requested.or_else(|| e.requested_bytes());
+        GraphError::OutOfMemory {
+            during: during(),
+            requested_bytes: requested,
+            free_bytes: self.mem_info().ok().map(|(free, _)| free),
+        }
+    }
+
+    /// Clears an error cudarc recorded on the context (from a call that cannot return one,
+    /// such as a buffer's drop) and returns it.
+    pub(crate) fn take_recorded_error(&self) -> Option<cudarc::driver::DriverError> {
+        self.inner.ctx.check_err().err()
+    }
+
+    pub(crate) fn gate(&self) -> &StreamGate {
+        &self.inner.gate
     }
 
     pub(crate) fn capture_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.capture_lock.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner
+            .capture_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether two handles are the same runtime.
+    pub fn same(&self, other: &Runtime) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
 /// NVRTC output shared by every runtime of the process, keyed by source text and target.
-fn compile_cached(source: &str, cc: (i32, i32)) -> Result<Ptx, GraphError> {
-    type PtxCache = Mutex<HashMap<(String, (i32, i32)), Ptx>>;
+fn compile_cached(source: &str, options: &[&str], cc: (i32, i32)) -> Result<Ptx, GraphError> {
+    type PtxCache = Mutex<HashMap<(String, Vec<String>, (i32, i32)), Ptx>>;
     static CACHE: OnceLock<PtxCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (source.to_owned(), cc);
+    let options: Vec<String> = options.iter().map(|o| (*o).to_owned()).collect();
+    let key = (source.to_owned(), options.clone(), cc);
     if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
@@ -363,8 +594,10 @@ fn compile_cached(source: &str, cc: (i32, i32)) -> Result<Ptx, GraphError> {
     }
     let name = kernel_label(source);
     let started = std::time::Instant::now();
+    let mut flags = vec![format!("--gpu-architecture=sm_{}{}", cc.0, cc.1)];
+    flags.extend(options);
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=sm_{}{}", cc.0, cc.1)],
+        options: flags,
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| match e {

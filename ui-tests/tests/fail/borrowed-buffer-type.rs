@@ -1,4 +1,5 @@
-// A view as an input: the graph must own its static buffers.
+// A view as an input (here with its lifetime written; `CudaView<f32>` with it elided gets
+// the same error): the graph must own its static buffers.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 use graph_runtime::cudarc::driver::CudaView;

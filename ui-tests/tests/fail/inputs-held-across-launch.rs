@@ -11,9 +11,9 @@ fn copy(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), 
 #[allow(dead_code)]
 fn run(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
     let mut graph = CopyGraph::capture(rt, x, x.len())?;
-    let inputs = graph.inputs_mut();
+    let mut inputs = graph.inputs_mut();
     let _out = graph.launch()?;
-    rt.stream().memcpy_htod(&[1.0f32; 16], inputs.x)?;
+    rt.stream().memcpy_htod(&[1.0f32; 16], &mut inputs.x)?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ fn two_branches(
     b: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
     rt.fork(|side| {
-        side.memcpy_dtod(x, a)?; // side branch
+        side.memcpy(side.read(x), side.write(a))?; // side branch, borrowed until the join
         rt.stream().memcpy_dtod(x, b)?; // concurrently, on the runtime's stream
         Ok(())
     })?;
@@ -29,9 +29,8 @@ fn on_a_stream(
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
     let n = fork_join(stream, |side| {
-        let mut scratch = side.alloc_zeros::<f32>(x.len())?;
-        side.memcpy_dtod(x, &mut scratch)?;
-        drop(scratch); // side temporaries are freed inside the closure
+        let scratch = side.scratch::<f32>(x.len())?; // freed on the side stream before the join
+        side.memcpy(side.read(x), scratch)?;
         Ok(x.len())
     })?;
     assert_eq!(n, y.len());

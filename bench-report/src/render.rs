@@ -1,0 +1,250 @@
+//! The report's three outputs: Markdown (`report.md`), JSON (`report.json`) and the SVG
+//! figure (`speedup.svg`).
+
+use serde_json::{json, Map, Value};
+
+use crate::record::{Record, Side};
+use crate::summary::{measured, Report};
+use crate::svg::{self, Panel, Series};
+use crate::table::Table;
+
+impl Report {
+    /// The SVG figure: speedup against kernels per graph, and against batch size.
+    pub fn svg(&self) -> String {
+        let speedups = |side: Side, bench: &str, x: &str| -> Vec<(f64, f64)> {
+            let mut v: Vec<(f64, f64)> = self
+                .of(side, bench)
+                .filter_map(|r| Some((r.shape_num(x)?, r.speedup())))
+                .collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            v
+        };
+        let line = |label: &str, points, color: &str, dashed| Series {
+            label: label.to_owned(),
+            points,
+            color: color.to_owned(),
+            line: true,
+            dashed,
+        };
+        let mut a = Panel {
+            title: "Speedup against kernels per graph".into(),
+            x_label: "kernels per call (kernel nodes of the graph)".into(),
+            y_label: "eager time / graph time".into(),
+            series: vec![
+                line(
+                    "ours: chain of tiny kernels",
+                    speedups(Side::Ours, "chain", "kernels_n"),
+                    "#1f77b4",
+                    false,
+                ),
+                line(
+                    "PyTorch: chain",
+                    speedups(Side::Torch, "chain", "kernels_n"),
+                    "#ff7f0e",
+                    true,
+                ),
+            ],
+        };
+        let colors = ["#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+        // One point per model workload of ours: the MLP at batch 1 and every benchmark
+        // that is neither the MLP sweep nor the chain.
+        let models: Vec<&Record> = self
+            .records
+            .iter()
+            .filter(|r| r.side == Side::Ours)
+            .filter(|r| match r.bench.as_str() {
+                "mlp" => r.shape_num("batch") == Some(1.0),
+                "chain" => false,
+                _ => true,
+            })
+            .collect();
+        for (i, r) in models.iter().enumerate() {
+            if let (Some(k), true) = (r.kernels, measured(r)) {
+                let label = match r.bench.as_str() {
+                    "mlp" => "MLP b=1".to_owned(),
+                    b => b.replace('_', " "),
+                };
+                a.series.push(Series {
+                    label,
+                    points: vec![(k as f64, r.speedup())],
+                    color: colors[i % colors.len()].into(),
+                    line: false,
+                    dashed: false,
+                });
+            }
+        }
+        let b = Panel {
+            title: "MLP 16×(Linear 512→512+GELU): speedup against batch size".into(),
+            x_label: "batch size".into(),
+            y_label: "eager time / graph time".into(),
+            series: vec![
+                line(
+                    "ours",
+                    speedups(Side::Ours, "mlp", "batch"),
+                    "#1f77b4",
+                    false,
+                ),
+                line(
+                    "PyTorch",
+                    speedups(Side::Torch, "mlp", "batch"),
+                    "#ff7f0e",
+                    true,
+                ),
+            ],
+        };
+        let footer: Vec<String> = self
+            .env
+            .iter()
+            .take(6)
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        svg::render("CUDA graphs: eager vs graph replay", &[a, b], &footer)
+    }
+
+    /// The whole report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut md = String::from("# CUDA graphs benchmark report\n\n");
+        md.push_str("## Machine and libraries\n\n");
+        let mut env = Table::new(&["what", "value"]);
+        for (k, v) in &self.env {
+            env.row(vec![k.clone(), v.clone()]);
+        }
+        md.push_str(&env.to_markdown());
+        md.push_str(
+            "\n## Eager against graph, ours and PyTorch\n\nMicroseconds per call of the workload's unit: one forward (MLP), one token (decode), one training step, one whole chain. Graph times include copying new inputs into the graph (`replay`, PyTorch's `copy_` + `replay`) where the workload has inputs. Each figure is a median of 7 measurements of back-to-back calls.\n\n",
+        );
+        md.push_str(&self.summary_table().to_markdown());
+        md.push_str("\n## Targets\n\n");
+        for t in self.targets() {
+            md.push_str(&format!("- {t}\n"));
+        }
+        md.push_str("\n## Where graphs stop helping\n\n");
+        for t in self.where_graphs_stop_helping() {
+            md.push_str(&format!("- {t}\n"));
+        }
+        md.push_str("\n## Eager and graph agree\n\n");
+        let mut checks = Table::new(&["workload", "check", "result"]);
+        for r in self.records.iter().filter(|r| r.side == Side::Ours) {
+            if let Some(check) = &r.check {
+                checks.row(vec![
+                    r.what.clone(),
+                    check.clone(),
+                    match r.agree {
+                        Some(true) => "agree".to_owned(),
+                        Some(false) => "DIFFER".to_owned(),
+                        None => "–".to_owned(),
+                    },
+                ]);
+            }
+        }
+        if checks.rows.is_empty() {
+            md.push_str("No agreement checks were recorded: no model example produced a record.\n");
+        } else {
+            md.push_str(&checks.to_markdown());
+        }
+        md.push_str("\n## Programs run\n\n");
+        let mut runs = Table::new(&["program", "status", ">seconds", ">records"]);
+        for r in &self.runs {
+            runs.row(vec![
+                r.name.clone(),
+                if r.ok {
+                    "ok".to_owned()
+                } else {
+                    format!("FAILED: {}", r.detail)
+                },
+                format!("{:.1}", r.seconds),
+                r.records.to_string(),
+            ]);
+        }
+        md.push_str(&runs.to_markdown());
+        md.push_str("\n![speedup](speedup.svg)\n");
+        md
+    }
+
+    /// The whole report as JSON.
+    pub fn json(&self) -> Value {
+        let env: Map<String, Value> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        let summary: Vec<Value> = self
+            .summary()
+            .iter()
+            .map(|r| {
+                json!({
+                    "workload": r.key,
+                    "what": r.what,
+                    "ours_eager_us": r.ours_eager(),
+                    "ours_graph_us": r.ours_graph(),
+                    "ours_speedup": r.ours_speedup(),
+                    "torch_eager_us": r.torch_eager(),
+                    "torch_graph_us": r.torch_graph(),
+                    "torch_speedup": r.torch_speedup(),
+                    "ours_graph_over_torch_graph": r.graph_ratio(),
+                    "shape_mismatch": r.shape_mismatch,
+                })
+            })
+            .collect();
+        json!({
+            "env": env,
+            "runs": self.runs,
+            "summary": summary,
+            "targets": self.targets(),
+            "where_graphs_stop_helping": self.where_graphs_stop_helping(),
+            "records": self.records,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::summary::tests::sample;
+    use crate::summary::Report;
+
+    #[test]
+    fn markdown() {
+        let md = sample().markdown();
+        assert!(md.contains("| GPU | Test GPU |"));
+        assert!(md.contains("| MLP 16×(Linear 512→512+GELU), batch 1 | 400.0 | 80.0 | 5.00× | 485.0 | 103.0 | 4.71× | 0.78 |"), "{md}");
+        assert!(md.contains("(shapes differ: batch)"));
+        assert!(md.contains("## Where graphs stop helping"));
+        assert!(md.contains("| 04-mlp-inference | ok | 1.5 | 3 |"));
+        assert!(
+            md.contains("| train step + dropout | loss curve bitwise | DIFFER |"),
+            "{md}"
+        );
+        assert!(Report::default().markdown().contains("No agreement checks"));
+    }
+
+    #[test]
+    fn json() {
+        let j = sample().json();
+        let text = serde_json::to_string_pretty(&j).unwrap();
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["summary"].as_array().map(Vec::len), Some(6));
+        assert_eq!(back["env"]["GPU"], "Test GPU");
+        assert_eq!(back["runs"][0]["name"], "04-mlp-inference");
+        assert_eq!(back["records"].as_array().map(Vec::len), Some(9));
+        // Unmeasured figures are null, as JSON has no NaN.
+        assert!(back["summary"][2]["torch_eager_us"].is_null());
+        let records: Vec<crate::record::Record> =
+            serde_json::from_value(back["records"].clone()).unwrap();
+        assert_eq!(records[..8], sample().records[..8]);
+    }
+
+    #[test]
+    fn svg() {
+        let svg = sample().svg();
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            2,
+            "ours and PyTorch MLP lines"
+        );
+        assert!(svg.contains("MLP b=1") && svg.contains("decode") && svg.contains("train"));
+        assert!(
+            !svg.contains("dropout"),
+            "a record without timings is no point"
+        );
+    }
+}

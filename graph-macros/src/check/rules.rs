@@ -1,0 +1,641 @@
+//! The rule table: every mistake `#[cuda_graph]` rejects in a body, one row each, with its
+//! message. This is the only place that knows a name; the walker (`walk.rs`) only asks the
+//! table whether a construct matches.
+//!
+//! The macro sees tokens, not types, so every rule matches **names** (of methods, paths and
+//! macros), helped by what the signature says about the parameters (their roles and declared
+//! types, from the model) and by what the body's own `let`s show (`scope.rs`):
+//!
+//! * **a pattern is not a call**: paths inside patterns (`match` arms, `if let`, closure
+//!   parameters) are never matched, and a rule about a module or a type of the standard
+//!   library or of a crate (`fs`, `File`, `rand`) needs a path *through* it (`File::create`,
+//!   `fs::write`): a path that ends at the name (`Sink::File`, `Sink::File(path)`) is an enum
+//!   variant or a type of the user's;
+//! * **a method of the user's own type is the user's**: a method rule is not applied when the
+//!   receiver is provably a value of a type the user declared (a parameter or a local whose
+//!   declared type is neither cudarc's, nor the runtime's, nor a random generator's, nor the
+//!   standard library's; a local bound to `Type { … }`, `Type::new(…)`, `Type::default()`,
+//!   `Type::with_…(…)`, `Type::from…(…)`, or to a reference or `.clone()` of such a value).
+//!   A receiver the macro cannot classify (a field, a method chain, a closure parameter, a
+//!   local bound to a call of a function) is judged by the name alone, so a real CUDA call is
+//!   never let through because of what a helper might return. A call written as a path on a
+//!   cudarc or runtime type (`CudaStream::synchronize(s)`) is judged like the method call.
+//!
+//! | rule | what it matches | CUDA failure / consequence | known false positives | known false negatives |
+//! | --- | --- | --- | --- | --- |
+//! | `host-sync` | `.synchronize()`, `CudaStream::synchronize(s)` (any cudarc or runtime type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a `synchronize` method on a receiver the macro cannot classify (a field, a method chain) | a sync inside a helper fn; a user type that derefs to a stream, or a type alias of one (the runtime's own `Runtime::synchronize` is refused at run time with `GraphError::SyncInCapture`) |
+//! | `device-to-host` | `.clone_dtoh()`, `.memcpy_dtoh()`, `.memcpy_dtov()`, cudarc's older `dtoh_sync_copy*`, `sync_reclaim`; `result::memcpy_dtoh_async`, `sys::cuMemcpyDtoHAsync` | copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`) or 900 | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (caught at run time by the runtime's graph inspection) |
+//! | `host-to-device` | `.clone_htod()`, `.memcpy_htod()`, `.memcpy_stod()`, older `htod_*copy*`, unless the source is a pinned buffer (a parameter declared as `PinnedHostSlice`); `result::memcpy_htod_async`, `sys::cuMemcpyHtoDAsync` | host address recorded (`GraphError::PageableCopyCaptured`) | a copy from a pinned buffer reached under another name (legal): move it into a helper fn | copies inside helper fns (caught at run time) |
+//! | `raw-sync-memory-op` | the synchronous memory calls of cudarc's raw layers: `result::memcpy_{htod,dtoh,dtod}_sync`, `memset_d8_sync`, `malloc_sync`, `free_sync`, `memory_free`; `sys::cuMemcpy{HtoD,DtoH,DtoD,,Peer,2D,3D}`, `cuMemsetD{8,16,32}`, `cuMemAlloc`, `cuMemFree` | nothing recorded, no replay repeats it: runs in the warmup runs, and while capturing is refused (900) or runs once outside the graph | functions of your own with these names | raw calls reached through other names |
+//! | `device-value-formatted` | a formatting macro (`println!`, `format!`, `dbg!`, `panic!`, `assert!`, the `log`/`tracing` macros, …) given a device buffer of the body: an input or output, a state parameter whose declared type is not host data (a collection, a scalar, a generator, a type of your own), a local bound to `alloc_zeros`/`alloc`/`clone_dtod`/`try_clone` or to another buffer | 900 if the values were read | — | buffers reached through fields or other names; a state of your own type whose `Debug` reads the device |
+//! | `host-branch-on-device-data` | an `if`/`while`/`match`/`for`/`let … else` whose condition calls a device-to-host read or names a local bound to one (block-scoped: a shadowing `let`, closure parameter or pattern clears the mark) | the graph replays the path taken at capture | — | values read in helper fns, or through raw copies |
+//! | `stream-or-event-query` | `.query()`, `.is_complete()`, `.try_is_complete()`, `.elapsed_ms()`; `result::event::{query,elapsed}`, `sys::cuEventQuery`, `cuStreamQuery`, `cuEventElapsedTime` | 900 / 907 | a `query` method on a receiver the macro cannot classify (a field of a database client) | queries inside helper fns |
+//! | `pinned-host-alloc` | `.alloc_pinned()`, `.alloc_pinned_with_flags()`, `result::malloc_host`, `sys::cuMemAllocHost`, `cuMemHostAlloc`, `cuMemHostRegister` (freeing is reported at the allocation) | 900 in `global` and `thread_local` modes | methods of your own with these names on a receiver the macro cannot classify | allocations in helper fns |
+//! | `pinned-host-read` | `.as_slice()`, `.as_mut_slice()`, `.as_ptr()`, `.as_mut_ptr()` on a parameter (or annotated local) declared as `PinnedHostSlice` | 900 (cudarc waits on the buffer's event) | — | pinned buffers reached through other names |
+//! | `legacy-default-stream` | `.default_stream()`, `.per_thread_stream()`, `result::stream::null()` | work escapes the graph (`GraphError::EmptyGraph`); 906 with a blocking capture stream | methods of your own with these names on a receiver the macro cannot classify | a legacy stream obtained before the body and passed in |
+//! | `stream-created-in-body` | `.new_stream()`, `.new_stream_with_priority()`, `.wrap_borrowed_stream()`, cudarc's `.fork()` without arguments, `result::stream::create*`, `sys::cuStreamCreate*` | 904, or 900 (seen on an H100); work that never joins the capture is not recorded | methods of your own with these names on a receiver the macro cannot classify | streams made before capture and reached through a static or a helper |
+//! | `cublas-handle-in-body` | `CudaBlas::new`, `CudaBlasLT::new` | 900 (handle destruction synchronizes the device) | a type of your own named `CudaBlas` | handles made in helper fns |
+//! | `capture-control` | `.begin_capture()`, `.end_capture()`, `result::stream::{begin,end}_capture`, `sys::cuStream{Begin,End}Capture` | 903 / a capture ended early | methods of your own with these names on a receiver the macro cannot classify | — |
+//! | `nested-graph-capture` | `SomethingGraph::capture(…)` | `GraphError::NestedCapture` | a type of your own whose name ends in `Graph` with a `capture` function | captures inside helper fns (refused at run time) |
+//! | `module-load-in-body` | `.load_module()`, `.load_ptx()`, `compile_ptx`, `compile_ptx_with_opts`, `Ptx::from_file`, `result::module::{load,load_data}`, `sys::cuModuleLoad*`, `cuLibraryLoad*` | compiled and loaded again on every warmup run and at capture; a module dropped after capture leaves the graph launching unloaded code | methods or functions of your own with these names (methods only on a receiver the macro cannot classify) | modules loaded in helper fns |
+//! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, `rayon::{spawn,scope,join}`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)` | the thread runs in warmup and capture only; its GPU work is recorded only if it lands before the capture ends | a function of your own named `spawn` | thread pools reached through methods (`pool.execute`, `par_iter`) |
+//! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`) | the values drawn at capture are replayed forever | a function of your own named `random` or `rng`; methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a type alias of the user's |
+//! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!` | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body |
+//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path) | the same | macros of your own with these names | logging inside helper fns |
+//! | `host-io` | paths through `fs`, `File`, `OpenOptions`, `TcpStream`, `TcpListener`, `UdpSocket`, `Command`; `stdin`, `stdout`, `stderr` | the same: the I/O happens at capture only | modules or types of your own with these names, used through a path (`File::create`) | I/O through handles made outside the body |
+//! | `host-sleep` | a path ending in or containing `sleep` | the same: a replay does not wait | a function of your own named `sleep` | — |
+//! | `host-bookkeeping` | `push`, `insert`, `extend`, `append`, `remove`, `pop`, `truncate`, `retain`, `drain`, `clear` (and their variants) on a parameter declared as `Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet` or `String` | the same: the collection is updated at capture only | — | collections reached through statics or fields of other parameters |
+//! | `host-clock` | `Instant::now`, `SystemTime::now` | the same: the time read at capture is frozen | types of your own with these names | clocks read in helper fns |
+//!
+//! The `host-*` rules are lifted by the `host_effects_not_replayed` attribute key, whose
+//! name states the consequence; the others cannot be lifted (each is a failed capture or a
+//! wrong graph). Functions, macros and other items declared *inside* the body are not
+//! walked, like any other helper: a helper function is where a deliberate exception goes,
+//! and where the runtime's own guards ([`ensure_not_capturing`], the graph inspection) take
+//! over. The arguments of a macro invocation are walked when they parse as comma-separated
+//! expressions, statements, or expressions between `;`, `,` and `=>`; otherwise nothing in
+//! them is reported.
+//!
+//! Deliberately *not* rules: `.join()` and `.wait()` (how a side stream rejoins the capture;
+//! a wait on an event recorded before capture is CUDA error 905, reported at run time as
+//! `GraphError::CaptureIsolation`), `capture_status()` and `graph_runtime::phase()` (both
+//! are legal while capturing), device allocations (`alloc_zeros`, which become graph
+//! memory nodes), `Runtime::fork` (the scoped fork/join the runtime provides) and
+//! `rt.function(…)` (compiled once per process, loaded once per runtime).
+//!
+//! [`ensure_not_capturing`]: https://docs.rs/graph-runtime/latest/graph_runtime/fn.ensure_not_capturing.html
+
+use crate::args::HOST_EFFECTS_KEY;
+
+/// How a rule recognises a construct in the body's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matcher {
+    /// `receiver.name(…)`, any arguments, unless the receiver is provably a value of the
+    /// user's own type; also `Type::name(receiver, …)` on a cudarc, runtime or rand type.
+    Method(&'static str),
+    /// The same with no arguments (cudarc's `CudaStream::fork`, not `Runtime::fork`).
+    MethodNoArgs(&'static str),
+    /// A path expression (a value or a called function) whose segments contain these,
+    /// next to each other: `["Instant", "now"]` matches `std::time::Instant::now`.
+    Path(&'static [&'static str]),
+    /// A path through an item of this module or type: the segments, followed by at least
+    /// one more (`fs::write`, `File::create`). A path that ends there is not a call into it.
+    ItemOf(&'static [&'static str]),
+    /// A function of cudarc's raw `sys` layer, by its last segment without the version
+    /// suffix (`cuMemcpyDtoH` matches `sys::cuMemcpyDtoH_v2`, not `cuMemcpyDtoHAsync_v2`).
+    Driver(&'static str),
+    /// A call of a bare function, written without a path: `rng()`.
+    BareCall(&'static str),
+    /// A macro invocation `name!(…)`, by the last segment of its path.
+    Macro(&'static str),
+    /// A formatting macro given one of the body's device buffers.
+    FormatsDeviceBuffer,
+    /// A condition (`if`, `while`, `match`, `for`, `let … else`) that reads device data.
+    BranchesOnDeviceData,
+    /// `FooGraph::capture(…)` inside the body.
+    NestedGraphCapture,
+    /// `p.name(…)` where `p` is declared as cudarc's `PinnedHostSlice` (the signature or an
+    /// annotated `let` says so).
+    PinnedMethod(&'static str),
+    /// `p.name(…)` where `p` is a parameter whose declared type is a host collection
+    /// (`Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet`, `String`).
+    CollectionParamMethod(&'static str),
+}
+
+/// One mistake the macro rejects.
+#[derive(Debug)]
+pub struct Rule {
+    /// A stable short name, used by the tests and the coverage table.
+    pub id: &'static str,
+    /// What the rule matches.
+    pub matchers: &'static [Matcher],
+    /// Whether `host_effects_not_replayed` lifts it.
+    pub host_effect: bool,
+    /// The error message. `{what}` becomes the construct found (`` `.clone_dtoh()` ``,
+    /// `` `println!` ``), `{data}` the device data involved, where the rule has one, and
+    /// `{opt_in}` the way to lift a `host-*` rule.
+    pub message: &'static str,
+}
+
+impl Rule {
+    /// The message with its placeholders filled in.
+    pub fn render(&self, what: &str, data: &str) -> String {
+        self.message
+            .replace("{opt_in}", &opt_in())
+            .replace("{what}", what)
+            .replace("{data}", data)
+    }
+
+    /// Whether `matcher` is one of this rule's.
+    pub fn has(&self, hit: impl Fn(&Matcher) -> bool) -> bool {
+        self.matchers.iter().any(hit)
+    }
+}
+
+/// The end of every `host-*` message: how to opt in.
+fn opt_in() -> String {
+    format!(
+        "if running it only then is what you want, add `{HOST_EFFECTS_KEY}` to the `#[cuda_graph(…)]` \
+         arguments"
+    )
+}
+
+/// The device-to-host reads: the `device-to-host` rule, the marks of `let` bindings and the
+/// `host-branch-on-device-data` rule all use this list.
+pub const DEVICE_READS: &[&str] = &[
+    "clone_dtoh",
+    "memcpy_dtoh",
+    "memcpy_dtov",
+    "dtoh_sync_copy",
+    "dtoh_sync_copy_into",
+    "sync_reclaim",
+];
+
+/// Calls whose result is a device buffer of the body (for `device-value-formatted`).
+pub const DEVICE_ALLOCS: &[&str] = &["alloc_zeros", "alloc", "clone_dtod", "try_clone"];
+
+/// Macros whose arguments are formatted.
+pub const FORMATTING_MACROS: &[&str] = &[
+    "println",
+    "print",
+    "eprintln",
+    "eprint",
+    "format",
+    "format_args",
+    "write",
+    "writeln",
+    "panic",
+    "dbg",
+    "assert",
+    "assert_eq",
+    "assert_ne",
+    "debug_assert",
+    "debug_assert_eq",
+    "debug_assert_ne",
+    "unreachable",
+    "todo",
+    "unimplemented",
+    "info",
+    "debug",
+    "warn",
+    "error",
+    "trace",
+    "event",
+    "log",
+];
+
+use Matcher::{
+    BareCall, BranchesOnDeviceData, CollectionParamMethod, Driver, FormatsDeviceBuffer, ItemOf,
+    Macro, Method, MethodNoArgs, NestedGraphCapture, Path, PinnedMethod,
+};
+
+/// Every rule, in the order of the module documentation's table.
+pub const RULES: &[Rule] = &[
+    Rule {
+        id: "host-sync",
+        matchers: &[
+            Method("synchronize"),
+            Path(&["ctx", "synchronize"]),
+            Path(&["stream", "synchronize"]),
+            Path(&["event", "synchronize"]),
+            Driver("cuCtxSynchronize"),
+            Driver("cuStreamSynchronize"),
+            Driver("cuEventSynchronize"),
+        ],
+        host_effect: false,
+        message: "{what} makes the CPU wait for the GPU, which a capture cannot record: it fails with CUDA \
+                  error 900 (operation not permitted when stream is capturing); the graph's kernels already \
+                  run in stream order, so delete it, and wait for results after `replay()` returns",
+    },
+    Rule {
+        id: "device-to-host",
+        matchers: &[
+            Method(DEVICE_READS[0]),
+            Method(DEVICE_READS[1]),
+            Method(DEVICE_READS[2]),
+            Method(DEVICE_READS[3]),
+            Method(DEVICE_READS[4]),
+            Method(DEVICE_READS[5]),
+            Path(&["memcpy_dtoh_async"]),
+            Driver("cuMemcpyDtoHAsync"),
+        ],
+        host_effect: false,
+        message: "{what} reads device memory on the host, but while the body is captured the GPU has not run \
+                  yet: the copy is recorded into the graph instead of done, the host buffer holds garbage, and \
+                  every replay would write into a host buffer that is long gone (the runtime refuses such a \
+                  graph with `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, \
+                  operation not permitted when stream is capturing); make the value an output parameter \
+                  (`out: &mut CudaSlice<T>`) and read it after the replay: \
+                  `stream.clone_dtoh(graph.replay(…)?.out)`",
+    },
+    Rule {
+        id: "host-to-device",
+        matchers: &[
+            Method("clone_htod"),
+            Method("memcpy_htod"),
+            Method("memcpy_stod"),
+            Method("htod_copy"),
+            Method("htod_copy_into"),
+            Method("htod_sync_copy"),
+            Method("htod_sync_copy_into"),
+            Path(&["memcpy_htod_async"]),
+            Driver("cuMemcpyHtoDAsync"),
+        ],
+        host_effect: false,
+        message: "{what} copies host memory to the device: a capture records the host address, not the values, \
+                  so every replay would copy from that address again after the `Vec` or slice is gone (the \
+                  runtime refuses such a graph with `GraphError::PageableCopyCaptured`); take the data as an \
+                  input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as `#[state]` if it rarely \
+                  changes, or upload it once before `capture` (a copy from a pinned buffer that outlives the \
+                  graph is legal, but its tokens look the same: make it in a helper function)",
+    },
+    Rule {
+        id: "raw-sync-memory-op",
+        matchers: &[
+            Path(&["memcpy_htod_sync"]),
+            Path(&["memcpy_dtoh_sync"]),
+            Path(&["memcpy_dtod_sync"]),
+            Path(&["memset_d8_sync"]),
+            Path(&["malloc_sync"]),
+            Path(&["free_sync"]),
+            Path(&["memory_free"]),
+            Driver("cuMemcpyHtoD"),
+            Driver("cuMemcpyDtoH"),
+            Driver("cuMemcpyDtoD"),
+            Driver("cuMemcpy"),
+            Driver("cuMemcpyPeer"),
+            Driver("cuMemcpy2D"),
+            Driver("cuMemcpy3D"),
+            Driver("cuMemsetD8"),
+            Driver("cuMemsetD16"),
+            Driver("cuMemsetD32"),
+            Driver("cuMemAlloc"),
+            Driver("cuMemFree"),
+        ],
+        host_effect: false,
+        message: "{what} is a synchronous memory call of cudarc's raw driver layer: it does not go through the \
+                  capture stream, so the graph records nothing for it and no replay repeats it; it runs in the \
+                  warmup runs, and while capturing CUDA either refuses it (error 900, operation not permitted \
+                  when stream is capturing, in the `thread_local` and `global` capture modes) or runs it once, \
+                  outside the graph; use the capture stream's asynchronous calls, which the graph records \
+                  (`rt.stream().memcpy_dtod(…)`, `memset_zeros(…)`, `alloc_zeros(…)`), and move host transfers \
+                  before `capture` or after `replay()` returns",
+    },
+    Rule {
+        id: "device-value-formatted",
+        matchers: &[FormatsDeviceBuffer],
+        host_effect: false,
+        message: "{what} formats the device buffer {data}: its values live on the GPU and, while the body is \
+                  captured, have not been computed yet; showing them needs a device-to-host copy and a wait, \
+                  which a capture cannot do (CUDA error 900, operation not permitted when stream is capturing); \
+                  print it after `replay()` returns, from the graph's outputs",
+    },
+    Rule {
+        id: "host-branch-on-device-data",
+        matchers: &[BranchesOnDeviceData],
+        host_effect: false,
+        message: "this condition decides on the host from {data}: while the body is captured that value does \
+                  not exist yet (reading it fails with CUDA error 900, operation not permitted when stream is \
+                  capturing, or yields garbage), and a graph records only the path taken at capture and replays \
+                  it whatever the data says; keep the decision on the GPU (a kernel that reads the flag from \
+                  device memory and skips its work), or decide after `replay()` returns and capture one graph \
+                  per path",
+    },
+    Rule {
+        id: "stream-or-event-query",
+        matchers: &[
+            Method("query"),
+            Method("is_complete"),
+            Method("try_is_complete"),
+            Method("elapsed_ms"),
+            Path(&["event", "query"]),
+            Path(&["event", "elapsed"]),
+            Driver("cuEventQuery"),
+            Driver("cuStreamQuery"),
+            Driver("cuEventElapsedTime"),
+        ],
+        host_effect: false,
+        message: "{what} asks whether GPU work has finished, which has no answer while the work is only being \
+                  recorded: it fails with CUDA error 900 (operation not permitted when stream is capturing), or \
+                  CUDA error 907 (operation not permitted on an event last recorded in a capturing stream) for an event \
+                  recorded in the body; query streams and time events outside the body, around \
+                  `graph.replay(…)`",
+    },
+    Rule {
+        id: "pinned-host-alloc",
+        matchers: &[
+            Method("alloc_pinned"),
+            Method("alloc_pinned_with_flags"),
+            Path(&["malloc_host"]),
+            Driver("cuMemAllocHost"),
+            Driver("cuMemHostAlloc"),
+            Driver("cuMemHostRegister"),
+        ],
+        host_effect: false,
+        message: "{what} allocates page-locked host memory, a blocking driver call that a capture refuses with CUDA \
+                  error 900 (operation not permitted when stream is capturing) in the `thread_local` and \
+                  `global` capture modes, and freeing it at the end of the body waits for the GPU as well; \
+                  allocate pinned buffers once, before `capture`, and keep them as long as the graph, or use \
+                  device memory (`rt.stream().alloc_zeros`), which becomes part of the graph",
+    },
+    Rule {
+        id: "pinned-host-read",
+        matchers: &[
+            PinnedMethod("as_slice"),
+            PinnedMethod("as_mut_slice"),
+            PinnedMethod("as_ptr"),
+            PinnedMethod("as_mut_ptr"),
+        ],
+        host_effect: false,
+        message: "{what} on the pinned buffer {data} first waits for the GPU work that uses it (cudarc \
+                  synchronizes the buffer's event), which a capture refuses with CUDA error 900 (operation not \
+                  permitted when stream is capturing), and the host values it would show are not computed yet; \
+                  copy to or from the pinned buffer with the stream's copy calls inside the body, and touch its \
+                  host side only before `capture` or after `replay()` returns",
+    },
+    Rule {
+        id: "legacy-default-stream",
+        matchers: &[
+            Method("default_stream"),
+            Method("per_thread_stream"),
+            Path(&["stream", "null"]),
+        ],
+        host_effect: false,
+        message: "{what} is not the capture stream: the runtime captures on its own non-blocking stream, so work \
+                  queued on a default stream does not wait for the capture, runs once, right away, and is not \
+                  in the graph (a body with nothing else fails with `GraphError::EmptyGraph`); with a blocking \
+                  capture stream it would fail with CUDA error 906 (operation would make the legacy stream \
+                  depend on a capturing blocking stream); queue the work on `rt.stream()` (or the context \
+                  parameter)",
+    },
+    Rule {
+        id: "stream-created-in-body",
+        matchers: &[
+            Method("new_stream"),
+            Method("new_stream_with_priority"),
+            Method("wrap_borrowed_stream"),
+            MethodNoArgs("fork"),
+            Path(&["stream", "create"]),
+            Path(&["stream", "create_with_priority"]),
+            Driver("cuStreamCreate"),
+            Driver("cuStreamCreateWithPriority"),
+        ],
+        host_effect: false,
+        message: "{what} creates a stream inside the captured body: work on it is not recorded unless the \
+                  stream first waits on the capture, and then it must rejoin the capture stream before the \
+                  body returns or the capture fails with CUDA error 904 (capturing stream has unjoined work); \
+                  creating and using a stream during a capture also failed with CUDA error 900 on an H100; run side \
+                  work with `rt.fork(|side| { … })`, which uses a stream made before the capture and always \
+                  rejoins the runtime's stream",
+    },
+    Rule {
+        id: "cublas-handle-in-body",
+        matchers: &[Path(&["CudaBlas", "new"]), Path(&["CudaBlasLT", "new"])],
+        host_effect: false,
+        message: "{what} creates a cuBLAS handle inside the captured body: it is created again on every warmup \
+                  run and at capture, and destroying it at the end of the body synchronizes the device, which a \
+                  capture refuses (CUDA error 900, operation not permitted when stream is capturing); use \
+                  `rt.blas()`, the runtime's handle, bound to the capture stream with its workspace set up \
+                  before any capture",
+    },
+    Rule {
+        id: "capture-control",
+        matchers: &[
+            Method("begin_capture"),
+            Method("end_capture"),
+            Path(&["stream", "begin_capture"]),
+            Path(&["stream", "end_capture"]),
+            Driver("cuStreamBeginCapture"),
+            Driver("cuStreamEndCapture"),
+        ],
+        host_effect: false,
+        message: "{what} controls a stream capture by hand, but the runtime already captures this body on \
+                  its stream: a second capture cannot begin there, ending it early leaves the rest of the body \
+                  unrecorded, and ending it on another stream is CUDA error 903 (capture was not ended in the \
+                  same stream as it began); delete it, the generated `capture` begins and ends the capture \
+                  around the body",
+    },
+    Rule {
+        id: "nested-graph-capture",
+        matchers: &[NestedGraphCapture],
+        host_effect: false,
+        message: "{what} captures a graph inside the body of another: captures do not nest, and the runtime \
+                  refuses it with `GraphError::NestedCapture`; call the inner `#[cuda_graph]` function \
+                  directly (its work becomes part of this graph), or capture the inner graph before this one",
+    },
+    Rule {
+        id: "module-load-in-body",
+        matchers: &[
+            Method("load_module"),
+            Method("load_ptx"),
+            Path(&["compile_ptx"]),
+            Path(&["compile_ptx_with_opts"]),
+            Path(&["Ptx", "from_file"]),
+            Path(&["module", "load"]),
+            Path(&["module", "load_data"]),
+            Driver("cuModuleLoad"),
+            Driver("cuModuleLoadData"),
+            Driver("cuModuleLoadDataEx"),
+            Driver("cuModuleLoadFatBinary"),
+            Driver("cuLibraryLoadData"),
+            Driver("cuLibraryLoadFromFile"),
+        ],
+        host_effect: false,
+        message: "{what} compiles or loads a CUDA module inside the captured body: that is done again in every \
+                  warmup run and at capture, and the kernels the graph records point into the module loaded at \
+                  capture, so once the body drops it every replay launches unloaded code; get kernels with \
+                  `rt.function(SOURCE, \"name\")`, which compiles once per process and keeps the module loaded \
+                  as long as the runtime",
+    },
+    Rule {
+        id: "thread-spawned-in-body",
+        matchers: &[
+            Path(&["thread", "spawn"]),
+            Path(&["thread", "scope"]),
+            ItemOf(&["thread", "Builder"]),
+            Path(&["rayon", "spawn"]),
+            Path(&["rayon", "scope"]),
+            Path(&["rayon", "join"]),
+            Path(&["tokio", "spawn"]),
+            Path(&["spawn_blocking"]),
+            BareCall("spawn"),
+        ],
+        host_effect: false,
+        message: "{what} starts a thread inside the captured body: the thread runs during the warmup runs and \
+                  the capture only, never on replay (a graph holds only GPU work), and GPU work it queues is in \
+                  the graph only if it reaches the capture stream before the capture ends, which nothing orders; \
+                  do host work before `capture` or after `replay()` returns, and run parallel GPU work with \
+                  `rt.fork(|side| { … })`, which records it as a parallel branch of the graph",
+    },
+    Rule {
+        id: "cpu-randomness",
+        matchers: &[
+            ItemOf(&["rand"]),
+            ItemOf(&["fastrand"]),
+            ItemOf(&["getrandom"]),
+            Path(&["from_entropy"]),
+            Path(&["from_os_rng"]),
+            BareCall("rng"),
+            BareCall("random"),
+            BareCall("thread_rng"),
+            BareCall("random_range"),
+            BareCall("random_bool"),
+            BareCall("random_ratio"),
+            BareCall("random_iter"),
+            Method("gen"),
+            Method("gen_range"),
+            Method("gen_bool"),
+            Method("gen_ratio"),
+            Method("random"),
+            Method("random_range"),
+            Method("random_bool"),
+            Method("random_ratio"),
+            Method("random_iter"),
+            Method("sample"),
+            Method("sample_iter"),
+            Method("shuffle"),
+            Method("partial_shuffle"),
+            Method("choose"),
+            Method("choose_multiple"),
+            Method("choose_weighted"),
+            Method("next_u32"),
+            Method("next_u64"),
+            Method("fill_bytes"),
+        ],
+        host_effect: false,
+        message: "{what} draws random numbers on the CPU, but the body runs only during warmup and capture: the \
+                  values drawn at capture are frozen into the graph (as kernel arguments or copied data) and \
+                  every replay repeats them; draw on the GPU instead, with the runtime's graph-safe generator \
+                  (`rt.rng().uniform(rt, &mut noise, lo, hi)?`), whose seed and offset live in device memory \
+                  and advance on every replay",
+    },
+    Rule {
+        id: "host-print",
+        matchers: &[
+            Macro("println"),
+            Macro("print"),
+            Macro("eprintln"),
+            Macro("eprint"),
+            Macro("dbg"),
+        ],
+        host_effect: true,
+        message: "{what} prints on the host: it runs during the warmup runs and the capture, and never when the \
+                  graph replays, because a graph holds only GPU work; print after `replay()` returns, or, {opt_in}",
+    },
+    Rule {
+        id: "host-log",
+        matchers: &[
+            Macro("info"),
+            Macro("debug"),
+            Macro("warn"),
+            Macro("error"),
+            Macro("trace"),
+            Macro("event"),
+            Macro("log"),
+        ],
+        host_effect: true,
+        message: "{what} logs on the host: it runs during the warmup runs and the capture, and never when the \
+                  graph replays, because a graph holds only GPU work; log around `replay()`, or, {opt_in}",
+    },
+    Rule {
+        id: "host-io",
+        matchers: &[
+            ItemOf(&["fs"]),
+            ItemOf(&["File"]),
+            ItemOf(&["OpenOptions"]),
+            ItemOf(&["TcpStream"]),
+            ItemOf(&["TcpListener"]),
+            ItemOf(&["UdpSocket"]),
+            ItemOf(&["Command"]),
+            Path(&["stdin"]),
+            Path(&["stdout"]),
+            Path(&["stderr"]),
+        ],
+        host_effect: true,
+        message: "{what} does file, network or process I/O on the host: it happens during the warmup runs and \
+                  the capture only, so a replay neither reads fresh data nor writes anything; do the I/O outside \
+                  the body and pass data in through an input parameter, or, {opt_in}",
+    },
+    Rule {
+        id: "host-sleep",
+        matchers: &[Path(&["sleep"])],
+        host_effect: true,
+        message: "{what} sleeps on the host during the warmup runs and the capture only: a replay does not wait \
+                  (the GPU runs the graph without the CPU); sleep between `replay()` calls to pace them, or, \
+                  {opt_in}",
+    },
+    Rule {
+        id: "host-bookkeeping",
+        matchers: &[
+            CollectionParamMethod("push"),
+            CollectionParamMethod("push_back"),
+            CollectionParamMethod("push_front"),
+            CollectionParamMethod("push_str"),
+            CollectionParamMethod("insert"),
+            CollectionParamMethod("extend"),
+            CollectionParamMethod("extend_from_slice"),
+            CollectionParamMethod("append"),
+            CollectionParamMethod("remove"),
+            CollectionParamMethod("swap_remove"),
+            CollectionParamMethod("pop"),
+            CollectionParamMethod("pop_back"),
+            CollectionParamMethod("pop_front"),
+            CollectionParamMethod("truncate"),
+            CollectionParamMethod("retain"),
+            CollectionParamMethod("drain"),
+            CollectionParamMethod("clear"),
+        ],
+        host_effect: true,
+        message: "{what} changes the host collection {data} during the warmup runs and the capture only: \
+                  replays do not run it, so the collection stops following the graph after capture; keep \
+                  per-replay records outside the body (after each `replay()`), or, {opt_in}",
+    },
+    Rule {
+        id: "host-clock",
+        matchers: &[Path(&["Instant", "now"]), Path(&["SystemTime", "now"])],
+        host_effect: true,
+        message: "{what} reads the host clock during the warmup runs and the capture only: a replay does not \
+                  read it again, and anything computed from it (a timestamp, a seed, a timeout) is frozen into \
+                  the graph; time replays from outside the body (CUDA events around `replay()`), or, {opt_in}",
+    },
+];
+
+/// Looks a rule up by id.
+pub fn rule(id: &str) -> &'static Rule {
+    RULES
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("no capture rule `{id}`"))
+}
+
+/// Whether `segments` (a path's, unraw) match `matcher`, for the path matchers.
+pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
+    let window = |pattern: &[&str], must_continue: bool| {
+        segments.windows(pattern.len()).enumerate().any(|(i, w)| {
+            w.iter().zip(pattern).all(|(a, b)| a == b)
+                && (!must_continue || i + pattern.len() < segments.len())
+        })
+    };
+    match matcher {
+        Matcher::Path(pattern) => window(pattern, false),
+        Matcher::ItemOf(pattern) => window(pattern, true),
+        Matcher::Driver(name) => segments
+            .last()
+            .is_some_and(|last| without_version_suffix(last) == *name),
+        _ => false,
+    }
+}
+
+/// `cuMemcpyDtoH_v2` → `cuMemcpyDtoH`; also `_v3`, `_ptds`, `_ptsz` and their combinations.
+fn without_version_suffix(name: &str) -> &str {
+    let mut name = name;
+    loop {
+        let trimmed = ["_ptds", "_ptsz", "_v2", "_v3", "_v4"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s));
+        match trimmed {
+            Some(t) => name = t,
+            None => return name,
+        }
+    }
+}

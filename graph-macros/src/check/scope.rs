@@ -1,0 +1,385 @@
+//! What the walker knows about the names of a body: the parameters, from the model (their
+//! role and declared type), and the locals, from their `let`s; block-scoped, so a shadowing
+//! binding hides what an outer one knew.
+//!
+//! The one question that lets a rule stand down is whether a method's receiver is provably
+//! a value of the user's own type ([`Kind::Users`]). Everything else (a CUDA object, a value
+//! of unknown type) is treated alike: a method named like a CUDA operation on it is reported.
+
+use std::collections::HashMap;
+
+use proc_macro2::Ident;
+use syn::visit::{self, Visit};
+use syn::{Expr, Pat, Type};
+
+use crate::model::{GraphFn, Role};
+
+/// Types of cudarc and of the runtime (by their last path segment) whose methods are CUDA
+/// operations. A type naming one anywhere (`Arc<CudaStream>`) is a CUDA type.
+const CUDA_TYPES: &[&str] = &[
+    "CudaContext",
+    "CudaStream",
+    "CudaEvent",
+    "CudaSlice",
+    "CudaView",
+    "CudaViewMut",
+    "CudaFunction",
+    "CudaModule",
+    "CudaGraph",
+    "PinnedHostSlice",
+    "CudaBlas",
+    "CudaBlasLT",
+    "Ptx",
+    "Runtime",
+    "Generator",
+    "Graph",
+    "EarlyLaunch",
+    "LaunchArgs",
+];
+
+/// Crates whose paths make a type CUDA's (`cudarc::driver::CudaStream`, `graph_runtime::X`).
+const CUDA_CRATES: &[&str] = &[
+    "cudarc",
+    "graph_runtime",
+    "driver",
+    "nvrtc",
+    "cublas",
+    "cublaslt",
+];
+
+/// Random generators and their traits: not the user's own types, their methods draw numbers.
+const RNG_TYPES: &[&str] = &[
+    "Rng",
+    "RngCore",
+    "TryRngCore",
+    "SeedableRng",
+    "SliceRandom",
+    "IndexedRandom",
+    "IndexedMutRandom",
+    "IteratorRandom",
+    "SmallRng",
+    "StdRng",
+    "ThreadRng",
+    "OsRng",
+    "ChaCha8Rng",
+    "ChaCha12Rng",
+    "ChaCha20Rng",
+    "Xoshiro128PlusPlus",
+    "Xoshiro256PlusPlus",
+    "Pcg32",
+    "Pcg64",
+    "Distribution",
+];
+
+/// Crates of random generators.
+const RNG_CRATES: &[&str] = &[
+    "rand",
+    "rand_core",
+    "rand_chacha",
+    "rand_pcg",
+    "rand_xoshiro",
+    "rand_distr",
+    "fastrand",
+];
+
+/// Host collections: methods that change them are bookkeeping.
+const COLLECTIONS: &[&str] = &[
+    "Vec", "VecDeque", "HashMap", "BTreeMap", "HashSet", "BTreeSet", "String",
+];
+
+/// Wrappers of the standard library looked through to the type they hold.
+const WRAPPERS: &[&str] = &[
+    "Arc", "Rc", "Box", "RefCell", "Cell", "Mutex", "RwLock", "Option",
+];
+
+/// Other types of the standard library and primitives: not the user's, not CUDA's.
+const STD_TYPES: &[&str] = &[
+    "f32",
+    "f64",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "i128",
+    "isize",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "u128",
+    "usize",
+    "bool",
+    "char",
+    "str",
+    "Duration",
+    "Instant",
+    "SystemTime",
+    "Path",
+    "PathBuf",
+];
+
+/// What a name is known to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Nothing is known: a method named like a CUDA operation on it is reported.
+    Unknown,
+    /// A cudarc or runtime object (a stream, a context, a buffer, the runtime).
+    Cuda,
+    /// cudarc's `PinnedHostSlice`.
+    PinnedHost,
+    /// A host collection of the standard library.
+    HostCollection,
+    /// A random generator.
+    Rng,
+    /// A primitive or another type of the standard library.
+    Std,
+    /// A type of the user's own: its methods are the user's.
+    Users,
+}
+
+/// What the walker knows about one name.
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub kind: Kind,
+    /// A parameter of the function (not a local).
+    pub param: bool,
+    /// A device buffer of the body, which formatting macros must not be given.
+    pub device_buffer: bool,
+    /// Set when the value was read back from the device: how, for the message.
+    pub device_data: Option<String>,
+}
+
+impl Binding {
+    /// A local nothing is known about (a pattern binding, a closure parameter).
+    pub fn unknown() -> Self {
+        Binding {
+            kind: Kind::Unknown,
+            param: false,
+            device_buffer: false,
+            device_data: None,
+        }
+    }
+}
+
+/// The names in scope, innermost block last.
+pub struct Scope {
+    frames: Vec<HashMap<String, Binding>>,
+}
+
+impl Scope {
+    /// The parameters of the model: their kinds from the declared types, device buffers from
+    /// the roles.
+    pub fn of(model: &GraphFn) -> Self {
+        let mut params = HashMap::new();
+        for p in &model.params {
+            let kind = kind_of_type(&p.ty);
+            // Inputs and outputs are device buffers by their role; state is one unless its
+            // declared type says it is host data (a collection, a scalar, a generator, a
+            // type of the user's own).
+            let device_buffer = match p.role {
+                Role::Input | Role::Output => true,
+                Role::State { .. } => matches!(kind, Kind::Cuda | Kind::PinnedHost | Kind::Unknown),
+                Role::Constant | Role::Bucket => false,
+            };
+            params.insert(
+                unraw(&p.ident),
+                Binding {
+                    kind,
+                    param: true,
+                    device_buffer,
+                    device_data: None,
+                },
+            );
+        }
+        Scope {
+            frames: vec![params],
+        }
+    }
+
+    pub fn push(&mut self) {
+        self.frames.push(HashMap::new());
+    }
+
+    pub fn pop(&mut self) {
+        if self.frames.len() > 1 {
+            self.frames.pop();
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Binding> {
+        self.frames.iter().rev().find_map(|f| f.get(name))
+    }
+
+    /// A new binding in the innermost block (`let`, a pattern, a closure parameter).
+    pub fn declare(&mut self, name: String, binding: Binding) {
+        self.frames
+            .last_mut()
+            .expect("the parameters' frame is never popped")
+            .insert(name, binding);
+    }
+
+    /// An assignment to an existing name: the binding where it was declared.
+    pub fn assign(&mut self, name: &str) -> Option<&mut Binding> {
+        self.frames.iter_mut().rev().find_map(|f| f.get_mut(name))
+    }
+
+    fn kind(&self, name: &str) -> Kind {
+        self.get(name).map_or(Kind::Unknown, |b| b.kind)
+    }
+
+    pub fn is_device_buffer(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|b| b.device_buffer)
+    }
+
+    pub fn device_data(&self, name: &str) -> Option<&String> {
+        self.get(name).and_then(|b| b.device_data.as_ref())
+    }
+
+    /// Whether the value of `e` is provably of the user's own type, so that its methods are
+    /// the user's: a name bound to one, a struct literal or constructor call of a type that
+    /// is not cudarc's, the runtime's, a generator's or the standard library's, or a
+    /// reference, dereference or `.clone()` of one of those.
+    pub fn is_users_own(&self, e: &Expr) -> bool {
+        self.kind_of_expr(e) == Kind::Users
+    }
+
+    /// The kind of the value of `e`, as far as the tokens tell.
+    pub fn kind_of_expr(&self, e: &Expr) -> Kind {
+        match e {
+            Expr::Paren(p) => self.kind_of_expr(&p.expr),
+            Expr::Reference(r) => self.kind_of_expr(&r.expr),
+            Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.kind_of_expr(&u.expr),
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                self.kind(&unraw(&p.path.segments[0].ident))
+            }
+            Expr::Struct(s) if s.qself.is_none() => kind_of_path(&s.path).unwrap_or(Kind::Users),
+            Expr::Call(c) => match &*c.func {
+                Expr::Path(p) if p.qself.is_none() => constructor_kind(&p.path),
+                _ => Kind::Unknown,
+            },
+            Expr::MethodCall(m) if m.method == "clone" && m.args.is_empty() => {
+                self.kind_of_expr(&m.receiver)
+            }
+            Expr::Lit(_) => Kind::Std,
+            _ => Kind::Unknown,
+        }
+    }
+}
+
+/// `Type::new(…)`, `Type::default()`, `Type::with_…(…)`, `Type::from…(…)`: by convention a
+/// value of `Type`.
+fn constructor_kind(path: &syn::Path) -> Kind {
+    let segs: Vec<String> = path.segments.iter().map(|s| unraw(&s.ident)).collect();
+    let [.., ty, f] = segs.as_slice() else {
+        return Kind::Unknown;
+    };
+    let constructor = f == "new"
+        || f == "default"
+        || f == "from"
+        || f.starts_with("new_")
+        || f.starts_with("with_")
+        || f.starts_with("from_");
+    let is_type = ty.chars().next().is_some_and(char::is_uppercase);
+    if !(constructor && is_type) {
+        return Kind::Unknown;
+    }
+    let mut type_path = path.clone();
+    type_path.segments.pop();
+    type_path.segments.pop_punct();
+    kind_of_path(&type_path).unwrap_or(Kind::Users)
+}
+
+/// The kind of a declared type (a parameter's, with the reference already removed by the
+/// model, or a `let`'s annotation).
+pub fn kind_of_type(ty: &Type) -> Kind {
+    match ty {
+        Type::Reference(r) => kind_of_type(&r.elem),
+        Type::Paren(p) => kind_of_type(&p.elem),
+        Type::Group(g) => kind_of_type(&g.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            // A wrapper (`Arc<CudaStream>`, `Box<Scheduler>`) is judged by what it holds.
+            let last = p.path.segments.last().expect("a path has a segment");
+            if WRAPPERS.contains(&unraw(&last.ident).as_str()) {
+                if let syn::PathArguments::AngleBracketed(args) = &last.arguments {
+                    if let Some(syn::GenericArgument::Type(inner)) = args.args.first() {
+                        return kind_of_type(inner);
+                    }
+                }
+            }
+            kind_of_path(&p.path).unwrap_or(Kind::Users)
+        }
+        Type::Array(_) | Type::Slice(_) | Type::Tuple(_) | Type::Ptr(_) | Type::FnPtr(_) => {
+            Kind::Std
+        }
+        _ => Kind::Unknown,
+    }
+}
+
+/// The kind a type path names when the lists know it: `None` for a type they do not know,
+/// which is then the user's own. The outer type decides first (`Vec<CudaSlice<f32>>` is a
+/// host collection); a known name anywhere inside then decides (`MyPool<CudaStream>` is not
+/// provably the user's own).
+fn kind_of_path(path: &syn::Path) -> Option<Kind> {
+    let names = idents_in(path);
+    let has = |list: &[&str]| names.iter().any(|n| list.contains(&n.as_str()));
+    let last = unraw(&path.segments.last()?.ident);
+    let first = unraw(&path.segments.first()?.ident);
+    if COLLECTIONS.contains(&last.as_str()) {
+        Some(Kind::HostCollection)
+    } else if WRAPPERS.contains(&last.as_str()) {
+        Some(Kind::Unknown)
+    } else if last == "PinnedHostSlice" {
+        Some(Kind::PinnedHost)
+    } else if has(CUDA_TYPES) || has(CUDA_CRATES) {
+        Some(Kind::Cuda)
+    } else if has(RNG_TYPES) || has(RNG_CRATES) {
+        Some(Kind::Rng)
+    } else if STD_TYPES.contains(&last.as_str())
+        || ["std", "core", "alloc"].contains(&first.as_str())
+    {
+        Some(Kind::Std)
+    } else {
+        None
+    }
+}
+
+/// Every identifier in a path, generic arguments included.
+fn idents_in(path: &syn::Path) -> Vec<String> {
+    struct Idents(Vec<String>);
+    impl<'ast> Visit<'ast> for Idents {
+        fn visit_ident(&mut self, i: &'ast Ident) {
+            self.0.push(unraw(i));
+        }
+        fn visit_lifetime(&mut self, _: &'ast syn::Lifetime) {}
+    }
+    let mut v = Idents(Vec::new());
+    v.visit_path(path);
+    v.0
+}
+
+/// The names a pattern binds.
+pub fn bound_names(pat: &Pat) -> Vec<String> {
+    struct Names(Vec<String>);
+    impl<'ast> Visit<'ast> for Names {
+        fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
+            self.0.push(unraw(&p.ident));
+            visit::visit_pat_ident(self, p);
+        }
+    }
+    let mut n = Names(Vec::new());
+    n.visit_pat(pat);
+    n.0
+}
+
+/// The declared type of a `let` pattern (`let s: Scheduler = …`).
+pub fn annotated_type(pat: &Pat) -> Option<&Type> {
+    match pat {
+        Pat::Type(t) => Some(&t.ty),
+        _ => None,
+    }
+}
+
+pub fn unraw(ident: &Ident) -> String {
+    let s = ident.to_string();
+    s.strip_prefix("r#").map(str::to_owned).unwrap_or(s)
+}

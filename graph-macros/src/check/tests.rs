@@ -1,0 +1,837 @@
+use std::collections::HashSet;
+
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::quote;
+
+use super::rules::{rule, Matcher, DEVICE_READS, RULES};
+use super::*;
+use crate::expand;
+
+/// The rule ids a body triggers, in order, through the same entry point the compiler
+/// uses (`expand::cuda_graph`), matched back to the table by message.
+fn ids(args: TokenStream, body: TokenStream) -> Vec<&'static str> {
+    ids_with(
+        args,
+        quote! {
+            x: &CudaSlice<f32>,
+            y: &mut CudaSlice<f32>,
+            #[state] staging: &PinnedHostSlice<f32>,
+            #[state] history: &mut Vec<usize>,
+        },
+        body,
+    )
+}
+
+/// The same, with these parameters after the context `rt: &Runtime`.
+fn ids_with(args: TokenStream, params: TokenStream, body: TokenStream) -> Vec<&'static str> {
+    let item = quote! {
+        fn f(rt: &Runtime, #params) -> Result<(), GraphError> {
+            #body
+            Ok(())
+        }
+    };
+    let direct: Vec<&'static str> = findings_of(args.clone(), item.clone())
+        .iter()
+        .map(|f| f.rule.id)
+        .collect();
+    // End to end: the expansion carries one `compile_error!` per finding, with its text.
+    let out = expand::cuda_graph(args, item);
+    let messages = compile_errors(out);
+    assert_eq!(messages.len(), direct.len(), "{messages:#?}");
+    for (id, msg) in direct.iter().zip(&messages) {
+        let head: String = rule(id).message.split('{').next().unwrap_or("").to_owned();
+        let marker = rule(id)
+            .message
+            .split(['{', '}'])
+            .filter(|part| !part.is_empty() && !["what", "data", "opt_in"].contains(part))
+            .max_by_key(|part| part.len())
+            .unwrap_or(&head);
+        assert!(msg.contains(marker.trim()), "rule {id}: {msg}");
+    }
+    direct
+}
+
+/// The findings of the checks alone, on the model built from `item`.
+fn findings_of(args: TokenStream, item: TokenStream) -> Vec<Finding> {
+    let item: syn::ItemFn = syn::parse2(item).expect("test body parses");
+    let mut cx = Ctxt::default();
+    let parsed = crate::args::parse(args, &mut cx);
+    let model = crate::model::analyze(item, None, &mut cx);
+    assert_eq!(
+        cx.messages(),
+        Vec::<String>::new(),
+        "the test signature is valid"
+    );
+    findings(&model, &parsed)
+}
+
+fn compile_errors(out: TokenStream) -> Vec<String> {
+    let file: syn::File = syn::parse2(out).expect("the expansion parses");
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Macro(m) if m.mac.path.segments.last()?.ident == "compile_error" => Some(
+                syn::parse2::<syn::LitStr>(m.mac.tokens.clone())
+                    .ok()?
+                    .value(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+fn one(body: TokenStream) -> Vec<&'static str> {
+    ids(quote!(warmup = 2), body)
+}
+
+/// A minimal snippet for each matcher, generated from the table.
+fn snippet(m: &Matcher) -> TokenStream {
+    let ident = |s: &str| Ident::new(s, Span::call_site());
+    match m {
+        Matcher::Method(n) => {
+            let n = ident(n);
+            quote!(let _ = thing.#n(arg);)
+        }
+        Matcher::MethodNoArgs(n) => {
+            let n = ident(n);
+            quote!(let _ = thing.#n();)
+        }
+        Matcher::Path(p) => {
+            let segs: Vec<Ident> = p.iter().map(|s| ident(s)).collect();
+            if segs.len() == 1 {
+                quote!(let _ = #(#segs)::*::function();)
+            } else {
+                quote!(let _ = #(#segs)::*();)
+            }
+        }
+        Matcher::ItemOf(p) => {
+            let segs: Vec<Ident> = p.iter().map(|s| ident(s)).collect();
+            quote!(let _ = #(#segs)::*::function();)
+        }
+        Matcher::Driver(n) => {
+            let n = ident(&format!("{n}_v2"));
+            quote!(let _ = unsafe { sys::#n(arg) };)
+        }
+        Matcher::BareCall(n) => {
+            let n = ident(n);
+            quote!(let _ = #n();)
+        }
+        Matcher::Macro(n) => {
+            let n = ident(n);
+            quote!(#n!("step");)
+        }
+        Matcher::FormatsDeviceBuffer => quote!(let _ = format!("{:?}", y);),
+        Matcher::BranchesOnDeviceData => {
+            quote!(if rt.stream().clone_dtoh(y)?[0] > 0.0 {
+                launch(rt)?;
+            })
+        }
+        Matcher::NestedGraphCapture => quote!(let _inner = InnerGraph::capture(rt, x, 16)?;),
+        Matcher::PinnedMethod(n) => {
+            let n = ident(n);
+            quote!(let _ = staging.#n();)
+        }
+        Matcher::CollectionParamMethod(n) => {
+            let n = ident(n);
+            quote!(history.#n(arg);)
+        }
+    }
+}
+
+#[test]
+fn every_matcher_of_every_rule_fires_alone() {
+    for rule in RULES {
+        for m in rule.matchers {
+            let got = one(snippet(m));
+            assert_eq!(got, vec![rule.id], "{m:?} of rule `{}`", rule.id);
+        }
+    }
+}
+
+/// Every rule has a compile-fail case in `ui-tests/tests/fail/` whose snapshot shows its
+/// message.
+#[test]
+fn every_rule_has_a_ui_case() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui-tests/tests/fail");
+    let snapshots: Vec<String> = std::fs::read_dir(&dir)
+        .expect("ui-tests/tests/fail exists")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "stderr"))
+        .map(|e| std::fs::read_to_string(e.path()).expect("readable snapshot"))
+        .collect();
+    for rule in RULES {
+        // The longest fixed part of the message identifies it.
+        let marker = rule
+            .message
+            .split(['{', '}'])
+            .filter(|part| !["what", "data", "opt_in"].contains(part))
+            .max_by_key(|part| part.len())
+            .expect("a message has text");
+        assert!(
+            snapshots.iter().any(|s| s.contains(marker.trim())),
+            "rule `{}` has no ui case in {}",
+            rule.id,
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn every_device_read_is_a_device_to_host_matcher() {
+    for read in DEVICE_READS {
+        assert!(
+            rule("device-to-host").has(|m| *m == Matcher::Method(read)),
+            "{read}"
+        );
+    }
+}
+
+#[test]
+fn rule_ids_are_unique_and_messages_follow_the_style() {
+    let mut seen = HashSet::new();
+    for rule in RULES {
+        assert!(seen.insert(rule.id), "duplicate id {}", rule.id);
+        let m = rule.message;
+        assert!(!m.ends_with('.'), "{}: trailing period", rule.id);
+        let first = m.chars().next().unwrap();
+        assert!(
+            first == '{' || first.is_lowercase(),
+            "{}: starts upper-case",
+            rule.id
+        );
+        assert!(
+            m.contains("CUDA error") || m.contains("GraphError") || m.contains("replay"),
+            "{}: must say what goes wrong",
+            rule.id
+        );
+        assert!(
+            m.contains(';'),
+            "{}: must say what to write instead",
+            rule.id
+        );
+        assert_eq!(rule.host_effect, m.contains("{opt_in}"), "{}", rule.id);
+    }
+}
+
+#[test]
+fn realistic_mistakes() {
+    let cases: Vec<(&str, TokenStream)> = vec![
+        ("host-sync", quote!(rt.stream().synchronize()?;)),
+        ("host-sync", quote!(rt.context().synchronize()?;)),
+        ("host-sync", quote!(rt.synchronize()?;)),
+        (
+            "device-to-host",
+            quote!(let host = rt.stream().clone_dtoh(y)?;),
+        ),
+        (
+            "host-to-device",
+            quote!(let bias = rt.stream().clone_htod(&vec![0.5f32; 8])?;),
+        ),
+        (
+            "host-to-device",
+            quote!(rt.stream().memcpy_htod(&[1.0f32; 4], y)?;),
+        ),
+        ("device-value-formatted", quote!(let s = format!("{y:?}");)),
+        ("device-value-formatted", quote!(let _ = dbg!(&x);)),
+        (
+            "stream-or-event-query",
+            quote!(let done = ev.is_complete();),
+        ),
+        (
+            "stream-or-event-query",
+            quote!(let ms = start.elapsed_ms(&end)?;),
+        ),
+        (
+            "pinned-host-alloc",
+            quote!(let h = unsafe { rt.context().alloc_pinned::<f32>(8) }?;),
+        ),
+        (
+            "legacy-default-stream",
+            quote!(rt.context().default_stream().memcpy_dtod(x, y)?;),
+        ),
+        (
+            "stream-created-in-body",
+            quote!(let side = rt.context().new_stream()?;),
+        ),
+        (
+            "stream-created-in-body",
+            quote!(let side = rt.stream().fork()?;),
+        ),
+        (
+            "cublas-handle-in-body",
+            quote!(let blas = CudaBlas::new(rt.stream().clone())?;),
+        ),
+        ("capture-control", quote!(rt.stream().begin_capture(mode)?;)),
+        (
+            "nested-graph-capture",
+            quote!(let g = PlusTwoGraph::capture(rt, x, 8)?;),
+        ),
+        ("cpu-randomness", quote!(let noise: f32 = rand::random();)),
+        (
+            "cpu-randomness",
+            quote!(let scale = rng().random_range(0.5..1.5);),
+        ),
+        ("host-print", quote!(println!("step done");)),
+        ("host-print", quote!(eprint!(".");)),
+        (
+            "host-log",
+            quote!(tracing::info!(n = x.len(), "launching");),
+        ),
+        ("host-log", quote!(log::warn!("slow");)),
+        (
+            "host-io",
+            quote!(let cfg = std::fs::read_to_string("cfg.toml")?;),
+        ),
+        ("host-io", quote!(let mut f = File::create("trace.bin")?;)),
+        (
+            "host-sleep",
+            quote!(std::thread::sleep(Duration::from_millis(1));),
+        ),
+        ("host-clock", quote!(let t0 = Instant::now();)),
+        (
+            "pinned-host-read",
+            quote!(let first = staging.as_slice()?[0];),
+        ),
+        ("host-bookkeeping", quote!(history.push(x.len());)),
+        (
+            "host-clock",
+            quote!(let seed = SystemTime::now().duration_since(UNIX_EPOCH)?;),
+        ),
+    ];
+    for (id, body) in cases {
+        let got = one(body.clone());
+        assert!(
+            got.contains(&id),
+            "expected `{id}` for `{body}`, got {got:?}"
+        );
+    }
+}
+
+#[test]
+fn a_condition_reading_the_device_is_one_error_on_the_condition() {
+    assert_eq!(
+        one(quote! {
+            if rt.stream().clone_dtoh(y)?[0].is_nan() {
+                return Err(GraphError::User("NaN".into()));
+            }
+        }),
+        ["host-branch-on-device-data"]
+    );
+    assert_eq!(
+        one(quote!(while rt.stream().clone_dtoh(y)?[0] > 1.0 {
+            halve(rt, y)?;
+        })),
+        ["host-branch-on-device-data"]
+    );
+}
+
+#[test]
+fn locals_read_from_the_device_taint_later_conditions() {
+    assert_eq!(
+        one(quote! {
+            let host = rt.stream().clone_dtoh(y)?;
+            let worst = host.iter().fold(0.0f32, |a, b| a.max(*b));
+            if worst > 1.0 { rescale(rt, y)?; }
+            match host.len() { 0 => {}, _ => {} }
+            for _ in 0..host.len() {}
+        }),
+        [
+            "device-to-host",
+            "host-branch-on-device-data",
+            "host-branch-on-device-data",
+            "host-branch-on-device-data"
+        ]
+    );
+    assert_eq!(
+        one(quote! {
+            let mut host = vec![0.0f32; 4];
+            rt.stream().memcpy_dtoh(y, &mut host)?;
+            let Some(first) = host.first() else { return Ok(()) };
+        }),
+        ["device-to-host", "host-branch-on-device-data"]
+    );
+    // Re-binding the name to a host value clears the mark.
+    assert_eq!(
+        one(quote! {
+            let v = rt.stream().clone_dtoh(y)?;
+            let v = 1.0f32;
+            if v > 0.0 {}
+        }),
+        ["device-to-host"]
+    );
+}
+
+#[test]
+fn formatting_host_values_of_buffers_is_fine() {
+    let opt_in = quote!(warmup = 2, host_effects_not_replayed);
+    for body in [
+        quote!(println!("{} elements", x.len());),
+        quote!(tracing::debug!(n = y.len(), "step");),
+        quote!(assert_eq!(x.len(), y.len(), "shapes differ");),
+        quote!(let s = format!("{}", x.len());),
+    ] {
+        assert_eq!(
+            ids(opt_in.clone(), body.clone()),
+            Vec::<&str>::new(),
+            "{body}"
+        );
+    }
+    // Formatting a buffer is refused even with the opt-in, and reported once.
+    assert_eq!(
+        ids(opt_in, quote!(println!("{:?}", y);)),
+        ["device-value-formatted"]
+    );
+    assert_eq!(
+        one(quote!(println!("{:?}", y);)),
+        ["device-value-formatted"]
+    );
+    // Locals bound to device allocations count as buffers.
+    assert_eq!(
+        one(quote! {
+            let tmp = rt.stream().alloc_zeros::<f32>(x.len())?;
+            let s = format!("{tmp:?}");
+        }),
+        ["device-value-formatted"]
+    );
+}
+
+#[test]
+fn the_opt_in_lifts_host_effects_only() {
+    let body = quote! {
+        let t0 = Instant::now();
+        println!("capturing");
+        tracing::info!("capturing");
+        std::thread::sleep(Duration::from_millis(1));
+        let _ = std::fs::write("capture.log", "x");
+        rt.stream().synchronize()?;
+        let r: f32 = rand::random();
+    };
+    assert_eq!(
+        one(body.clone()),
+        [
+            "host-clock",
+            "host-print",
+            "host-log",
+            "host-sleep",
+            "host-io",
+            "host-sync",
+            "cpu-randomness"
+        ]
+    );
+    assert_eq!(
+        ids(quote!(warmup = 2, host_effects_not_replayed), body.clone()),
+        ["host-sync", "cpu-randomness"]
+    );
+    assert_eq!(
+        ids(quote!(host_effects_not_replayed = false), body).len(),
+        7
+    );
+}
+
+#[test]
+fn correct_bodies_pass() {
+    for body in [
+        // Kernels through the runtime's cache, on the runtime's stream.
+        quote! {
+            let n = x.len() as i32;
+            let f = rt.function(SRC, "scale")?;
+            let mut tmp = rt.stream().alloc_zeros::<f32>(x.len())?;
+            // SAFETY: test
+            unsafe { rt.stream().launch_builder(&f).arg(x).arg(&mut tmp).arg(&n).launch(cfg)?; }
+            rt.stream().memcpy_dtod(&tmp, y)?;
+        },
+        // cuBLAS through the runtime's handle.
+        quote!(unsafe { rt.blas().gemm(cfg, x, x, y) }?;),
+        // The scoped fork/join, and cudarc's join/wait.
+        quote! {
+            rt.fork(|side| { side.memcpy_dtod(x, y)?; Ok(()) })?;
+            rt.stream().join(&other)?;
+            rt.stream().wait(&event)?;
+        },
+        // The phase and the capture status are legal while capturing.
+        quote! {
+            if is_capturing() { panic!("found during capture"); }
+            match phase() { Phase::Warmup { run, .. } => { let _ = run; } _ => {} }
+            let status = rt.stream().capture_status()?;
+        },
+        // Names that only look like rules.
+        quote! {
+            let rng = 3;
+            let random = rng + 1;
+            let stdout = random;
+            let sleep = stdout;
+            let query = sleep;
+            let s = format!("{query} {}", x.len());
+            let _ = my_rng.next_index(rng);
+        },
+        // Copies from a parameter declared as a pinned buffer are the legal host copies.
+        quote! {
+            rt.stream().memcpy_htod(staging, y)?;
+            let up = rt.stream().clone_htod(&staging)?;
+            let n = history.len();
+        },
+        // A closure that allocates does not make its result a device buffer.
+        quote! {
+            let n = rt.fork(|side| { let t = side.alloc_zeros::<f32>(4)?; drop(t); Ok(4) })?;
+            assert_eq!(n, x.len(), "{n}");
+        },
+        // Helpers declared inside the body are not walked.
+        quote! {
+            fn helper(rt: &Runtime) -> Result<(), GraphError> { rt.synchronize() }
+            const DEBUG: bool = false;
+        },
+    ] {
+        assert_eq!(one(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}
+
+#[test]
+fn macro_arguments_are_walked() {
+    assert_eq!(
+        one(quote!(assert!(rt.stream().clone_dtoh(y)?.len() > 0);)),
+        ["device-to-host"]
+    );
+    assert_eq!(
+        one(quote!(let v = vec![rand::random::<f32>(); 4];)),
+        ["cpu-randomness"]
+    );
+}
+
+#[test]
+fn every_error_is_reported_and_the_graph_type_is_still_emitted() {
+    let out = expand::cuda_graph(
+        quote!(warmup = 2),
+        quote! {
+            fn f(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+                rt.stream().synchronize()?;
+                println!("hi");
+                let v = rt.stream().clone_dtoh(y)?;
+                Ok(())
+            }
+        },
+    );
+    let text = out.to_string();
+    assert_eq!(compile_errors(out).len(), 3);
+    assert!(text.contains("fn f"), "{text}");
+    assert!(text.contains("struct FGraph"), "{text}");
+}
+
+#[test]
+fn a_pattern_is_not_a_call() {
+    // A user's enum with variants named like the standard library's I/O types: matched
+    // on, constructed and compared, none of it is I/O.
+    assert_eq!(
+        one(quote! {
+            let sink = Sink::File(path);
+            match sink {
+                Sink::File(p) => launch(rt, p)?,
+                Sink::Stdout => launch(rt, 0)?,
+                Sink::Command { .. } => {}
+            }
+            if let Sink::File(_) = sink {}
+            let same = matches!(sink, Sink::File(_));
+        }),
+        Vec::<&str>::new()
+    );
+    // Paths through the standard library's items still are.
+    assert_eq!(
+        one(quote!(let f = std::fs::File::open("w.bin")?;)),
+        ["host-io"]
+    );
+    assert_eq!(one(quote!(let f = File::create(path)?;)), ["host-io"]);
+    assert_eq!(one(quote!(let out = std::io::stdout();)), ["host-io"]);
+}
+
+#[test]
+fn methods_of_the_users_own_types_are_the_users() {
+    let params = quote! {
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        #[state] sched: &mut Scheduler,
+        #[state] cache: &Arc<Lookup>,
+        #[state] stream: &Arc<CudaStream>,
+        #[state] model: &Model,
+    };
+    let with = |body: TokenStream| ids_with(quote!(warmup = 2), params.clone(), body);
+    for body in [
+        // Parameters declared with the user's types.
+        quote!(sched.synchronize();),
+        quote!(let hit = cache.query(&key);),
+        quote!(let hit = (*cache).query(&key);),
+        // Locals bound to the user's values.
+        quote!(let mut s = Scheduler::new(4); s.synchronize();),
+        quote!(let l = Lookup { table }; let _ = l.query(1);),
+        quote!(let l: Lookup = make(); let _ = l.query(1);),
+        quote!(let l = Lookup::with_capacity(8); let l2 = l.clone(); let _ = l2.query(1);),
+        quote!(let r = &*sched; r.synchronize();),
+        // A call written on the user's type.
+        quote!(Scheduler::synchronize(sched);),
+        // The workaround the coverage table gives for a field: an annotated local.
+        quote!(let db: &Lookup = &model.lookup; let _ = db.query(1);),
+    ] {
+        assert_eq!(with(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+    for body in [
+        // A CUDA type, declared or written on the path.
+        quote!(stream.synchronize()?;),
+        quote!(CudaStream::synchronize(stream)?;),
+        quote!(CudaStream::synchronize(&sched)?;),
+        quote!(<CudaStream>::synchronize(stream)?;),
+        quote!(Runtime::synchronize(rt)?;),
+        // What the macro cannot classify: fields, method chains, closure parameters,
+        // locals bound to function calls.
+        quote!(model.stream.synchronize()?;),
+        quote!(model.stream().synchronize()?;),
+        quote!(sched.stream().synchronize()?;),
+        quote!(let s = streams_of(rt); s.synchronize()?;),
+        quote!(rt.fork(|sched| sched.synchronize())?;),
+        // A shadowing binding hides the outer one.
+        quote!(let sched = rt.stream(); sched.synchronize()?;),
+    ] {
+        assert_eq!(with(body.clone()), ["host-sync"], "{body}");
+    }
+    // The inner block's binding does not leak out of it.
+    assert_eq!(
+        with(quote! {
+            let s = rt.stream();
+            { let s = Scheduler::new(1); s.synchronize(); }
+            s.synchronize()?;
+        }),
+        ["host-sync"]
+    );
+}
+
+#[test]
+fn lower_layers_and_path_calls() {
+    for (id, body) in [
+        (
+            "host-sync",
+            quote!(unsafe { result::stream::synchronize(raw) }?;),
+        ),
+        ("host-sync", quote!(result::ctx::synchronize()?;)),
+        (
+            "host-sync",
+            quote!(cudarc::driver::result::event::synchronize(ev)?;),
+        ),
+        (
+            "host-sync",
+            quote!(unsafe { sys::cuStreamSynchronize(raw) };),
+        ),
+        ("host-sync", quote!(unsafe { cuCtxSynchronize() };)),
+        (
+            "host-sync",
+            quote!(CudaContext::synchronize(rt.context())?;),
+        ),
+        (
+            "stream-or-event-query",
+            quote!(let r = unsafe { result::event::query(ev) };),
+        ),
+        (
+            "stream-or-event-query",
+            quote!(let r = CudaEvent::elapsed_ms(&a, &b)?;),
+        ),
+        (
+            "stream-or-event-query",
+            quote!(let r = unsafe { sys::cuStreamQuery(raw) };),
+        ),
+        (
+            "raw-sync-memory-op",
+            quote!(unsafe { result::memcpy_htod_sync(dst, &host) }?;),
+        ),
+        (
+            "raw-sync-memory-op",
+            quote!(unsafe { result::memcpy_dtoh_sync(&mut host, src) }?;),
+        ),
+        (
+            "raw-sync-memory-op",
+            quote!(unsafe { sys::cuMemcpyDtoH_v2(dst, src, n) };),
+        ),
+        (
+            "raw-sync-memory-op",
+            quote!(unsafe { sys::cuMemsetD32_v2(dst, 0, n) };),
+        ),
+        (
+            "device-to-host",
+            quote!(unsafe { result::memcpy_dtoh_async(&mut host, src, raw) }?;),
+        ),
+        (
+            "device-to-host",
+            quote!(let h = CudaStream::clone_dtoh(rt.stream(), y)?;),
+        ),
+        (
+            "host-to-device",
+            quote!(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, n, raw) };),
+        ),
+        (
+            "pinned-host-alloc",
+            quote!(let p = unsafe { result::malloc_host(n, 0) }?;),
+        ),
+        (
+            "pinned-host-alloc",
+            quote!(let r = unsafe { sys::cuMemHostAlloc(&mut p, n, 0) };),
+        ),
+        (
+            "pinned-host-alloc",
+            quote!(let r = unsafe { sys::cuMemAllocHost_v2(&mut p, n) };),
+        ),
+        (
+            "pinned-host-alloc",
+            quote!(let p = unsafe { CudaContext::alloc_pinned::<f32>(rt.context(), n) }?;),
+        ),
+        (
+            "stream-created-in-body",
+            quote!(let s = result::stream::create(kind)?;),
+        ),
+        (
+            "stream-created-in-body",
+            quote!(let s = CudaContext::new_stream(rt.context())?;),
+        ),
+        (
+            "capture-control",
+            quote!(unsafe { sys::cuStreamBeginCapture_v2(raw, mode) };),
+        ),
+        (
+            "legacy-default-stream",
+            quote!(let s = result::stream::null();),
+        ),
+    ] {
+        assert_eq!(one(body.clone()), [id], "{body}");
+    }
+    // Asynchronous raw calls on a stream are recorded like the safe ones: not refused.
+    assert_eq!(
+        one(quote!(unsafe { result::memcpy_dtod_async(dst, src, n, raw) }?;)),
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        one(quote!(unsafe { sys::cuMemsetD32Async(dst, 0, n, raw) };)),
+        Vec::<&str>::new()
+    );
+}
+
+#[test]
+fn threads_modules_and_rand_0_9() {
+    for (id, body) in [
+        (
+            "thread-spawned-in-body",
+            quote!(let h = std::thread::spawn(move || work());),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(thread::scope(|s| { s.spawn(|| work()); });),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(let b = thread::Builder::new().name("w".into());),
+        ),
+        ("thread-spawned-in-body", quote!(let h = spawn(|| work());)),
+        (
+            "thread-spawned-in-body",
+            quote!(rayon::join(|| a(), || b());),
+        ),
+        (
+            "module-load-in-body",
+            quote!(let m = rt.context().load_module(ptx)?;),
+        ),
+        ("module-load-in-body", quote!(let ptx = compile_ptx(SRC)?;)),
+        (
+            "module-load-in-body",
+            quote!(let ptx = cudarc::nvrtc::compile_ptx_with_opts(SRC, opts)?;),
+        ),
+        (
+            "module-load-in-body",
+            quote!(let ptx = Ptx::from_file("k.ptx");),
+        ),
+        (
+            "module-load-in-body",
+            quote!(let m = unsafe { sys::cuModuleLoadData(&mut m, img) };),
+        ),
+        ("cpu-randomness", quote!(let v: f32 = r.random();)),
+        ("cpu-randomness", quote!(let v = rng.sample(dist);)),
+        ("cpu-randomness", quote!(let v = items.choose(&mut r);)),
+        ("cpu-randomness", quote!(let v = r.next_u64();)),
+        ("cpu-randomness", quote!(let v = random_range(0..10);)),
+        (
+            "cpu-randomness",
+            quote!(let v = Rng::random_range(&mut r, 0..10);),
+        ),
+        ("cpu-randomness", quote!(let mut r = StdRng::from_os_rng();)),
+    ] {
+        assert_eq!(one(body.clone()), [id], "{body}");
+    }
+    // rand 0.9's generator seeded in the body draws the same numbers on every run, but the
+    // draw is still a CPU draw frozen into the graph.
+    assert_eq!(
+        one(quote!(let mut r = SmallRng::seed_from_u64(7); let a: f32 = r.random();)),
+        ["cpu-randomness"]
+    );
+}
+
+#[test]
+fn inside_a_users_macro_invocation() {
+    for body in [
+        // Statements.
+        quote!(my_macro! { let n = x.len(); rt.stream().synchronize()?; }),
+        // Expressions between `=>` and `;`.
+        quote!(repeat!(3 => rt.stream().synchronize()?);),
+        quote!(with_stream!(s; s.synchronize()?);),
+        // Nested in a macro's arguments.
+        quote!(outer!(inner!(rt.stream().synchronize()?));),
+    ] {
+        assert_eq!(one(body.clone()), ["host-sync"], "{body}");
+    }
+    // What does not parse says nothing.
+    assert_eq!(
+        one(quote!(weird!(@sync ~> rt.stream() <~);)),
+        Vec::<&str>::new()
+    );
+    // A named format argument is not an assignment to a local.
+    assert_eq!(
+        one(quote! {
+            let v = rt.stream().clone_dtoh(y)?;
+            let s = format!("{v}", v = 1);
+            if v.is_empty() {}
+        }),
+        ["device-to-host", "host-branch-on-device-data"]
+    );
+}
+
+#[test]
+fn a_device_read_inside_a_print_comes_first() {
+    let body = quote!(println!("{}", rt.stream().clone_dtoh(y)?[0]););
+    assert_eq!(one(body.clone()), ["device-to-host", "host-print"]);
+    assert_eq!(
+        ids(quote!(host_effects_not_replayed), body),
+        ["device-to-host"]
+    );
+}
+
+#[test]
+fn scopes_and_guards() {
+    // A closure parameter that shadows a buffer is not the buffer.
+    assert_eq!(
+        one(quote!(let lens: Vec<String> = names.iter().map(|y| format!("{y}")).collect();)),
+        Vec::<&str>::new()
+    );
+    // A match guard decides on the host like a condition.
+    assert_eq!(
+        one(quote!(match n {
+            k if rt.stream().clone_dtoh(y)?[k] > 0.0 => {}
+            _ => {}
+        })),
+        ["host-branch-on-device-data"]
+    );
+    // A host collection parameter of buffers is still bookkeeping; a local one is not.
+    assert_eq!(
+        ids_with(
+            quote!(warmup = 2),
+            quote!(x: &CudaSlice<f32>, #[state] bufs: &mut Vec<CudaSlice<f32>>),
+            quote!(bufs.push(rt.stream().alloc_zeros::<f32>(4)?); let mut v = Vec::new(); v.push(1);),
+        ),
+        ["host-bookkeeping"]
+    );
+    // A host collection given as state is not a device buffer: formatting it is host work.
+    assert_eq!(
+        one(quote!(let s = format!("{history:?}");)),
+        Vec::<&str>::new()
+    );
+}

@@ -1,0 +1,202 @@
+//! NCCL collectives captured into graphs on every rank (feature `nccl`).
+//!
+//! Tensor-parallel inference and data-parallel training launch a collective after every
+//! few kernels, and every rank waits for the slowest: launch overhead and host syncs cost
+//! more on several GPUs than on one. This module lets a `#[cuda_graph]` body issue NCCL
+//! collectives (all-reduce, all-gather, reduce-scatter, broadcast) on the runtime's
+//! stream; each rank captures the same graph, and a replay on every rank runs compute and
+//! communication with one launch per rank. The collectives are NCCL's, through cudarc.
+//!
+//! ```no_run
+//! use graph_runtime::cudarc::driver::CudaSlice;
+//! use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
+//! use graph_runtime::{cuda_graph, GraphError, Runtime};
+//!
+//! #[cuda_graph(warmup = 2)]
+//! fn row_parallel(
+//!     rt: &Runtime,
+//!     x: &CudaSlice<f32>,
+//!     #[state] comm: &Communicator,       // the graph borrows the communicator
+//!     y: &mut CudaSlice<f32>,
+//! ) -> Result<(), GraphError> {
+//!     rt.stream().memcpy_dtod(x, y)?;       // … this rank's partial result …
+//!     comm.all_reduce_in_place(y, ReduceOp::Sum)?; // … summed over the ranks
+//!     Ok(())
+//! }
+//!
+//! # fn main() -> Result<(), GraphError> {
+//! let group = CommGroup::new(2)?;            // loads NCCL, makes the unique id
+//! let sums = group.run(&[0, 1], |comm| {     // one thread per GPU, each with its Runtime
+//!     let rt = comm.runtime();
+//!     let x = rt.stream().clone_htod(&vec![comm.rank() as f32 + 1.0; 1024])?;
+//!     // Every rank captures together: the ranks compare their collectives before any
+//!     // rank instantiates its graph.
+//!     let mut graph = comm.capture(|| RowParallelGraph::capture(rt, &x, comm, 1024))?;
+//!     let y = rt.stream().clone_dtoh(graph.replay(&x)?.y)?;
+//!     Ok(y[0])
+//! })?;
+//! assert_eq!(sums, vec![3.0, 3.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! # Design
+//! * **One thread per GPU, one process.** Each rank has its own [`Runtime`](crate::Runtime)
+//!   (context, capture stream, cuBLAS, kernels) and its own thread, which joins the group
+//!   and then issues, captures and replays. One thread driving every GPU cannot work with
+//!   graphs: a capture runs eager warmup runs first, and the warmup of rank 0 would wait on
+//!   the GPU for rank 1's collectives, which that same thread has not issued yet (NCCL
+//!   would need every rank's calls between `ncclGroupStart`/`ncclGroupEnd`, which a
+//!   capture procedure cannot span). NCCL also documents that one thread launching the
+//!   graphs of several GPUs can deadlock in `cudaGraphLaunch`, and that several threads
+//!   need CUDA's thread-local capture mode, the runtime's default. A thread per rank also
+//!   spreads the host work of launching over cores, and maps one-to-one onto the process
+//!   per GPU of multi-node jobs (see "Beyond two GPUs").
+//! * **Set-up outside any capture.** [`CommGroup::new`] (once, before the ranks start)
+//!   loads NCCL, checks its version and makes the communicator's unique id;
+//!   [`CommGroup::join`] (on each rank's thread, with its runtime) waits for all ranks,
+//!   refuses two ranks on one device and calls `ncclCommInitRank`. [`CommGroup::run`] does
+//!   all of it: a thread per device, a runtime, a join, your closure.
+//! * **Collectives are methods of [`Communicator`]** and run on the runtime's stream, the
+//!   stream every warmup, capture and replay uses. A body takes the communicator as
+//!   `#[state] comm: &Communicator`: the graph borrows it, so it cannot be destroyed while
+//!   a graph that recorded its collectives lives. Buffer lengths and devices are checked
+//!   before NCCL sees them ([`CollectiveError::Shape`], [`CollectiveError::WrongDevice`]).
+//! * **Ranks capture together**: [`Communicator::capture`] wraps the `FooGraph::capture`
+//!   call on every rank (see "How the ranks stay together").
+//!
+//! # Finding libnccl
+//! cudarc loads NCCL when it is first used, by the names
+//! [`cudarc::get_lib_name_candidates`]`("nccl")` gives: `libnccl.so`, then
+//! `libnccl.so.13`, `.12`, … (for a CUDA 13 build), searched by the dynamic loader
+//! (`LD_LIBRARY_PATH` as the process started, the `ldconfig` cache, the system
+//! directories). There is no environment variable of its own. NCCL's runtime package and
+//! PyTorch's wheel install the library as `libnccl.so.2` only (on the GPU machine:
+//! `/usr/lib/x86_64-linux-gnu/libnccl.so.2`, and in PyTorch's
+//! `site-packages/nvidia/nccl/lib/`), which cudarc does not try; only the development
+//! package adds a `libnccl.so` link. cudarc panics when it finds nothing, so the runtime
+//! probes first ([`nccl_available`]) and [`CommGroup::new`] returns
+//! [`CollectiveError::LibraryMissing`]: the names tried, the `libnccl.so.2` copies it can
+//! see, and the fix, a directory holding a `libnccl.so` link on `LD_LIBRARY_PATH` before
+//! the program starts:
+//!
+//! ```sh
+//! mkdir -p ~/.cache/nccl-lib
+//! ln -sf /usr/lib/x86_64-linux-gnu/libnccl.so.2 ~/.cache/nccl-lib/libnccl.so
+//! LD_LIBRARY_PATH=$HOME/.cache/nccl-lib:$LD_LIBRARY_PATH ./my-program
+//! # or, from this repository: bash scripts/with-nccl.sh ./my-program
+//! ```
+//!
+//! The bindings are cudarc's for NCCL 2.28 (the GPU machine's 2.28.3); the runtime needs
+//! at least [`MIN_NCCL`] and calls only functions every later version has.
+//!
+//! # Inside a body
+//! [`all_reduce`](Communicator::all_reduce), [`all_reduce_in_place`](Communicator::all_reduce_in_place),
+//! [`all_gather`](Communicator::all_gather), [`reduce_scatter`](Communicator::reduce_scatter)
+//! and [`broadcast`](Communicator::broadcast) behave by phase:
+//!
+//! | phase | what a collective does |
+//! | --- | --- |
+//! | eager (a plain call of the function) | runs, as NCCL would |
+//! | warmup run (inside `comm.capture`) | meets the other ranks on the host, compares, then runs |
+//! | capture (inside `comm.capture`) | is recorded into the graph, and into the list compared before instantiation |
+//! | replay | runs on every rank, in the order captured |
+//!
+//! Collectives run on the runtime's stream only: no collective takes a stream, so none can
+//! be left on a side stream. To overlap communication with compute, put the compute on a
+//! [`Runtime::fork`](crate::Runtime::fork) side branch and issue the collective on the
+//! main stream inside the fork's closure; the fork rejoins before it returns. (cudarc's own
+//! `nccl::Comm` can issue collectives on any stream; inside a body that is unchecked: a
+//! collective on a stream that is not joined back fails the capture with CUDA error 904,
+//! one on a stream that is not captured runs once and never on replay.)
+//!
+//! # How the ranks stay together
+//! NCCL matches collectives by their order alone: if rank 1 captures one more all-reduce
+//! than rank 0, both graphs wait forever on their first replay. So
+//! [`Communicator::capture`] runs the capture on every rank as a session, and the ranks
+//! meet on the host (a mutex and condition variable shared by the threads: never a
+//! collective, which could itself hang) at these points, each with a timeout
+//! ([`CommGroup::set_timeout`]):
+//!
+//! 1. before each collective of a warmup run (warmup runs execute their collectives: a
+//!    disagreement must stop the ranks before one of them waits on the GPU);
+//! 2. after each capture ends and before it is instantiated, with the whole list of
+//!    recorded collectives (operation, element type, count, root, group);
+//! 3. when `comm.capture` ends, so that a rank keeps its graphs only if every rank did.
+//!
+//! # Failure modes
+//! | failure | what happens |
+//! | --- | --- |
+//! | ranks capture different sequences of collectives | [`CollectiveError::Mismatch`] on every rank before instantiation, naming the first differing collective (position, both ranks' versions and lines) |
+//! | ranks issue different collectives in a warmup run | the same error, before the differing collective is issued |
+//! | a rank's capture fails (error or panic) while the others wait | it posts its failure; the others stop at their next meeting with [`CollectiveError::PeerFailed`] naming it and its error |
+//! | a rank never arrives (stuck, or never calls `comm.capture`) | [`CollectiveError::Timeout`] after [`CommGroup::timeout`], naming the missing ranks; later arrivals get `PeerFailed` at once |
+//! | a graph with collectives captured without `comm.capture` | [`CollectiveError::OutsideCapture`] at the first collective |
+//! | a collective on an unjoined side stream | no API issues one (see "Inside a body") |
+//! | a collective in a body captured on another runtime than the communicator's | [`CollectiveError::NotOnCaptureStream`] (it would run once, at capture) |
+//! | an eager collective while the rank's stream is captured by another thread | [`CollectiveError::EagerDuringCapture`] (it would be recorded into that graph) |
+//! | graph and eager collectives mixed on one communicator | allowed in one order on one stream (see below); with `NCCL_GRAPH_MIXING_SUPPORT=0`, an eager collective after a capture is [`CollectiveError::GraphMixingDisabled`] |
+//! | `mode = "global"` capture with collectives | [`CollectiveError::GlobalCaptureMode`]: with a thread per GPU it fails the other ranks' CUDA calls |
+//! | a communicator dropped while a graph recorded its collectives | does not compile: the graph borrows it |
+//! | two ranks on one GPU | [`CollectiveError::DuplicateDevice`] at join |
+//! | libnccl not found, or too old | [`CollectiveError::LibraryMissing`], [`CollectiveError::LibraryTooOld`] |
+//!
+//! **Mixing graph and eager collectives.** NCCL treats "captured or not" as a property
+//! every rank must share for each collective, and a graph launch as collective over the
+//! ranks that captured it together. So: eager collectives between replays are fine, on
+//! every rank alike, because a [`Communicator`] stays on its thread and issues on its
+//! runtime's one stream, in program order, like the replays. What the runtime cannot see is
+//! a rank that replays a graph while another runs the same collectives eagerly (that needs
+//! a host exchange per replay): keep the choice between replay and eager call the same on
+//! every rank, and agree on data-dependent choices first (all-reduce a flag).
+//!
+//! What stays NCCL's: a kernel fault on one rank during a replay leaves the others waiting
+//! on the GPU; dropping a [`Communicator`] with queued collectives waits up to the timeout,
+//! then aborts it (`ncclCommAbort`) instead of destroying it. NCCL connects ranks lazily,
+//! at the first collective that needs a connection: a rank whose capture records a
+//! collective the others do not, of a kind no warmup run issued, can block inside NCCL
+//! while recording it (the other ranks still stop, with [`CollectiveError::Timeout`], at the
+//! end of their capture); `NCCL_RUNTIME_CONNECT=0` makes NCCL connect everything at
+//! set-up and closes that gap.
+//!
+//! # Beyond two GPUs, on paper
+//! **Eight GPUs of one node**: nothing changes. `CommGroup::new(8)` and
+//! `group.run(&[0, 1, …, 7], …)`; NCCL picks its rings and trees over NVLink; captures
+//! compare eight sequences against rank 0's. Tensor parallelism splits each weight in
+//! eight; data parallelism all-reduces over eight. Host launch work stays one thread per
+//! GPU.
+//!
+//! **Several nodes** (NCCL over the network, one process per GPU, as `torchrun` starts
+//! them):
+//! * *What changes: set-up.* The unique id cannot be shared through memory: rank 0 makes it
+//!   (`ncclGetUniqueId`) and sends its 128 bytes to the others over a channel of the
+//!   launcher (a TCP store, MPI, a file on a shared disk); each process calls
+//!   `ncclCommInitRank` with it, its global rank and the world size. A group then
+//!   holds one rank, not a thread per rank.
+//! * *What changes: the meeting point.* The host comparison at each step of a capture must
+//!   cross processes: the same protocol (post, wait with a timeout, sticky failures) over
+//!   the launcher's store (for example a key per session and step) instead of a mutex. It
+//!   still must not be a collective on the communicator being checked. The messages are
+//!   small: a few bytes per collective, once per capture, and once per collective of a
+//!   warmup run.
+//! * *What does not change:* the API inside bodies; capturing on every rank with
+//!   `comm.capture`; the graph borrowing its communicator; the replay (one launch per
+//!   rank); the failure modes and their errors. NCCL chooses network transports (IB, RoCE,
+//!   sockets) by itself, and a captured collective replays over them as over NVLink.
+//! * *What to watch:* communication costs much more than a launch across nodes, so graphs
+//!   matter less there, except at small messages; timeouts must allow for network set-up
+//!   (NCCL connects lazily, at the first collective of a warmup run).
+
+mod collective;
+mod comm;
+mod error;
+mod library;
+mod raw;
+mod rendezvous;
+mod sequence;
+pub(crate) mod session;
+
+pub use comm::{CommGroup, Communicator, DEFAULT_TIMEOUT};
+pub use cudarc::nccl::NcclType;
+pub use error::CollectiveError;
+pub use library::{nccl_available, NcclVersion, MIN_NCCL};
+pub use sequence::{CollectiveCall, CollectiveOp, ReduceOp};

@@ -1,0 +1,790 @@
+//! State: device data a graph reads or writes in place, by address.
+//!
+//! A captured graph has the device addresses of its `#[state]` buffers baked into its
+//! kernels. Three things keep those addresses valid for as long as the graph lives:
+//!
+//! * **The graph holds the state.** A `#[state]` parameter is given to `capture` as a borrow
+//!   (`&w`, `&mut kv`: the graph type then borrows it for its lifetime `'s`), as an `Arc`, or
+//!   by value (the graph owns it: a `FooGraph<'static>` can live in a struct of yours). See
+//!   [`Held`], [`HeldMut`], [`StateArg`] and [`StateArgMut`].
+//! * **What is lent back cannot be replaced where the type allows it.** `state_mut()` lends
+//!   each `&mut` state as its [`DeviceState::Lent`] form: a `CudaSlice<T>` is lent as a
+//!   `CudaViewMut<T>`, which can be written into but not replaced or freed.
+//! * **What the type cannot protect is checked.** For state the macro cannot see into (a
+//!   struct of yours holding buffers), the graph records every device address at capture
+//!   ([`AddressBook`]) and compares them before every replay: one pointer comparison per
+//!   buffer, no allocation. A buffer that was replaced, freed or reallocated is a typed
+//!   error ([`GraphError::StateMoved`]) naming the parameter, and nothing is launched. The
+//!   same check runs after every warmup run and after the capture, so a body that replaces
+//!   its own `&mut` parameters is refused too.
+//!
+//! [`DeviceState`] is what tells the runtime where a value's device memory is. It is
+//! implemented for cudarc's buffers, the runtime's generators, common containers and host
+//! scalars; `#[derive(DeviceState)]` implements it for a struct of yours, field by field
+//! (`#[device_state(skip)]` leaves a field out).
+//!
+//! Warmup runs the body eagerly before the capture, which would leave `&mut` state (a KV
+//! cache, optimizer moments, a step counter) advanced by the warmup. By default the graph
+//! snapshots every `&mut` state on the device before the warmup and restores it afterwards
+//! (the size is [`GraphInfo::state_snapshot_bytes`](crate::GraphInfo::state_snapshot_bytes)),
+//! so the first replay sees what the first eager call would have seen; `#[state(no_restore)]`
+//! opts a parameter out when it is too large to copy or the warmup's updates are wanted.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaViewMut,
+    DevicePtr, PinnedHostSlice,
+};
+
+use crate::error::GraphError;
+pub use crate::error::When;
+pub use crate::region::{DeviceRegion, Elem};
+use crate::runtime::Runtime;
+
+/// Where a value keeps its device memory, and how it is lent back from a graph.
+///
+/// The runtime uses it to check that a graph's state still has the addresses it was
+/// captured with, to snapshot `&mut` state around the warmup, and to lend `&mut` state back
+/// between replays in a form that cannot replace the buffers where the type allows it.
+///
+/// Implement it with `#[derive(DeviceState)]` on a struct whose fields implement it;
+/// `#[device_state(skip)]` leaves out a field that holds no device memory the graph uses.
+///
+/// # Safety
+/// The runtime writes to the regions an implementation reports (it restores them after the
+/// warmup) and launches graphs on the strength of their addresses being unchanged, so an
+/// implementation must report, always in the same order, every device buffer reachable from
+/// the value that a graph may read or write, and only buffers the value keeps allocated for
+/// as long as it lives. Replacing or freeing one of them must change what it reports. Regions
+/// can only be made by the runtime's own implementations (for `CudaSlice`, generators, …), so
+/// a composite implementation reports them by forwarding to its fields, as the derive does.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be held by a CUDA graph: the runtime cannot see its device buffers",
+    label = "a graph's `#[state]`, inputs and outputs must implement `DeviceState`",
+    note = "add `#[derive(graph_runtime::DeviceState)]` to a struct of yours (fields that hold no device memory can be marked `#[device_state(skip)]`)"
+)]
+pub unsafe trait DeviceState {
+    /// What `state_mut()` lends for a `&mut` state of this type.
+    type Lent<'a>
+    where
+        Self: 'a;
+
+    /// Whether the graph compares this value's addresses before every replay. Types whose
+    /// [`Lent`](DeviceState::Lent) form cannot replace their buffers, and whose address can
+    /// only be read with a host synchronisation, set it to `false`; the check after every
+    /// warmup run and after the capture still happens.
+    const REPLAY_CHECK: bool = true;
+
+    /// Calls `visit` with every buffer this value holds, always in the same order.
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion));
+
+    /// Lends the value back between replays.
+    fn lend(&mut self) -> Self::Lent<'_>;
+}
+
+// SAFETY: one region, the slice's own allocation, which it keeps until dropped; replacing
+// the slice changes its address.
+unsafe impl<T: 'static> DeviceState for CudaSlice<T> {
+    type Lent<'a>
+        = CudaViewMut<'a, T>
+    where
+        Self: 'a;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        let (ptr, _sync) = self.device_ptr(self.stream());
+        visit(DeviceRegion {
+            elem: Elem::of::<T>(),
+            ..DeviceRegion::device(ptr, self.num_bytes())
+        });
+    }
+
+    fn lend(&mut self) -> CudaViewMut<'_, T> {
+        self.as_view_mut()
+    }
+}
+
+// SAFETY: one (host) region, the buffer's own page-locked allocation.
+unsafe impl<T: cudarc::driver::ValidAsZeroBits> DeviceState for PinnedHostSlice<T> {
+    type Lent<'a>
+        = PinnedLend<'a, T>
+    where
+        Self: 'a;
+
+    // Reading a pinned buffer's address waits for its last copy; it cannot be replaced
+    // through `PinnedLend`, so replays skip the check.
+    const REPLAY_CHECK: bool = false;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        let ptr = self.as_ptr().map_or(0, |p| p as u64);
+        visit(DeviceRegion {
+            ptr,
+            bytes: self.num_bytes(),
+            host: true,
+            elem: Elem::Bytes,
+        });
+    }
+
+    fn lend(&mut self) -> PinnedLend<'_, T> {
+        PinnedLend(self)
+    }
+}
+
+/// A pinned host buffer lent back by a graph: its contents can be read and written, the
+/// buffer itself cannot be replaced.
+#[derive(Debug)]
+pub struct PinnedLend<'a, T>(&'a mut PinnedHostSlice<T>);
+
+impl<T: cudarc::driver::ValidAsZeroBits> PinnedLend<'_, T> {
+    /// The contents, after waiting for the copies that use the buffer.
+    pub fn as_slice(&self) -> Result<&[T], GraphError> {
+        Ok(self.0.as_slice()?)
+    }
+
+    /// The contents, writable, after waiting for the copies that use the buffer.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T], GraphError> {
+        Ok(self.0.as_mut_slice()?)
+    }
+}
+
+impl<T> PinnedLend<'_, T> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Implements [`DeviceState`] for types that hold no device memory a graph reads by
+/// address: host scalars and cudarc handles.
+macro_rules! no_device_memory {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: no regions: these types hold no device memory.
+        unsafe impl DeviceState for $t {
+            type Lent<'a> = &'a mut $t where Self: 'a;
+            fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
+            fn lend(&mut self) -> &mut $t {
+                self
+            }
+        }
+    )*};
+}
+
+no_device_memory!(
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    String,
+    CudaFunction,
+    CudaModule,
+    CudaStream,
+    CudaContext,
+    CudaEvent,
+);
+
+// SAFETY: forwards to the boxed value, which the box owns.
+unsafe impl<T: DeviceState + ?Sized> DeviceState for Box<T> {
+    type Lent<'a>
+        = T::Lent<'a>
+    where
+        Self: 'a;
+    const REPLAY_CHECK: bool = T::REPLAY_CHECK;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        (**self).regions(visit);
+    }
+
+    fn lend(&mut self) -> T::Lent<'_> {
+        (**self).lend()
+    }
+}
+
+// SAFETY: forwards to the shared value, alive while any `Arc` is.
+unsafe impl<T: DeviceState + ?Sized> DeviceState for Arc<T> {
+    type Lent<'a>
+        = &'a T
+    where
+        Self: 'a;
+    const REPLAY_CHECK: bool = T::REPLAY_CHECK;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        (**self).regions(visit);
+    }
+
+    fn lend(&mut self) -> &T {
+        self
+    }
+}
+
+// SAFETY: forwards to every element, in order.
+unsafe impl<T: DeviceState> DeviceState for Vec<T> {
+    type Lent<'a>
+        = &'a mut Vec<T>
+    where
+        Self: 'a;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        for item in self {
+            item.regions(visit);
+        }
+    }
+
+    fn lend(&mut self) -> &mut Vec<T> {
+        self
+    }
+}
+
+// SAFETY: forwards to every element, in order.
+unsafe impl<T: DeviceState, const N: usize> DeviceState for [T; N] {
+    type Lent<'a>
+        = &'a mut [T; N]
+    where
+        Self: 'a;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        for item in self {
+            item.regions(visit);
+        }
+    }
+
+    fn lend(&mut self) -> &mut [T; N] {
+        self
+    }
+}
+
+// SAFETY: forwards to the value when there is one.
+unsafe impl<T: DeviceState> DeviceState for Option<T> {
+    type Lent<'a>
+        = &'a mut Option<T>
+    where
+        Self: 'a;
+
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        if let Some(item) = self {
+            item.regions(visit);
+        }
+    }
+
+    fn lend(&mut self) -> &mut Option<T> {
+        self
+    }
+}
+
+macro_rules! tuples {
+    ($(($($n:tt $t:ident),+)),* $(,)?) => {$(
+        // SAFETY: forwards to every element, in order.
+        unsafe impl<$($t: DeviceState),+> DeviceState for ($($t,)+) {
+            type Lent<'a> = &'a mut ($($t,)+) where Self: 'a;
+
+            fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+                $(self.$n.regions(visit);)+
+            }
+
+            fn lend(&mut self) -> &mut ($($t,)+) {
+                self
+            }
+        }
+    )*};
+}
+
+tuples!((0 A), (0 A, 1 B), (0 A, 1 B, 2 C), (0 A, 1 B, 2 C, 3 D));
+
+/// A read-only `#[state]` as a graph holds it: borrowed for the graph's lifetime, shared
+/// through an `Arc`, or owned.
+#[derive(Debug)]
+pub enum Held<'s, T: ?Sized> {
+    /// Borrowed: the graph type is `FooGraph<'s>`.
+    Borrowed(&'s T),
+    /// Shared with the rest of the program.
+    Shared(Arc<T>),
+    /// Owned by the graph.
+    Owned(Box<T>),
+}
+
+impl<T: ?Sized> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        match self {
+            Held::Borrowed(t) => t,
+            Held::Shared(t) => t,
+            Held::Owned(t) => t,
+        }
+    }
+}
+
+/// A `&mut` `#[state]` as a graph holds it: borrowed exclusively for the graph's lifetime,
+/// or owned.
+#[derive(Debug)]
+pub enum HeldMut<'s, T: ?Sized> {
+    /// Borrowed: the graph type is `FooGraph<'s>`.
+    Borrowed(&'s mut T),
+    /// Owned by the graph.
+    Owned(Box<T>),
+}
+
+impl<T: ?Sized> std::ops::Deref for HeldMut<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        match self {
+            HeldMut::Borrowed(t) => t,
+            HeldMut::Owned(t) => t,
+        }
+    }
+}
+
+impl<T: ?Sized> std::ops::DerefMut for HeldMut<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        match self {
+            HeldMut::Borrowed(t) => t,
+            HeldMut::Owned(t) => t,
+        }
+    }
+}
+
+/// What `capture` accepts for a read-only `#[state] w: &T`: `&T` (the graph borrows it),
+/// `Arc<T>` (shared) or `T` (the graph owns it).
+#[diagnostic::on_unimplemented(
+    message = "a read-only `#[state]` of type `{T}` is given to `capture` as `&{T}`, `Arc<{T}>` or `{T}`, not `{Self}`",
+    label = "pass `&value` to borrow it for the graph's lifetime, an `Arc` to share it, or the value to move it into the graph"
+)]
+pub trait StateArg<'s, T: ?Sized> {
+    /// The state as the graph holds it.
+    fn into_held(self) -> Held<'s, T>;
+}
+
+impl<'s, T: ?Sized> StateArg<'s, T> for &'s T {
+    fn into_held(self) -> Held<'s, T> {
+        Held::Borrowed(self)
+    }
+}
+
+impl<'s, T: ?Sized + 's> StateArg<'s, T> for Arc<T> {
+    fn into_held(self) -> Held<'s, T> {
+        Held::Shared(self)
+    }
+}
+
+impl<'s, T: 's> StateArg<'s, T> for T {
+    fn into_held(self) -> Held<'s, T> {
+        Held::Owned(Box::new(self))
+    }
+}
+
+/// What `capture` accepts for a `#[state] kv: &mut T`: `&mut T` (the graph borrows it
+/// exclusively) or `T` (the graph owns it).
+#[diagnostic::on_unimplemented(
+    message = "a `&mut` `#[state]` of type `{T}` is given to `capture` as `&mut {T}` or `{T}`, not `{Self}`",
+    label = "pass `&mut value` to lend it to the graph for its lifetime, or the value to move it into the graph"
+)]
+pub trait StateArgMut<'s, T: ?Sized> {
+    /// The state as the graph holds it.
+    fn into_held_mut(self) -> HeldMut<'s, T>;
+}
+
+impl<'s, T: ?Sized> StateArgMut<'s, T> for &'s mut T {
+    fn into_held_mut(self) -> HeldMut<'s, T> {
+        HeldMut::Borrowed(self)
+    }
+}
+
+impl<'s, T: 's> StateArgMut<'s, T> for T {
+    fn into_held_mut(self) -> HeldMut<'s, T> {
+        HeldMut::Owned(Box::new(self))
+    }
+}
+
+/// What a parameter recorded in an [`AddressBook`] is to the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// An output buffer the graph owns (the body gets it as `&mut`).
+    Output,
+    /// Read-only state.
+    State,
+    /// `&mut` state; `restore` unless `#[state(no_restore)]`: snapshotted before the warmup
+    /// and restored after it.
+    StateMut {
+        /// Whether the warmup's updates are undone.
+        restore: bool,
+    },
+}
+
+/// One parameter's entry in an [`AddressBook`].
+#[derive(Debug, Clone)]
+struct Entry {
+    name: &'static str,
+    start: usize,
+    end: usize,
+    kind: Recorded,
+}
+
+/// The device addresses a graph was captured with, per parameter, so that they can be
+/// compared later without allocating.
+#[derive(Debug, Clone)]
+pub struct AddressBook {
+    graph: &'static str,
+    entries: Vec<Entry>,
+    regions: Vec<DeviceRegion>,
+}
+
+impl AddressBook {
+    /// An empty book for graph `graph`.
+    pub fn new(graph: &'static str) -> Self {
+        AddressBook {
+            graph,
+            entries: Vec::new(),
+            regions: Vec::new(),
+        }
+    }
+
+    /// Records the addresses of parameter `name`. Returns the parameter's index for
+    /// [`AddressBook::check`].
+    pub fn record<T: DeviceState + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        kind: Recorded,
+    ) -> usize {
+        let start = self.regions.len();
+        value.regions(&mut |r| self.regions.push(r));
+        self.entries.push(Entry {
+            name,
+            start,
+            end: self.regions.len(),
+            kind,
+        });
+        self.entries.len() - 1
+    }
+
+    /// Checks that parameter `index` still holds the buffers it was recorded with. Allocates
+    /// nothing unless it fails.
+    #[inline]
+    pub fn check<T: DeviceState + ?Sized>(
+        &self,
+        index: usize,
+        value: &T,
+        when: When,
+    ) -> Result<(), GraphError> {
+        if when == When::Replay && !T::REPLAY_CHECK {
+            return Ok(());
+        }
+        let entry = &self.entries[index];
+        let expected = &self.regions[entry.start..entry.end];
+        let mut seen = 0usize;
+        let mut first_difference: Option<(usize, DeviceRegion)> = None;
+        value.regions(&mut |r| {
+            if first_difference.is_none() && expected.get(seen) != Some(&r) {
+                first_difference = Some((seen, r));
+            }
+            seen += 1;
+        });
+        if first_difference.is_none() && seen == expected.len() {
+            return Ok(());
+        }
+        Err(self.moved(entry, when, seen, first_difference))
+    }
+
+    #[cold]
+    fn moved(
+        &self,
+        entry: &Entry,
+        when: When,
+        seen: usize,
+        first_difference: Option<(usize, DeviceRegion)>,
+    ) -> GraphError {
+        let expected = &self.regions[entry.start..entry.end];
+        let detail = match first_difference {
+            Some((i, now)) => match expected.get(i) {
+                Some(was) => format!(
+                    "buffer {} of {} was {} at {:#x} and is now {} at {:#x}",
+                    i + 1,
+                    expected.len(),
+                    crate::error::bytes(was.bytes),
+                    was.ptr,
+                    crate::error::bytes(now.bytes),
+                    now.ptr
+                ),
+                None => format!(
+                    "it held {} buffer(s) at capture and now holds {seen}",
+                    expected.len()
+                ),
+            },
+            None => format!(
+                "it held {} buffer(s) at capture and now holds {seen}",
+                expected.len()
+            ),
+        };
+        GraphError::StateMoved {
+            graph: self.graph,
+            param: entry.name,
+            when,
+            detail,
+        }
+    }
+
+    /// The device regions of every `&mut` state recorded to be restored after the warmup.
+    pub(crate) fn restorable(&self) -> impl Iterator<Item = DeviceRegion> + '_ {
+        self.regions_where(|k| k == Recorded::StateMut { restore: true })
+    }
+
+    /// The device regions of every `&mut` state.
+    pub(crate) fn mutable(&self) -> impl Iterator<Item = DeviceRegion> + '_ {
+        self.regions_where(|k| matches!(k, Recorded::StateMut { .. }))
+    }
+
+    /// Every `&mut` state parameter with its device regions.
+    pub(crate) fn mutable_entries(&self) -> Vec<(&'static str, Vec<DeviceRegion>)> {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.kind, Recorded::StateMut { .. }))
+            .map(|e| (e.name, self.device_regions(e).collect()))
+            .collect()
+    }
+
+    fn device_regions<'b>(&'b self, e: &Entry) -> impl Iterator<Item = DeviceRegion> + 'b {
+        self.regions[e.start..e.end]
+            .iter()
+            .copied()
+            .filter(|r| !r.host && r.bytes > 0)
+    }
+
+    fn regions_where<'b>(
+        &'b self,
+        keep: impl Fn(Recorded) -> bool + 'b,
+    ) -> impl Iterator<Item = DeviceRegion> + 'b {
+        self.entries
+            .iter()
+            .filter(move |e| keep(e.kind))
+            .flat_map(|e| self.device_regions(e))
+    }
+
+    /// The graph this book belongs to.
+    pub fn graph(&self) -> &'static str {
+        self.graph
+    }
+}
+
+/// A device copy of the restorable state of an [`AddressBook`], taken before the warmup runs
+/// and written back after them.
+pub(crate) struct StateSnapshot {
+    copy: Option<CudaSlice<u8>>,
+    regions: Vec<DeviceRegion>,
+}
+
+impl StateSnapshot {
+    /// Copies every restorable region of `book` into one device buffer, on the runtime's
+    /// stream.
+    pub(crate) fn take(rt: &Runtime, book: &AddressBook) -> Result<Self, GraphError> {
+        Self::take_regions(rt, book, book.restorable().collect())
+    }
+
+    /// Copies every `&mut` state of `book`, restorable or not (for a verification, which
+    /// must leave all of it as it found it).
+    pub(crate) fn take_mutable(rt: &Runtime, book: &AddressBook) -> Result<Self, GraphError> {
+        Self::take_regions(rt, book, book.mutable().collect())
+    }
+
+    fn take_regions(
+        rt: &Runtime,
+        book: &AddressBook,
+        regions: Vec<DeviceRegion>,
+    ) -> Result<Self, GraphError> {
+        let total: usize = regions.iter().map(|r| r.bytes).sum();
+        if total == 0 {
+            return Ok(StateSnapshot {
+                copy: None,
+                regions,
+            });
+        }
+        let stream = rt.stream();
+        let copy = stream.alloc_zeros::<u8>(total).map_err(|e| {
+            rt.oom_context(
+                e.into(),
+                || {
+                    format!(
+                        "snapshotting the `&mut` state of `{}` before its warmup (opt a parameter out with \
+                         `#[state(no_restore)]`)",
+                        book.graph
+                    )
+                },
+                Some(total),
+            )
+        })?;
+        let snapshot = StateSnapshot {
+            copy: Some(copy),
+            regions,
+        };
+        snapshot.copy_all(rt, true)?;
+        Ok(snapshot)
+    }
+
+    /// Bytes the snapshot holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.copy.as_ref().map_or(0, |c| c.len())
+    }
+
+    /// Writes the snapshot back into the state, on the runtime's stream. The caller has
+    /// checked that the state still holds the recorded buffers.
+    pub(crate) fn restore(&self, rt: &Runtime) -> Result<(), GraphError> {
+        self.copy_all(rt, false)
+    }
+
+    fn copy_all(&self, rt: &Runtime, into_snapshot: bool) -> Result<(), GraphError> {
+        let Some(copy) = &self.copy else {
+            return Ok(());
+        };
+        let stream = rt.stream();
+        let (base, _sync) = copy.device_ptr(stream);
+        let mut offset = 0u64;
+        for r in &self.regions {
+            let (dst, src) = if into_snapshot {
+                (base + offset, r.ptr)
+            } else {
+                (r.ptr, base + offset)
+            };
+            // SAFETY: `r` is a device region of state that the graph holds for its whole
+            // capture (borrowed, shared or owned), recorded by `AddressBook::record` and
+            // checked unchanged after every body run before a restore; the snapshot buffer
+            // holds the sum of the regions' sizes; both copies are ordered on the runtime's
+            // stream, where the body's own work runs.
+            unsafe { crate::driver::copy_dtod(dst, src, r.bytes, stream.cu_stream()) }?;
+            offset += r.bytes as u64;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value whose regions the test controls, standing in for a struct of buffers.
+    struct Fake(Vec<(u64, usize)>);
+
+    // SAFETY: a test double; its regions are never written to.
+    unsafe impl DeviceState for Fake {
+        type Lent<'a> = &'a mut Fake;
+        fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+            for &(p, b) in &self.0 {
+                visit(DeviceRegion::device(p, b));
+            }
+        }
+        fn lend(&mut self) -> &mut Fake {
+            self
+        }
+    }
+
+    #[test]
+    fn unchanged_state_passes_and_moved_state_names_the_parameter() {
+        let mut book = AddressBook::new("g");
+        let a = Fake(vec![(0x1000, 64), (0x2000, 32)]);
+        let i = book.record("kv", &a, Recorded::StateMut { restore: true });
+        assert_eq!(book.record("w", &7u32, Recorded::State), 1);
+        assert!(book.check(i, &a, When::Replay).is_ok());
+        assert!(book.check(1, &7u32, When::Replay).is_ok());
+
+        let moved = Fake(vec![(0x1000, 64), (0x3000, 32)]);
+        let err = book.check(i, &moved, When::Replay).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(
+                err,
+                GraphError::StateMoved {
+                    graph: "g",
+                    param: "kv",
+                    when: When::Replay,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            msg.contains("buffer 2 of 2") && msg.contains("0x3000"),
+            "{msg}"
+        );
+
+        let shorter = Fake(vec![(0x1000, 64)]);
+        let err = book
+            .check(i, &shorter, When::Warmup { run: 2 })
+            .unwrap_err();
+        assert!(err.to_string().contains("now holds 1"), "{err}");
+        assert!(err.to_string().contains("warmup run 2"), "{err}");
+
+        let longer = Fake(vec![(0x1000, 64), (0x2000, 32), (0x4000, 8)]);
+        assert!(book.check(i, &longer, When::Capture).is_err());
+    }
+
+    #[test]
+    fn only_restorable_device_regions_are_snapshotted() {
+        let mut book = AddressBook::new("g");
+        book.record(
+            "a",
+            &Fake(vec![(0x10, 4), (0x20, 0)]),
+            Recorded::StateMut { restore: true },
+        );
+        book.record(
+            "b",
+            &Fake(vec![(0x30, 8)]),
+            Recorded::StateMut { restore: false },
+        );
+        book.record("c", &Fake(vec![(0x40, 8)]), Recorded::Output);
+        let r: Vec<_> = book.restorable().collect();
+        assert_eq!(r, vec![DeviceRegion::device(0x10, 4)]);
+        let m: Vec<_> = book.mutable().map(|r| r.ptr).collect();
+        assert_eq!(m, vec![0x10, 0x30]);
+        let names: Vec<_> = book.mutable_entries().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn containers_visit_every_buffer_in_order() {
+        let v = vec![Fake(vec![(1, 1)]), Fake(vec![(2, 2), (3, 3)])];
+        let mut seen = Vec::new();
+        (v, Some(Fake(vec![(4, 4)])), 5u8).regions(&mut |r| seen.push(r.ptr));
+        assert_eq!(seen, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    #[allow(clippy::needless_borrows_for_generic_args)] // borrowing is what is tested
+    fn state_arguments_pick_how_the_graph_holds_them() {
+        fn held<'s, A: StateArg<'s, u32>>(a: A) -> Held<'s, u32> {
+            a.into_held()
+        }
+        fn held_mut<'s, A: StateArgMut<'s, u32>>(a: A) -> HeldMut<'s, u32> {
+            a.into_held_mut()
+        }
+        let x = 3u32;
+        assert!(matches!(held(&x), Held::Borrowed(_)));
+        assert!(matches!(held(Arc::new(4)), Held::Shared(_)));
+        assert!(matches!(held(5), Held::Owned(_)));
+        let mut y = 6u32;
+        {
+            let mut h = held_mut(&mut y);
+            *h += 1;
+        }
+        assert_eq!(y, 7);
+        assert_eq!(*held_mut(8), 8);
+    }
+}

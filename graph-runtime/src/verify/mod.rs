@@ -1,0 +1,292 @@
+//! Built-in verification: a replay checked against the eager function on the same inputs.
+//!
+//! Every generated graph has `verify(inputs…, tolerance)`. It runs the annotated function
+//! eagerly on copies of the inputs into shadow outputs, puts back everything that eager run
+//! changed (the `&mut` state and the random generators, from device snapshots), replays the
+//! graph on the same inputs, and compares every output and every `&mut` state, element by
+//! element. The result is a [`VerifyReport`]: per output, whether it is bitwise equal, the
+//! largest absolute and relative error and the first index that differs. Afterwards the
+//! graph, its state and the generators are exactly where a plain `replay` would have left
+//! them: the check has no side effect of its own.
+//!
+//! Generators draw the same numbers on both sides: the eager run starts from the generators'
+//! state, which is then restored for the replay.
+//!
+//! `#[cuda_graph(verify = "first")]` (the default in debug builds) or `verify_every = N`
+//! make replays verify themselves and fail with [`GraphError::VerifyMismatch`] when they
+//! disagree; release builds never verify unless asked.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::CudaSlice;
+
+use crate::error::GraphError;
+use crate::rng::WarmupSnapshot;
+use crate::runtime::Runtime;
+use crate::state::{AddressBook, DeviceRegion, DeviceState, StateSnapshot};
+
+mod report;
+
+pub(crate) use report::compare;
+use report::Observed;
+pub use report::{Compared, ItemReport, Tolerance, VerifyReport};
+
+impl VerifyReport {
+    /// The report when every item passed, or [`GraphError::VerifyMismatch`] naming the
+    /// first that did not.
+    pub fn into_result(self) -> Result<Self, GraphError> {
+        if self.is_ok() {
+            Ok(self)
+        } else {
+            Err(GraphError::VerifyMismatch {
+                graph: self.graph,
+                report: Box::new(self),
+            })
+        }
+    }
+}
+
+/// Drives one verification; the generated `verify` calls it in this order:
+/// [`Verifier::begin`], the eager call, [`Verifier::eager_output`] per output,
+/// [`Verifier::rewind`], the replay, [`Verifier::replay_output`] per output,
+/// [`Verifier::finish`].
+#[doc(hidden)]
+pub struct Verifier<'a> {
+    rt: &'a Runtime,
+    book: &'a AddressBook,
+    tolerance: Tolerance,
+    state: StateSnapshot,
+    generators: Option<WarmupSnapshot>,
+    items: Vec<Observed>,
+}
+
+impl<'a> Verifier<'a> {
+    /// Snapshots every `&mut` state of the graph and every generator of the runtime, so the
+    /// eager run can be undone before the replay.
+    pub fn begin(
+        rt: &'a Runtime,
+        book: &'a AddressBook,
+        tolerance: Tolerance,
+    ) -> Result<Self, GraphError> {
+        Ok(Verifier {
+            rt,
+            book,
+            tolerance,
+            state: StateSnapshot::take_mutable(rt, book)?,
+            generators: Some(WarmupSnapshot::take(rt)?),
+            items: Vec::new(),
+        })
+    }
+
+    /// Reads what the eager run wrote to output `name` (a shadow buffer).
+    pub fn eager_output<B: DeviceState + ?Sized>(
+        &mut self,
+        name: &'static str,
+        shadow: &B,
+    ) -> Result<(), GraphError> {
+        let mut regions = Vec::new();
+        shadow.regions(&mut |r| regions.push(r));
+        let eager = read_regions(self.rt, &regions)?;
+        self.items.push(Observed {
+            name,
+            kind: Compared::Output,
+            regions,
+            eager,
+            replay: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Reads what the eager run left in the `&mut` state, then restores the state and the
+    /// generators to where they were before it.
+    pub fn rewind(&mut self) -> Result<(), GraphError> {
+        for (name, regions) in self.book.mutable_entries() {
+            let eager = read_regions(self.rt, &regions)?;
+            self.items.push(Observed {
+                name,
+                kind: Compared::State,
+                regions,
+                eager,
+                replay: Vec::new(),
+            });
+        }
+        self.state.restore(self.rt)?;
+        if let Some(g) = self.generators.take() {
+            g.restore(self.rt, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what the replay wrote to output `name` (the graph's own buffer).
+    pub fn replay_output<B: DeviceState + ?Sized>(
+        &mut self,
+        name: &'static str,
+        output: &B,
+    ) -> Result<(), GraphError> {
+        let mut regions = Vec::new();
+        output.regions(&mut |r| regions.push(r));
+        let replay = read_regions(self.rt, &regions)?;
+        if let Some(item) = self
+            .items
+            .iter_mut()
+            .find(|i| i.kind == Compared::Output && i.name == name)
+        {
+            item.replay = replay;
+        }
+        Ok(())
+    }
+
+    /// Reads the `&mut` state after the replay and compares everything.
+    pub fn finish(mut self) -> Result<VerifyReport, GraphError> {
+        for (name, regions) in self.book.mutable_entries() {
+            let replay = read_regions(self.rt, &regions)?;
+            if let Some(item) = self
+                .items
+                .iter_mut()
+                .find(|i| i.kind == Compared::State && i.name == name)
+            {
+                item.replay = replay;
+            }
+        }
+        let tolerance = self.tolerance;
+        let items = self.items.iter().map(|o| compare(o, tolerance)).collect();
+        let report = VerifyReport {
+            graph: self.book.graph(),
+            tolerance,
+            items,
+        };
+        tracing::debug!(
+            graph = report.graph,
+            ok = report.is_ok(),
+            "verified a replay against eager"
+        );
+        Ok(report)
+    }
+}
+
+/// Copies regions of device memory to the host, one after the other (waits for the stream).
+fn read_regions(rt: &Runtime, regions: &[DeviceRegion]) -> Result<Vec<u8>, GraphError> {
+    let mut out = Vec::with_capacity(regions.iter().map(|r| r.bytes).sum());
+    let stream = rt.stream();
+    for r in regions.iter().filter(|r| !r.host) {
+        let start = out.len();
+        out.resize(start + r.bytes, 0);
+        // SAFETY: `r` is a device region of a buffer the graph holds (an output it owns, a
+        // shadow output owned by the caller, or state checked unchanged by the address
+        // book), alive for this call; the copy is ordered on the runtime's stream, after the
+        // work that wrote it, and synchronised just below before the bytes are read.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out[start..], r.ptr, stream.cu_stream())
+        }?;
+    }
+    stream.synchronize()?;
+    Ok(out)
+}
+
+/// When generated replays verify themselves (`verify = …` in the attribute).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct VerifySchedule {
+    /// Verify replay 1, 1 + every, 1 + 2·every, …; 0 is never, `u64::MAX` only the first.
+    every: u64,
+    replays: AtomicU64,
+    tolerance: Tolerance,
+}
+
+impl VerifySchedule {
+    /// Never verify.
+    pub const NEVER: u64 = 0;
+    /// Only the first replay.
+    pub const FIRST: u64 = u64::MAX;
+
+    /// A schedule verifying every `every`-th replay from the first (see the constants).
+    pub fn new(every: u64, tolerance: Tolerance) -> Self {
+        VerifySchedule {
+            every,
+            replays: AtomicU64::new(0),
+            tolerance,
+        }
+    }
+
+    /// Counts a replay and says whether to verify it, with which tolerance.
+    #[inline]
+    pub fn due(&self) -> Option<Tolerance> {
+        if self.every == Self::NEVER {
+            return None;
+        }
+        let n = self.replays.fetch_add(1, Ordering::Relaxed);
+        let due = if self.every == Self::FIRST {
+            n == 0
+        } else {
+            n.is_multiple_of(self.every)
+        };
+        due.then_some(self.tolerance)
+    }
+}
+
+/// A shadow output for the eager side of a verification: a zeroed buffer shaped like the
+/// graph's own output.
+#[doc(hidden)]
+pub fn shadow_of<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    rt: &Runtime,
+    like: &CudaSlice<T>,
+) -> Result<CudaSlice<T>, GraphError> {
+    Ok(rt.stream().alloc_zeros::<T>(like.len())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report::compare;
+    use super::*;
+    use crate::region::Elem;
+
+    fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        Observed {
+            name: "y",
+            kind: Compared::Output,
+            regions: vec![DeviceRegion {
+                elem,
+                ..DeviceRegion::device(0, eager.len() * 4)
+            }],
+            eager: bytes(eager),
+            replay: bytes(replay),
+        }
+    }
+
+    #[test]
+    fn schedules() {
+        let never = VerifySchedule::new(VerifySchedule::NEVER, Tolerance::BITWISE);
+        assert!((0..5).all(|_| never.due().is_none()));
+        let first = VerifySchedule::new(VerifySchedule::FIRST, Tolerance::BITWISE);
+        assert_eq!(
+            (0..4).map(|_| first.due().is_some()).collect::<Vec<_>>(),
+            [true, false, false, false]
+        );
+        let every = VerifySchedule::new(3, Tolerance::new(1e-6, 0.0));
+        assert_eq!(
+            (0..7).map(|_| every.due().is_some()).collect::<Vec<_>>(),
+            [true, false, false, true, false, false, true]
+        );
+    }
+
+    #[test]
+    fn reports_read_as_sentences() {
+        let report = VerifyReport {
+            graph: "g",
+            tolerance: Tolerance::BITWISE,
+            items: vec![compare(
+                &observed(Elem::F32, &[1.0, 2.0], &[1.0, 3.0]),
+                Tolerance::BITWISE,
+            )],
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains("MISMATCH") && text.contains("first difference at 1"),
+            "{text}"
+        );
+        let err = report.into_result().unwrap_err();
+        assert!(matches!(err, GraphError::VerifyMismatch { graph: "g", .. }));
+        assert!(err.to_string().contains("output `y`"), "{err}");
+    }
+}

@@ -1,0 +1,29 @@
+//! What the workspace's integration tests (`tests/`) and examples (`examples/`) run on the GPU,
+//! and how they run and check it.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`kernels`] | the CUDA C++ sources (NVRTC) of every kernel the tests and examples launch |
+//! | [`ops`] | GPU operations: cuBLAS row-major products, the fused linear kernel, the cuBLASLt linear plan, the training kernels; each launcher checks its buffers and holds the one `unsafe` launch with its `SAFETY` contract |
+//! | [`train`] | the training step of `06-train-step` and `07-dropout-train` (an MLP, MSE, clipping, AdamW, optional dropout) and its data |
+//! | [`reference`] | host reference models in `f64`: the MLP, the decoder, the trainer |
+//! | [`timing`] | wall and GPU timings, medians of [`timing::REPEATS`] |
+//! | [`check`] | bit-for-bit and tolerance comparisons of results |
+//! | [`testing`] | the GPU test harness (`#[gpu_test]`, `#[cpu_test]`, [`testing::run_tests`]), the GPU-or-skip policy, seeded random data |
+//! | [`machine`] | facts about the GPU and the CUDA libraries, for the benchmark report |
+//!
+//! # Imports
+//! This crate builds on `graph-runtime` (and the cudarc it re-exports). It may not import
+//! `bench-report` (records and tables are the report's, and the examples write them) nor
+//! anything of the root package: tests and examples depend on it, not the other way round.
+//! Nothing here prints except [`testing`]: the harness writes libtest's output and says why
+//! GPU tests are ignored, and [`testing::runtime_or_skip`] says why an example skips.
+
+pub mod check;
+pub mod kernels;
+pub mod machine;
+pub mod ops;
+pub mod reference;
+pub mod testing;
+pub mod timing;
+pub mod train;

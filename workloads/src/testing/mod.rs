@@ -1,0 +1,131 @@
+//! How GPU tests and examples get their GPU, and seeded random data for them.
+//!
+//! One policy for both: with a usable GPU they run on device 0; without one a test counts as
+//! *ignored* and an example exits after saying why; with `CUDA_GRAPH_REQUIRE_GPU=1` a missing
+//! GPU is a failure instead.
+//!
+//! # GPU tests
+//! A test binary with `harness = false` in `Cargo.toml` declares each test once, with
+//! [`gpu_test`] (given a fresh [`Runtime`] on device 0) or [`cpu_test`], and hands its `main`
+//! to [`run_tests`], a libtest-compatible runner (`--test-threads`, filters, `--list`,
+//! `--ignored`, the usual summary line):
+//!
+//! ```no_run
+//! use graph_runtime::{GraphError, Runtime};
+//! use workloads::testing::gpu_test;
+//!
+//! #[gpu_test]
+//! fn replays_like_eager(rt: Runtime) -> Result<(), GraphError> {
+//!     let _graph_input = rt.stream().alloc_zeros::<f32>(64)?;
+//!     Ok(())
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     workloads::testing::run_tests()
+//! }
+//! ```
+//!
+//! A function that is neither registered nor called is dead code, which the workspace's
+//! clippy run (`-D warnings`) rejects: a test cannot be forgotten silently.
+
+use std::sync::Once;
+
+use graph_runtime::{GraphError, Runtime};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+mod harness;
+
+pub use harness::run_tests;
+pub use workloads_macros::{cpu_test, gpu_test};
+
+/// What the expansion of [`gpu_test`] and [`cpu_test`] names. Not a public API: it changes
+/// whenever the attributes do.
+#[doc(hidden)]
+pub mod __private {
+    pub use super::harness::{outcome, Test};
+    pub use inventory;
+}
+
+/// The environment variable that turns a missing GPU from a skip into a failure.
+pub const REQUIRE_GPU: &str = "CUDA_GRAPH_REQUIRE_GPU";
+
+/// Whether a missing GPU must fail the test run.
+pub fn gpu_required() -> bool {
+    std::env::var(REQUIRE_GPU).is_ok_and(|v| v == "1")
+}
+
+/// Sends `tracing` output to stderr once per process (filter with `RUST_LOG`).
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
+}
+
+/// Whether `e`, from `Runtime::new`, means that this machine has no usable GPU (no driver, no
+/// device, no CUDA library) rather than that the runtime failed on a GPU that is there.
+pub fn means_no_gpu(e: &GraphError) -> bool {
+    matches!(
+        e,
+        GraphError::NoDriver | GraphError::NoDevice { .. } | GraphError::MissingLibrary { .. }
+    )
+}
+
+/// A runtime on device 0 for the program `program`, or `None` (after printing why) when this
+/// machine has no GPU: what an example calls first.
+///
+/// # Panics
+/// When there is no GPU and `CUDA_GRAPH_REQUIRE_GPU=1`, or when the runtime fails for any
+/// other reason.
+pub fn runtime_or_skip(program: &str) -> Option<Runtime> {
+    init_tracing();
+    match Runtime::new(0) {
+        Ok(rt) => Some(rt),
+        Err(e) if means_no_gpu(&e) => {
+            if gpu_required() {
+                panic!("{program}: {REQUIRE_GPU}=1 but there is no usable GPU: {e}");
+            }
+            eprintln!("skipped {program}: {e}");
+            None
+        }
+        Err(e) => panic!("{program}: the runtime failed to start: {e}"),
+    }
+}
+
+/// A random generator with a fresh seed, printed so that a failure can be replayed with
+/// [`seeded_rng`].
+pub fn fresh_rng(test: &str) -> SmallRng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x5eed);
+    eprintln!("{test}: random seed {seed}");
+    seeded_rng(seed)
+}
+
+/// A random generator with a fixed seed.
+pub fn seeded_rng(seed: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed)
+}
+
+/// `n` floats uniform in `[-1, 1)`.
+pub fn random_vec(rng: &mut SmallRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_reproducible() {
+        let a = random_vec(&mut seeded_rng(7), 16);
+        let b = random_vec(&mut seeded_rng(7), 16);
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+    }
+}

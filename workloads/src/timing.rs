@@ -1,0 +1,127 @@
+//! How the examples time their workloads.
+//!
+//! Timings are medians of [`REPEATS`] measurements. A *wall* time is `iters` calls issued
+//! back to back, then one synchronize, divided by `iters`: what a caller that keeps the GPU
+//! busy sees per call. A *GPU* time comes from CUDA events around the same loop.
+
+use std::time::Instant;
+
+use graph_runtime::cudarc::driver::sys::CUevent_flags;
+use graph_runtime::cudarc::driver::CudaStream;
+use graph_runtime::GraphError;
+
+/// Measurements per timing; the median is reported.
+pub const REPEATS: usize = 7;
+
+/// The median of `v` (the upper one of the two middle values for an even length).
+///
+/// # Panics
+/// If `v` is empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of no values");
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// How a batch of calls is timed.
+#[derive(Clone, Copy)]
+enum Clock {
+    /// The host's clock, the stream synchronized before and after the batch.
+    Wall,
+    /// CUDA events recorded on the stream around the batch.
+    Gpu,
+}
+
+/// Median over [`REPEATS`] of the time per call (µs) of `f` called `iters` times back to back.
+fn per_call_us(
+    s: &CudaStream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), GraphError>,
+    clock: Clock,
+) -> Result<f64, GraphError> {
+    let iters = iters.max(1);
+    let mut batch = || -> Result<f64, GraphError> {
+        let us = match clock {
+            Clock::Wall => {
+                s.synchronize()?;
+                let t = Instant::now();
+                for _ in 0..iters {
+                    f()?;
+                }
+                s.synchronize()?;
+                t.elapsed().as_secs_f64() * 1e6
+            }
+            Clock::Gpu => {
+                let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                for _ in 0..iters {
+                    f()?;
+                }
+                let end = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                end.synchronize()?;
+                start.elapsed_ms(&end)? as f64 * 1e3
+            }
+        };
+        Ok(us / iters as f64)
+    };
+    let per = (0..REPEATS)
+        .map(|_| batch())
+        .collect::<Result<Vec<f64>, GraphError>>()?;
+    Ok(median(per))
+}
+
+/// Median over [`REPEATS`] of the wall time per call (µs) of `f` called `iters` times back to
+/// back, the stream synchronized before and after each batch of calls.
+pub fn wall_us(
+    s: &CudaStream,
+    iters: usize,
+    f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    per_call_us(s, iters, f, Clock::Wall)
+}
+
+/// Median over [`REPEATS`] of the GPU time per call (µs) of `f` called `iters` times,
+/// measured with CUDA events recorded on `s` around the loop.
+pub fn gpu_us(
+    s: &CudaStream,
+    iters: usize,
+    f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    per_call_us(s, iters, f, Clock::Gpu)
+}
+
+/// How many calls of about `estimate_us` each fill `budget_us`, clamped to `[min, max]`.
+pub fn iters_for(estimate_us: f64, budget_us: f64, min: usize, max: usize) -> usize {
+    let n = if estimate_us.is_finite() && estimate_us > 0.0 {
+        (budget_us / estimate_us).floor()
+    } else {
+        max as f64
+    };
+    (n.max(0.0) as usize).clamp(min, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_lengths() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(vec![5.0]), 5.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "median of no values")]
+    fn median_of_nothing_panics() {
+        median(Vec::new());
+    }
+
+    #[test]
+    fn iteration_counts_fill_the_budget() {
+        assert_eq!(iters_for(100.0, 10_000.0, 1, 1000), 100);
+        assert_eq!(iters_for(1.0, 10_000.0, 1, 1000), 1000);
+        assert_eq!(iters_for(1e6, 10_000.0, 3, 1000), 3);
+        assert_eq!(iters_for(0.0, 10_000.0, 3, 50), 50);
+        assert_eq!(iters_for(f64::NAN, 10_000.0, 3, 50), 50);
+    }
+}
