@@ -26,7 +26,8 @@ pub enum GraphError {
     #[error(
         "no CUDA driver: libcuda could not be loaded, so there is no GPU to run on; \
          install the NVIDIA driver, or run on a machine with a GPU \
-         (GPU tests skip without one unless CUDA_GRAPH_REQUIRE_GPU=1)"
+         (this workspace's GPU tests count as ignored without one, and fail with \
+         CUDA_GRAPH_REQUIRE_GPU=1)"
     )]
     NoDriver,
 

@@ -364,8 +364,9 @@ impl std::fmt::Display for Graph {
         )?;
         write!(
             f,
-            "  time: warmup {} run(s) {:.2} ms, capture {:.2} ms, instantiate {:.2} ms",
+            "  time: warmup ({} {}) {:.2} ms, capture {:.2} ms, instantiate {:.2} ms",
             i.warmup,
+            if i.warmup == 1 { "run" } else { "runs" },
             i.warmup_time.as_secs_f64() * 1e3,
             i.capture_time.as_secs_f64() * 1e3,
             i.instantiate_time.as_secs_f64() * 1e3
