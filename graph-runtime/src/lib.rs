@@ -76,8 +76,50 @@
 //! 2. `02-chain`: launch overhead of N tiny kernels, eager vs graph vs a raw cudarc capture
 //!    vs PyTorch (the main benchmark);
 //! 3. `03-rng-fill`: graph-safe random numbers, and their bandwidth;
-//! 4. and up: model-sized examples (MLP inference over batch sizes, a decode step, a
-//!    training step, dropout training) and the benchmark report.
+//! 4. `04-mlp-inference`: one graph per batch size, cuBLAS and cuBLASLt in a graph, early
+//!    launch between layers;
+//! 5. `05-decode-step`: a transformer decode step whose token and position live on the
+//!    device, so one graph serves every token; the graph lives in the decoder's own struct;
+//! 6. `06-train-step` and `07-dropout-train`: a whole training step as one graph, then with
+//!    dropout drawn from a graph-safe generator;
+//! 7. `08-report`: every benchmark, PyTorch's included, in one report;
+//! 8. `09-user-rng-kernel`: your own kernel drawing the library's random numbers;
+//! 9. `10-tensor-parallel-mlp` and `11-data-parallel-train` (feature `nccl`, two GPUs):
+//!    NCCL collectives captured on every rank.
+//!
+//! # Bring your own context or stream
+//! A runtime does not have to own its device. [`Runtime::from_context`] makes one on a
+//! context you created (event tracking must be off: the runtime adds a second stream, and
+//! cudarc's cross-stream events make a capture fail with CUDA error 905, so this is refused
+//! as [`GraphError::EventTracking`] with the fix). [`Runtime::from_stream`] captures and
+//! replays on a stream you already use (candle's `CudaDevice::cuda_stream()`), so graphs
+//! run in order with the rest of your work and buffers made before the runtime are used as
+//! they are. A body whose context parameter is a stream reaches the kernel cache through
+//! [`function`] / [`Runtime::for_stream`].
+//!
+//! # Without a GPU
+//! Everything builds without a GPU, a driver or a CUDA toolkit: cudarc loads libcuda,
+//! NVRTC and cuBLAS when they are first used. On a machine without a driver,
+//! [`Runtime::new`] returns [`GraphError::NoDriver`] instead of panicking and
+//! [`driver_available`] answers without touching CUDA, so a program can say why it
+//! cannot run. This workspace's GPU tests count as ignored there (and fail with
+//! `CUDA_GRAPH_REQUIRE_GPU=1`).
+//!
+//! # Requirements
+//! * An NVIDIA driver for CUDA 12 or newer; tested with driver 580 (CUDA 13.0) on H100 and
+//!   H200.
+//! * Early launch needs compute capability 9.0 (Hopper) or newer; on older GPUs the launch
+//!   attribute is ignored and the kernels run in order (see [`launch`]).
+//! * cudarc's linking and CUDA-version features belong to your binary; see `Cargo.toml` for
+//!   what this crate asks of cudarc.
+//!
+//! # Logging
+//! The library logs through [`tracing`](https://docs.rs/tracing) and prints nothing. Each
+//! capture is a `cuda_graph_capture` span at `debug` level with a `trace` event when the
+//! warmup is done and a `debug` summary (nodes, memory, warmup, capture and instantiate
+//! times); each replay is a `cuda_graph_replay` span at `trace` level; bucket families log
+//! each bucket's capture at `info` level, so a long family shows its progress. Install any subscriber, for example `tracing-subscriber` with
+//! `RUST_LOG=graph_runtime=debug`.
 //!
 //! # Memory
 //! A graph holds three kinds of memory, all reported in [`GraphInfo`]: its static inputs and
