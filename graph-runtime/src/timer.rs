@@ -1,36 +1,4 @@
-//! Timing a region of a graph on every replay, with CUDA events recorded inside the graph.
-//!
-//! An event recorded on a capturing stream is normally only a dependency marker: the graph
-//! keeps the ordering and drops the event. [`GraphTimer`] records its two events as *event
-//! record nodes* instead (CUDA's external event records), so every replay records them
-//! again and the time between them can be read after the replay:
-//!
-//! ```no_run
-//! # use graph_runtime::cudarc::driver::CudaSlice;
-//! # use graph_runtime::{cuda_graph, GraphError, GraphTimer, Runtime};
-//! #[cuda_graph(warmup = 2)]
-//! fn step(
-//!     rt: &Runtime,
-//!     x: &CudaSlice<f32>,
-//!     #[state] timer: &GraphTimer,
-//!     y: &mut CudaSlice<f32>,
-//! ) -> Result<(), GraphError> {
-//!     timer.start(rt)?;
-//!     rt.stream().memcpy_dtod(x, y)?; // the timed region
-//!     timer.stop(rt)?;
-//!     Ok(())
-//! }
-//! # fn main() -> Result<(), GraphError> {
-//! # let rt = Runtime::new(0)?;
-//! # let x = rt.stream().clone_htod(&[1.0f32; 1024])?;
-//! let timer = GraphTimer::new(&rt)?;
-//! let mut graph = StepGraph::capture(&rt, &x, &timer, 1024)?;
-//! graph.replay(&x)?;
-//! let ms = graph.state_mut().timer.elapsed_ms()?; // waits for the replay's stop event
-//! # Ok(()) }
-//! ```
-//!
-//! The same calls time the region when the function runs eagerly.
+//! Timing a region of a graph on every replay: [`GraphTimer`].
 
 use std::panic::Location;
 
@@ -41,7 +9,41 @@ use crate::phase::{is_capturing, refuse_while_capturing};
 use crate::runtime::Runtime;
 use crate::state::{DeviceRegion, DeviceState};
 
-/// Two timing events that a body records around a region; see the [module docs](self).
+/// Two timing events that a body records around a region of a graph.
+///
+/// Timing a region of a graph on every replay, with CUDA events recorded inside the graph.
+///
+/// An event recorded on a capturing stream is normally only a dependency marker: the graph
+/// keeps the ordering and drops the event. [`GraphTimer`] records its two events as *event
+/// record nodes* instead (CUDA's external event records), so every replay records them
+/// again and the time between them can be read after the replay:
+///
+/// ```no_run
+/// # use graph_runtime::cudarc::driver::CudaSlice;
+/// # use graph_runtime::{cuda_graph, GraphError, GraphTimer, Runtime};
+/// #[cuda_graph(warmup = 2)]
+/// fn step(
+///     rt: &Runtime,
+///     x: &CudaSlice<f32>,
+///     #[state] timer: &GraphTimer,
+///     y: &mut CudaSlice<f32>,
+/// ) -> Result<(), GraphError> {
+///     timer.start(rt)?;
+///     rt.stream().memcpy_dtod(x, y)?; // the timed region
+///     timer.stop(rt)?;
+///     Ok(())
+/// }
+/// # fn main() -> Result<(), GraphError> {
+/// # let rt = Runtime::new(0)?;
+/// # let x = rt.stream().clone_htod(&[1.0f32; 1024])?;
+/// let timer = GraphTimer::new(&rt)?;
+/// let mut graph = StepGraph::capture(&rt, &x, &timer, 1024)?;
+/// graph.replay(&x)?;
+/// let ms = graph.state_mut().timer.elapsed_ms()?; // waits for the replay's stop event
+/// # Ok(()) }
+/// ```
+///
+/// The same calls time the region when the function runs eagerly.
 pub struct GraphTimer {
     start: CudaEvent,
     stop: CudaEvent,
