@@ -1,8 +1,9 @@
 //! The safety promises, tried the way a careless user would on a GPU: state replaced under a
 //! graph, a body that replaces its own parameters, warmup that changes `&mut` state, a panic
 //! or an error in the warmup, a graph that outlives its runtime handle, a fork whose side
-//! branch reads a buffer that is freed right after the join, and out of memory at every
-//! stage of a capture.
+//! branch reads a buffer that is freed right after the join, out of memory at every stage
+//! of a capture, a kernel replaced inside state, and state of another stream lent or freed
+//! while a replay still reads it.
 //!
 //! What cannot be written at all (a view replaced through `state_mut()`, a field of the
 //! graph assigned, a side-branch buffer dropped before the join) is in `ui-tests/`.
@@ -10,7 +11,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, is_capturing, DeviceState, GraphError, Runtime, When};
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
@@ -581,6 +582,120 @@ fn usable(rt: &Runtime) -> Result<(), GraphError> {
     let y = rt.stream().clone_htod(&[1.0f32, 2.0])?;
     assert_eq!(rt.stream().clone_dtoh(&y)?, vec![1.0, 2.0]);
     rt.synchronize()
+}
+
+/// State that launches a kernel it holds itself: the function is part of the state.
+#[derive(DeviceState)]
+struct Launcher {
+    f: CudaFunction,
+    w: CudaSlice<f32>,
+}
+
+/// `y = 2x + w` through the state's own function.
+#[cuda_graph(warmup = 1)]
+fn through_held_function(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] l: &mut Launcher,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let mut b = rt.stream().launch_builder(&l.f);
+    b.arg(x).arg(&l.w).arg(y).arg(&n);
+    // SAFETY: `scale` reads `n` elements of `x` and `w` and writes `n` of `y`.
+    unsafe { b.launch(grid(x.len())) }?;
+    Ok(())
+}
+
+#[gpu_test]
+fn a_function_replaced_inside_state_is_refused(rt: Runtime) -> Result<(), GraphError> {
+    let test = "a_function_replaced_inside_state_is_refused";
+    let mut rng = fresh_rng(test);
+    let n = 512;
+    let s = rt.stream().clone();
+    let w = s.clone_htod(&random_vec(&mut rng, n))?;
+    let mut l = Launcher {
+        f: rt.function(SRC, "scale")?,
+        w,
+    };
+    let x = random_vec(&mut rng, n);
+    let mut graph = ThroughHeldFunctionGraph::capture(&rt, &x, &mut l, n)?;
+    let mut eager = s.alloc_zeros::<f32>(n)?;
+    let x_dev = s.clone_htod(&x)?;
+    through_held_function(&rt, &x_dev, graph.state_mut().l, &mut eager)?;
+    assert_eq!(s.clone_dtoh(graph.replay(&x)?.y)?, s.clone_dtoh(&eager)?);
+
+    // The careless part: another kernel put in place of the one the graph launches.
+    graph.state_mut().l.f = rt.function(SRC, "accumulate")?;
+    let err = graph.replay(&x).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, GraphError::StateMoved { param: "l", .. }) && msg.contains("CUDA handle"),
+        "{msg}"
+    );
+    usable(&rt)
+}
+
+/// `y = x` slowly: a replay that is still running when the host moves on.
+#[cuda_graph(warmup = 1)]
+fn slow_read(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    #[constant] spin: i32,
+) -> Result<(), GraphError> {
+    let n = x.len() as i32;
+    let f = rt.function(SRC, "slow_copy")?;
+    let mut b = rt.stream().launch_builder(&f);
+    b.arg(&*w).arg(y).arg(&n).arg(&spin);
+    // SAFETY: `slow_copy` reads `n` elements of `w` and writes `n` of `y`.
+    unsafe { b.launch(grid(x.len())) }?;
+    Ok(())
+}
+
+/// Whether a replay of `graph` is still running right after `state_mut()` returns.
+fn running_after_state_mut(
+    rt: &Runtime,
+    graph: &mut SlowReadGraph<'_>,
+    x: &[f32],
+) -> Result<bool, GraphError> {
+    graph.replay(x)?;
+    let done = rt.stream().record_event(None)?;
+    let _lent = graph.state_mut();
+    Ok(!done.try_is_complete()?)
+}
+
+#[gpu_test]
+fn state_of_another_stream_is_lent_only_after_the_replays(rt: Runtime) -> Result<(), GraphError> {
+    let n = 256;
+    let spin = 20_000_000; // tens of milliseconds per replay
+    let x = vec![1.0f32; n];
+
+    // State on the runtime's stream: its frees are ordered after the replays; no waiting.
+    let mut own = rt.stream().clone_htod(&vec![2.0f32; n])?;
+    let mut graph = SlowReadGraph::capture(&rt, &x, &mut own, n, spin)?;
+    assert!(
+        running_after_state_mut(&rt, &mut graph, &x)?,
+        "state of the runtime's stream is lent at once"
+    );
+    drop(graph);
+
+    // State on another stream: replacing or dropping it would free it on that stream, under
+    // the replay; so the graph waits before it lends it.
+    let other = rt.context().new_stream()?;
+    let mut foreign = other.clone_htod(&vec![3.0f32; n])?;
+    other.synchronize()?;
+    let mut graph = SlowReadGraph::capture(&rt, &x, &mut foreign, n, spin)?;
+    assert!(
+        !running_after_state_mut(&rt, &mut graph, &x)?,
+        "state of another stream is lent only after the replay finished"
+    );
+    // Dropping the graph waits the same way, so the state can be freed right after it.
+    graph.replay(&x)?;
+    drop(graph);
+    drop(foreign);
+    usable(&rt)
 }
 
 fn main() -> std::process::ExitCode {

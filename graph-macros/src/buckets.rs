@@ -277,7 +277,7 @@ pub fn expand(
                     Role::State { mutable: true } => quote!(&mut *#owner),
                     Role::State { mutable: false } => quote!(&*#owner),
                     Role::Constant => {
-                        quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#owner))
+                        quote_spanned!(p.ty.span()=> #pr::constant(&#owner))
                     }
                     Role::Bucket => {
                         let t = ty(p);

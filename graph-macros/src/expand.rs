@@ -251,7 +251,7 @@ fn expand_graph(
             Role::State { mutable: true } => quote!(&mut *#i),
             Role::State { mutable: false } => quote!(&*#i),
             Role::Constant | Role::Bucket => {
-                quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&#i))
+                quote_spanned!(p.ty.span()=> #pr::constant(&#i))
             }
         }
     });
@@ -292,7 +292,7 @@ fn expand_graph(
             Role::State { mutable: true } => quote!(&mut *self.#i),
             Role::State { mutable: false } => quote!(&*self.#i),
             Role::Constant | Role::Bucket => {
-                quote_spanned!(p.ty.span()=> ::core::clone::Clone::clone(&self.#i))
+                quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
             }
         }
     });
@@ -644,8 +644,11 @@ fn expand_graph(
             }
 
             /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent`
-            /// form (a `CudaSlice` as a `CudaViewMut`), read-only state as `&T`.
+            /// form (a `CudaSlice` as a `CudaViewMut`), read-only state as `&T`. When some
+            /// state lives on a stream other than the runtime's, this first waits for the
+            /// replays in flight (`Graph::settle`).
             #vis fn state_mut(&mut self) -> #state_ty<'_> {
+                self.__graph.settle();
                 #state_ty { #(#state_view_init,)* __marker: ::core::marker::PhantomData }
             }
 

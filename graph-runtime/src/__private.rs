@@ -9,6 +9,7 @@ pub use crate::buffer::{
     alloc_static, check_shape, feed_input, stage_input, static_bytes, InputSource, StaticBuffer,
 };
 pub use crate::capture::{capture, CaptureMode, GraphSite, Step};
+pub use crate::constant::constant;
 pub use crate::error::{BodyResult, BoxError, GraphError, When};
 pub use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 pub use crate::inputs::InputNodes;

@@ -395,7 +395,8 @@ pub(crate) fn capture_graph(
         instantiate_time: Duration::ZERO,
         inspect_time: Duration::ZERO,
     };
-    let built = Graph::instantiate(rt, raw, info, input_nodes)?;
+    let mut built = Graph::instantiate(rt, raw, info, input_nodes)?;
+    built.settle_for(book);
     tracing::debug!(
         graph,
         nodes = built.info().nodes(),

@@ -131,8 +131,18 @@ macro_rules! side_handle {
 side_handle!(SideRef);
 side_handle!(SideMut);
 
-/// A buffer the side branch can read: a [`SideRef`] or a [`SideMut`].
-pub trait SideRead<'f, T>: Copy {
+mod sealed {
+    /// Only the fork's own handles: [`ForkedStream::memcpy`](super::ForkedStream::memcpy)
+    /// copies from the address a `SideRead` reports, which is sound only for handles made
+    /// by the fork from a borrowed buffer.
+    pub trait Sealed {}
+    impl<T> Sealed for super::SideRef<'_, T> {}
+    impl<T> Sealed for super::SideMut<'_, T> {}
+}
+
+/// A buffer the side branch can read: a [`SideRef`] or a [`SideMut`] (sealed: no other type
+/// can claim an address for the side branch).
+pub trait SideRead<'f, T>: Copy + sealed::Sealed {
     /// The device address and the element count.
     fn raw(&self) -> (sys::CUdeviceptr, usize);
 }

@@ -103,6 +103,9 @@ pub struct Graph {
     /// The copy node of each static input (see `crate::inputs`).
     inputs: Vec<InputNode>,
     info: GraphInfo,
+    /// Whether some state lives on another stream: then dropping the graph, or lending its
+    /// state, first waits for the replays in flight (see [`Graph::settle`]).
+    settle: bool,
 }
 
 // SAFETY: the graph and executable-graph handles may be used from any thread as long as
@@ -169,6 +172,7 @@ impl Graph {
             after,
             inputs,
             info,
+            settle: false,
         };
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
         // Uploading maps the graph's temporaries to physical memory now, so an out-of-memory
@@ -250,6 +254,23 @@ impl Graph {
 }
 
 impl Graph {
+    /// Waits for this graph's replays in flight, if its state has buffers on streams other
+    /// than the runtime's (decided at capture): the generated `state_mut()` calls it before
+    /// it lends such state, and dropping the graph calls it, so that a buffer replaced or
+    /// dropped on its own stream is never freed while a replay still reads it. State on the
+    /// runtime's stream is freed in stream order after the replays, and this does nothing.
+    /// Inside a capture it does nothing either (waiting would end that capture).
+    pub fn settle(&self) {
+        if self.settle && !crate::phase::is_capturing() {
+            let ctx = self.rt.context();
+            ctx.record_err(self.rt.stream().synchronize());
+        }
+    }
+
+    pub(crate) fn settle_for(&mut self, book: &crate::state::AddressBook) {
+        self.settle = book.frees_on_other_streams(self.rt.stream());
+    }
+
     /// The kernels of the body by name, with how many nodes launch each, sorted by count
     /// (then name; the input copy nodes are left out). Reads the graph's nodes from the
     /// driver.
@@ -401,6 +422,9 @@ impl Drop for Graph {
     fn drop(&mut self) {
         let ctx = self.rt.context();
         ctx.record_err(ctx.bind_to_thread());
+        // The state is dropped right after the graph; buffers of other streams must not be
+        // freed under a replay still running.
+        self.settle();
         // SAFETY: both handles are owned by `self` and destroyed exactly once, here. CUDA
         // defers the destruction of an executable graph until launches in flight complete.
         unsafe {

@@ -55,7 +55,7 @@
 //! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph; its addresses are recorded at capture and checked at every replay (a buffer swapped behind the borrow is [`GraphError::StateMoved`]); `&mut` state is snapshotted around the warmup so warmup runs do not change it | [`DeviceState`], `#[derive(DeviceState)]`, generated `FooGraph<'s>` |
 //! | owned or shared state | the graph holds its state (by value, or in an `Arc`) instead of borrowing it: `FooGraph<'static>` fits in your own struct | [`StateArg`], [`StateArgMut`], [`Held`], [`HeldMut`] |
 //! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
-//! | constant (`#[constant] T`) | a host value fixed at capture; the graph replays with the captured value | generated `capture` |
+//! | constant (`#[constant] T`) | a host value fixed at capture (plain `Copy` data: device memory goes in state); the graph replays with the captured value | [`GraphConstant`], generated `capture` |
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
 //! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
 //! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | [`Buckets`] |
@@ -154,6 +154,7 @@ pub use half;
 mod buckets;
 mod buffer;
 mod capture;
+mod constant;
 mod driver;
 mod error;
 mod fingerprint;
@@ -182,6 +183,7 @@ pub mod coverage {}
 pub use buckets::Buckets;
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use capture::{CaptureMode, GraphSite};
+pub use constant::GraphConstant;
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};

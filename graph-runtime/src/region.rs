@@ -14,6 +14,9 @@ pub struct DeviceRegion {
     pub(crate) bytes: usize,
     pub(crate) host: bool,
     pub(crate) elem: Elem,
+    /// The raw stream the buffer is freed on (cudarc frees a `CudaSlice` on its own stream),
+    /// or 0 where that does not apply.
+    pub(crate) stream: u64,
 }
 
 impl DeviceRegion {
@@ -37,6 +40,17 @@ impl DeviceRegion {
         self.elem
     }
 
+    /// A CUDA handle (function, stream, context, event) a graph depends on: no bytes, only
+    /// its identity, so that the address check notices when it is replaced.
+    pub(crate) fn handle(raw: u64) -> Self {
+        DeviceRegion::device(raw, 0)
+    }
+
+    /// Whether this stands for a CUDA handle rather than memory.
+    pub fn is_handle(&self) -> bool {
+        self.bytes == 0 && !self.host
+    }
+
     /// A region of device memory whose elements are not known.
     pub(crate) fn device(ptr: u64, bytes: usize) -> Self {
         DeviceRegion {
@@ -44,6 +58,7 @@ impl DeviceRegion {
             bytes,
             host: false,
             elem: Elem::Bytes,
+            stream: 0,
         }
     }
 }

@@ -95,6 +95,7 @@ unsafe impl<T: 'static> DeviceState for CudaSlice<T> {
         let (ptr, _sync) = self.device_ptr(self.stream());
         visit(DeviceRegion {
             elem: Elem::of::<T>(),
+            stream: self.stream().cu_stream() as usize as u64,
             ..DeviceRegion::device(ptr, self.num_bytes())
         });
     }
@@ -122,6 +123,7 @@ unsafe impl<T: cudarc::driver::ValidAsZeroBits> DeviceState for PinnedHostSlice<
             bytes: self.num_bytes(),
             host: true,
             elem: Elem::Bytes,
+            stream: 0,
         });
     }
 
@@ -159,9 +161,9 @@ impl<T> PinnedLend<'_, T> {
     }
 }
 
-/// Implements [`DeviceState`] for types that hold no device memory a graph reads by
-/// address: host scalars and cudarc handles.
-macro_rules! no_device_memory {
+/// Implements [`DeviceState`] for host values: they hold no device memory and a graph
+/// records nothing of them by address.
+macro_rules! host_values {
     ($($t:ty),* $(,)?) => {$(
         // SAFETY: no regions: these types hold no device memory.
         unsafe impl DeviceState for $t {
@@ -174,7 +176,7 @@ macro_rules! no_device_memory {
     )*};
 }
 
-no_device_memory!(
+host_values!(
     (),
     bool,
     char,
@@ -193,12 +195,49 @@ no_device_memory!(
     f32,
     f64,
     String,
-    CudaFunction,
-    CudaModule,
-    CudaStream,
-    CudaContext,
-    CudaEvent,
 );
+
+/// Implements [`DeviceState`] for cudarc handles a captured graph depends on (the function
+/// its kernel nodes launch, a stream, a context, an event): lent read-only, so they cannot
+/// be replaced through the graph, and reported as a handle region, so that replacing one
+/// inside a struct of yours is [`GraphError::StateMoved`](crate::GraphError::StateMoved)
+/// before the next replay instead of a launch of unloaded code.
+macro_rules! handles {
+    ($($t:ty => $raw:ident),* $(,)?) => {$(
+        // SAFETY: one handle region, the handle's own identity, which changes when the
+        // handle is replaced; no memory is reported.
+        unsafe impl DeviceState for $t {
+            type Lent<'a> = &'a $t where Self: 'a;
+            fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+                visit(DeviceRegion::handle(self.$raw() as usize as u64));
+            }
+            fn lend(&mut self) -> &$t {
+                self
+            }
+        }
+    )*};
+}
+
+handles!(
+    CudaFunction => cu_function,
+    CudaStream => cu_stream,
+    CudaContext => cu_ctx,
+    CudaEvent => cu_event,
+);
+
+// SAFETY: no regions: cudarc does not expose a module's handle. A module is lent read-only;
+// the functions a graph launches keep their module loaded themselves (`CudaFunction` holds
+// it), and a `CudaFunction` in state is checked by identity.
+unsafe impl DeviceState for CudaModule {
+    type Lent<'a>
+        = &'a CudaModule
+    where
+        Self: 'a;
+    fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
+    fn lend(&mut self) -> &CudaModule {
+        self
+    }
+}
 
 // SAFETY: forwards to the boxed value, which the box owns.
 unsafe impl<T: DeviceState + ?Sized> DeviceState for Box<T> {
@@ -450,6 +489,16 @@ pub struct AddressBook {
 }
 
 impl AddressBook {
+    /// Whether some buffer of the state is freed on a stream other than `stream` (the
+    /// runtime's): such a buffer, freed or replaced while a replay runs, would not wait for
+    /// it, so the graph waits for its replays before it lends that state or is dropped.
+    pub(crate) fn frees_on_other_streams(&self, stream: &cudarc::driver::CudaStream) -> bool {
+        let ours = stream.cu_stream() as usize as u64;
+        self.regions
+            .iter()
+            .any(|r| r.stream != 0 && r.stream != ours)
+    }
+
     /// An empty book for graph `graph`.
     pub fn new(graph: &'static str) -> Self {
         AddressBook {
@@ -517,6 +566,15 @@ impl AddressBook {
         let expected = &self.regions[entry.start..entry.end];
         let detail = match first_difference {
             Some((i, now)) => match expected.get(i) {
+                Some(was) if was.is_handle() || now.is_handle() => format!(
+                    "entry {} of {} is a CUDA handle (function, stream, context, event or \
+                     communicator) that was {:#x} and is now {:#x}: the graph still uses the \
+                     old one",
+                    i + 1,
+                    expected.len(),
+                    was.ptr,
+                    now.ptr
+                ),
                 Some(was) => format!(
                     "buffer {} of {} was {} at {:#x} and is now {} at {:#x}",
                     i + 1,

@@ -110,7 +110,10 @@ unsafe impl DeviceState for GraphTimer {
     where
         Self: 'a;
 
-    fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        self.start.regions(visit);
+        self.stop.regions(visit);
+    }
 
     fn lend(&mut self) -> &GraphTimer {
         self

@@ -497,8 +497,10 @@ impl Drop for Communicator {
 }
 
 /// A communicator is `#[state]` of the graphs that record its collectives: the graph
-/// borrows it (so it outlives them) and reads no device memory of it by address.
-// SAFETY: no regions: a communicator holds no device memory a graph addresses (NCCL's own
+/// borrows it (so it outlives them) and reads no device memory of it by address. It is
+/// reported as a handle, so a communicator replaced inside a struct of yours is
+/// `StateMoved` before the next replay.
+// SAFETY: one handle region, the NCCL communicator's identity; no memory (NCCL's own
 // buffers belong to the communicator, which the graph's borrow keeps alive).
 unsafe impl DeviceState for Communicator {
     type Lent<'a>
@@ -506,9 +508,9 @@ unsafe impl DeviceState for Communicator {
     where
         Self: 'a;
 
-    const REPLAY_CHECK: bool = false;
-
-    fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        visit(DeviceRegion::handle(self.comm as usize as u64));
+    }
 
     fn lend(&mut self) -> &Communicator {
         self

@@ -168,7 +168,7 @@ impl<'a> Verifier<'a> {
 fn read_regions(rt: &Runtime, regions: &[DeviceRegion]) -> Result<Vec<u8>, GraphError> {
     let mut out = Vec::with_capacity(regions.iter().map(|r| r.bytes).sum());
     let stream = rt.stream();
-    for r in regions.iter().filter(|r| !r.host) {
+    for r in regions.iter().filter(|r| !r.host && r.bytes > 0) {
         let start = out.len();
         out.resize(start + r.bytes, 0);
         // SAFETY: `r` is a device region of a buffer the graph holds (an output it owns, a

@@ -17,11 +17,11 @@ fn with_stream(
     s: &CudaStream,
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
-    #[constant] copy: CudaFunction,
+    #[state] copy: &CudaFunction,
 ) {
     let n = x.len() as i32;
     // SAFETY: the kernel copies `n` floats from `x` to `y`, which both hold `n`.
-    unsafe { s.launch_builder(&copy).arg(x).arg(&mut *y).arg(&n).launch(LaunchConfig::for_num_elems(n as u32)) }
+    unsafe { s.launch_builder(copy).arg(x).arg(&mut *y).arg(&n).launch(LaunchConfig::for_num_elems(n as u32)) }
         .expect("launch");
 }
 
@@ -30,13 +30,13 @@ fn use_it(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
     const SRC: &str = "extern \"C\" __global__ void copy(const float *x, float *y, int n) { }";
     let copy = rt.function(SRC, "copy")?;
     let mut a = WithArcGraph::capture(rt, x, x.len())?;
-    let mut b = WithStreamGraph::capture(rt, x, x.len(), copy.clone())?;
+    let mut b = WithStreamGraph::capture(rt, x, x.len(), &copy)?;
     let _ = a.replay(x)?;
     let _ = b.launch()?;
     // The functions are still ordinary functions.
     let mut y = rt.stream().alloc_zeros::<f32>(x.len())?;
     with_arc(rt.stream(), x, &mut y)?;
-    with_stream(rt.stream(), x, &mut y, copy);
+    with_stream(rt.stream(), x, &mut y, &copy);
     Ok(())
 }
 
