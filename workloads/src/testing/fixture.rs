@@ -6,7 +6,7 @@ use super::means_no_gpu;
 
 /// What a [`gpu_test`](super::gpu_test) function takes as its one parameter, set up by the
 /// harness before the test runs: a [`Runtime`] on device 0, or (feature `nccl`) a
-/// [`CommGroup`](graph_runtime::nccl::CommGroup) of as many ranks as the test asks GPUs.
+/// `graph_runtime::nccl::CommGroup` of as many ranks as the test asks GPUs.
 ///
 /// The harness calls [`GpuFixture::set_up`] only on a machine with at least the GPUs the
 /// test asks for. When it fails, [`GpuFixture::lacking`] tells a machine that lacks
