@@ -36,11 +36,11 @@
 use bench_report::record::{Record, Side};
 use bench_report::table::{times, us, Table};
 use clap::{Parser, ValueEnum};
-use graph_runtime::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime, Tolerance};
 use workloads::check::{first_mismatch, max_scaled_diff, verified};
-use workloads::kernels::ELEMENTWISE;
 use workloads::ops::blas::{matmul, MatMul};
+use workloads::ops::elementwise::bias_gelu;
 use workloads::ops::linear::linear_bias_gelu;
 use workloads::ops::lt::LtLinear;
 use workloads::reference::{mlp_inference, uniform};
@@ -183,7 +183,7 @@ fn mlp(
             // `y` holds the activations, `h0` each GEMM's result before bias + GELU.
             let src = if l == 0 { x } else { &*y };
             matmul(rt, src, &wl, h0, MatMul::nt(batch, DIM, DIM))?;
-            bias_gelu(rt, h0, &bl, y, batch)?;
+            bias_gelu(rt, &*h0, &bl, y, batch, DIM)?;
             continue;
         }
         // Layer l reads x, h0 or h1 and writes h0, h1 or (last) y.
@@ -211,31 +211,6 @@ fn mlp(
                 DIM,
             )?,
         }
-    }
-    Ok(())
-}
-
-/// `y = gelu(z + bias)` per row.
-fn bias_gelu(
-    rt: &Runtime,
-    z: &CudaSlice<f32>,
-    bias: &CudaView<f32>,
-    y: &mut CudaSlice<f32>,
-    batch: usize,
-) -> Result<(), GraphError> {
-    let f = rt.function(ELEMENTWISE, "bias_gelu")?;
-    let (rows, cols) = (batch as i32, DIM as i32);
-    // SAFETY: `bias_gelu` reads rows·cols floats of `z` (it holds batch·DIM: `matmul`
-    // checked) and cols of `bias`, and writes rows·cols of `y`, which holds batch·DIM.
-    unsafe {
-        rt.stream()
-            .launch_builder(&f)
-            .arg(z)
-            .arg(bias)
-            .arg(y)
-            .arg(&rows)
-            .arg(&cols)
-            .launch(LaunchConfig::for_num_elems((batch * DIM) as u32))?;
     }
     Ok(())
 }

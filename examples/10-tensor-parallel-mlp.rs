@@ -22,29 +22,57 @@
 //! Run on a machine with two GPUs and NCCL (see `graph_runtime::nccl`, "Finding libnccl"):
 //! `bash scripts/with-nccl.sh cargo run --release --features nccl --example
 //! 10-tensor-parallel-mlp [-- --batches 1,8,64 --dim 2048 --ffn 8192 --layers 8 --iters 100
-//! --json]`.
+//! --json]`. `--json` prints one `bench_report::record::Record` per batch size (bench
+//! `tp_mlp`).
 
-mod common;
-
-use common::{
-    elems, first_difference, gemm, gpu_us, init_uniform, int, json_line, nccl_env, times, us,
-    wall_us, Cli, Mm, Table, J, KERNELS,
-};
-use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
+use bench_report::record::{Record, Side};
+use bench_report::table::{times, us, Table};
+use clap::Parser;
+use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
-use graph_runtime::{cuda_graph, driver_available, BoxError, DeviceState, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime};
+use workloads::check::first_mismatch;
+use workloads::machine::nccl_env;
+use workloads::ops::blas::{matmul, MatMul};
+use workloads::ops::elementwise::{bias_gelu, bias_residual, init_uniform, BlockAt};
+use workloads::testing::gpus_or_skip;
+use workloads::timing::{gpu_us, gpu_us_aligned, wall_us, wall_us_aligned};
 
 /// Outputs of one GPU and two agree when the largest difference, relative to the largest
 /// output, is below this.
 const TOLERANCE: f32 = 1e-4;
 
-#[derive(Debug, Clone)]
+/// A tensor-parallel MLP forward on two GPUs, eager and as one graph per rank, against the
+/// same MLP on one GPU.
+#[derive(Parser, Debug, Clone)]
 struct Config {
+    /// Model width.
+    #[arg(long, default_value_t = 2048, value_parser = positive)]
     dim: usize,
+    /// Hidden features of each block (split evenly over the two GPUs).
+    #[arg(long, default_value_t = 8192, value_parser = positive)]
     ffn: usize,
+    /// MLP blocks.
+    #[arg(long, default_value_t = 8, value_parser = positive)]
     layers: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [1, 2, 4, 8, 16, 32, 64])]
     batches: Vec<usize>,
+    /// Back-to-back calls per timing.
+    #[arg(long, default_value_t = 100, value_parser = positive)]
     iters: usize,
+    /// Print one JSON record per batch size after the tables (`bench_report::record`).
+    #[arg(long)]
+    json: bool,
+}
+
+/// A positive integer flag.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("give a positive integer".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a positive integer: {e}")),
+    }
 }
 
 /// One rank's weights: of each block, its rows of `W1` and `b1`, its columns of `W2`, and
@@ -76,34 +104,27 @@ impl Weights {
             local,
             dim: d,
         };
+        // This rank's rows of W1 [f, d], its entries of b1 [f] and its columns of W2 [d, f].
+        let rows_of_w1 = BlockAt {
+            full_cols: d,
+            row0: rank * local,
+            col0: 0,
+        };
+        let cols_of_ffn = BlockAt {
+            full_cols: f,
+            row0: 0,
+            col0: rank * local,
+        };
         for l in 0..cfg.layers {
             let seed = 16 * l as u32;
             let mut w1 = s.alloc_zeros::<f32>(local * d)?;
-            init_uniform(rt, &mut w1, local, d, (rank * local, 0), d, seed, bound1)?;
+            init_uniform(rt, &mut w1, local, d, rows_of_w1, seed, bound1)?;
             let mut b1 = s.alloc_zeros::<f32>(local)?;
-            init_uniform(
-                rt,
-                &mut b1,
-                1,
-                local,
-                (0, rank * local),
-                f,
-                seed + 1,
-                bound1,
-            )?;
+            init_uniform(rt, &mut b1, 1, local, cols_of_ffn, seed + 1, bound1)?;
             let mut w2 = s.alloc_zeros::<f32>(d * local)?;
-            init_uniform(
-                rt,
-                &mut w2,
-                d,
-                local,
-                (0, rank * local),
-                f,
-                seed + 2,
-                bound2,
-            )?;
+            init_uniform(rt, &mut w2, d, local, cols_of_ffn, seed + 2, bound2)?;
             let mut b2 = s.alloc_zeros::<f32>(d)?;
-            init_uniform(rt, &mut b2, 1, d, (0, 0), d, seed + 3, bound2)?;
+            init_uniform(rt, &mut b2, 1, d, BlockAt::whole(d), seed + 3, bound2)?;
             w.w1.push(w1);
             w.b1.push(b1);
             w.w2.push(w2);
@@ -170,10 +191,6 @@ fn forward(
     y: &mut CudaSlice<f32>,
     batch: usize,
 ) -> Result<(), GraphError> {
-    let (bias_gelu, bias_residual) = (
-        rt.function(KERNELS, "bias_gelu")?,
-        rt.function(KERNELS, "bias_residual")?,
-    );
     let (d, local, layers) = (w.dim, w.local, w.w1.len());
     let Work {
         hidden,
@@ -191,37 +208,15 @@ fn forward(
             _ => (&*odd, &mut *even),
         };
         // Column-parallel: this rank's hidden features.
-        gemm(rt, src, &w.w1[l], hidden, Mm::nt(batch, local, d))?;
-        // SAFETY: reads batch·local of `hidden` and local of the bias, writes batch·local
-        // of `act`; each holds exactly that.
-        unsafe {
-            rt.stream()
-                .launch_builder(&bias_gelu)
-                .arg(&*hidden)
-                .arg(&w.b1[l])
-                .arg(&mut *act)
-                .arg(&int(batch))
-                .arg(&int(local))
-                .launch(elems(batch * local))?;
-        }
+        matmul(rt, src, &w.w1[l], hidden, MatMul::nt(batch, local, d))?;
+        bias_gelu(rt, &*hidden, &w.b1[l], act, batch, local)?;
         // Row-parallel: a partial sum of the block's output, completed by the all-reduce.
-        gemm(rt, &*act, &w.w2[l], partial, Mm::nt(batch, d, local))?;
+        matmul(rt, &*act, &w.w2[l], partial, MatMul::nt(batch, d, local))?;
         if let Some(comm) = comm {
             comm.all_reduce_in_place(partial, ReduceOp::Sum)?;
         }
-        // SAFETY: reads batch·d of `partial` and `src` and d of the bias, writes batch·d of
-        // `dst`; `src` and `dst` are different buffers of batch·d.
-        unsafe {
-            rt.stream()
-                .launch_builder(&bias_residual)
-                .arg(&*partial)
-                .arg(&w.b2[l])
-                .arg(src)
-                .arg(dst)
-                .arg(&int(batch))
-                .arg(&int(d))
-                .launch(elems(batch * d))?;
-        }
+        // The bias once, after the all-reduce, and the residual.
+        bias_residual(rt, &*partial, &w.b2[l], src, dst, batch, d)?;
     }
     Ok(())
 }
@@ -230,6 +225,7 @@ fn forward(
 struct Row {
     batch: usize,
     nodes: usize,
+    kernels: usize,
     eager_us: f64,
     graph_us: f64,
     eager_gpu_us: f64,
@@ -250,16 +246,8 @@ struct Single {
 
 fn input(rt: &Runtime, batch: usize, dim: usize) -> Result<CudaSlice<f32>, GraphError> {
     let mut x = rt.stream().alloc_zeros::<f32>(batch * dim)?;
-    init_uniform(
-        rt,
-        &mut x,
-        batch,
-        dim,
-        (0, 0),
-        dim,
-        1000 + batch as u32,
-        1.0,
-    )?;
+    let seed = 1000 + batch as u32;
+    init_uniform(rt, &mut x, batch, dim, BlockAt::whole(dim), seed, 1.0)?;
     Ok(x)
 }
 
@@ -287,14 +275,15 @@ fn rank_main(comm: &Communicator, cfg: &Config) -> Result<Vec<Row>, GraphError> 
         let mut graph =
             comm.capture(|| TpMlpGraph::capture(rt, &x, comm, &w, &mut work, n, batch))?;
         let out = s.clone_dtoh(graph.replay(&x)?.y)?;
-        let bitwise = first_difference(&eager, &out).is_none();
+        let bitwise = first_mismatch(&eager, &out).is_none();
 
         let mut run_eager = || tp_mlp(rt, &x, comm, &w, &mut eager_work, &mut y, batch);
-        let eager_us = wall_us(s, iters, align, &mut run_eager)?;
-        let eager_gpu_us = gpu_us(s, iters, align, &mut run_eager)?;
-        let graph_us = wall_us(s, iters, align, || graph.replay(&x).map(drop))?;
-        let graph_gpu_us = gpu_us(s, iters, align, || graph.replay(&x).map(drop))?;
-        let nodes = graph.info().nodes();
+        let eager_us = wall_us_aligned(s, iters, align, &mut run_eager)?;
+        let eager_gpu_us = gpu_us_aligned(s, iters, align, &mut run_eager)?;
+        let graph_us = wall_us_aligned(s, iters, align, || graph.replay(&x).map(drop))?;
+        let graph_gpu_us = gpu_us_aligned(s, iters, align, || graph.replay(&x).map(drop))?;
+        let info = graph.info();
+        let (nodes, kernels) = (info.nodes(), info.kinds.kernels);
         drop(graph);
 
         // One GPU, on rank 0, while rank 1 waits at the barrier below.
@@ -306,6 +295,7 @@ fn rank_main(comm: &Communicator, cfg: &Config) -> Result<Vec<Row>, GraphError> 
         rows.push(Row {
             batch,
             nodes,
+            kernels,
             eager_us,
             graph_us,
             eager_gpu_us,
@@ -340,14 +330,13 @@ fn one_gpu(
         .iter()
         .zip(two_gpus)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs() / scale));
-    let none = || -> Result<(), GraphError> { Ok(()) };
     let mut run_eager = || mlp(rt, x, w, &mut eager_work, &mut y, batch);
     Ok(Single {
-        eager_us: wall_us(s, iters, none, &mut run_eager)?,
-        eager_gpu_us: gpu_us(s, iters, none, &mut run_eager)?,
-        graph_us: wall_us(s, iters, none, || graph.replay(x).map(drop))?,
-        graph_gpu_us: gpu_us(s, iters, none, || graph.replay(x).map(drop))?,
-        bitwise: first_difference(&eager, &out).is_none(),
+        eager_us: wall_us(s, iters, &mut run_eager)?,
+        eager_gpu_us: gpu_us(s, iters, &mut run_eager)?,
+        graph_us: wall_us(s, iters, || graph.replay(x).map(drop))?,
+        graph_gpu_us: gpu_us(s, iters, || graph.replay(x).map(drop))?,
+        bitwise: first_mismatch(&eager, &out).is_none(),
         max_rel_diff,
     })
 }
@@ -360,25 +349,11 @@ fn main() {
 }
 
 fn run() -> Result<(), BoxError> {
-    common::init_tracing();
-    let cli = Cli::from_env();
-    let cfg = Config {
-        dim: cli.usize("dim", 2048)?,
-        ffn: cli.usize("ffn", 8192)?,
-        layers: cli.usize("layers", 8)?,
-        batches: cli.usizes("batches", &[1, 2, 4, 8, 16, 32, 64])?,
-        iters: cli.usize("iters", 100)?,
-    };
+    let cfg = Config::parse();
     if cfg.ffn % 2 == 1 {
         return Err("--ffn must split evenly over 2 GPUs".into());
     }
-    if !driver_available() {
-        println!("skipped 10-tensor-parallel-mlp: no CUDA driver on this machine");
-        return Ok(());
-    }
-    let gpus = CudaContext::device_count()?;
-    if gpus < 2 {
-        println!("skipped 10-tensor-parallel-mlp: it needs 2 GPUs, this machine has {gpus}");
+    if !gpus_or_skip("10-tensor-parallel-mlp", 2) {
         return Ok(());
     }
     // Without a loadable libnccl this is a typed error that says how to make it loadable.
@@ -425,7 +400,7 @@ fn run() -> Result<(), BoxError> {
         let (eager_us, graph_us) = (two(|r| r.eager_us), two(|r| r.graph_us));
         let (eager_gpu, graph_gpu) = (two(|r| r.eager_gpu_us), two(|r| r.graph_gpu_us));
         let bitwise = r0.bitwise && r1.bitwise && single.bitwise;
-        let ranks_equal = first_difference(&r0.out, &r1.out).is_none();
+        let ranks_equal = first_mismatch(&r0.out, &r1.out).is_none();
         let close = single.max_rel_diff <= TOLERANCE;
         if !bitwise {
             failures.push(format!(
@@ -462,35 +437,46 @@ fn run() -> Result<(), BoxError> {
             if ranks_equal { "bitwise" } else { "DIFFERENT" }.into(),
             format!("{:.1e}", single.max_rel_diff),
         ]);
-        json.push(json_line(&[
-            ("example", J::S("10-tensor-parallel-mlp".into())),
-            ("impl", J::S("ours".into())),
-            ("world", J::N(2.0)),
-            ("batch", J::N(r0.batch as f64)),
-            ("dim", J::N(cfg.dim as f64)),
-            ("ffn", J::N(cfg.ffn as f64)),
-            ("layers", J::N(cfg.layers as f64)),
-            ("nodes", J::N(r0.nodes as f64)),
-            ("one_gpu_eager_us", J::N(single.eager_us)),
-            ("one_gpu_graph_us", J::N(single.graph_us)),
-            ("eager_us", J::N(eager_us)),
-            ("graph_us", J::N(graph_us)),
-            ("one_gpu_eager_gpu_us", J::N(single.eager_gpu_us)),
-            ("one_gpu_graph_gpu_us", J::N(single.graph_gpu_us)),
-            ("eager_gpu_us", J::N(eager_gpu)),
-            ("graph_gpu_us", J::N(graph_gpu)),
-            ("max_rel_diff_vs_one_gpu", J::N(single.max_rel_diff as f64)),
-            ("agree", J::B(bitwise && ranks_equal && close)),
-        ]));
+        let what = format!(
+            "tensor-parallel MLP {} × ({} → {} → {}), batch {}, 2 GPUs",
+            cfg.layers, cfg.dim, cfg.ffn, cfg.dim, r0.batch
+        );
+        let record = Record::new(
+            "tp_mlp",
+            Side::Ours,
+            format!("tp_mlp/{}", r0.batch),
+            what,
+            eager_us,
+            graph_us,
+        )
+        .shape("world", 2)
+        .shape("batch", r0.batch)
+        .shape("dim", cfg.dim)
+        .shape("ffn", cfg.ffn)
+        .shape("layers", cfg.layers)
+        .kernels(r0.kernels)
+        .check(
+            format!("eager = graph bitwise on both ranks, ranks bitwise equal, 2 GPUs = 1 GPU within {TOLERANCE:.0e}"),
+            bitwise && ranks_equal && close,
+        )
+        .with("nodes", r0.nodes)
+        .with("eager_gpu_us", eager_gpu)
+        .with("graph_gpu_us", graph_gpu)
+        .with("one_gpu_eager_us", single.eager_us)
+        .with("one_gpu_graph_us", single.graph_us)
+        .with("one_gpu_eager_gpu_us", single.eager_gpu_us)
+        .with("one_gpu_graph_gpu_us", single.graph_gpu_us)
+        .with("max_rel_diff_vs_one_gpu", f64::from(single.max_rel_diff));
+        json.push(record.line());
     }
     println!(
         "Host wall clock per forward (median of 7 × {} calls; the slower rank):\n",
         cfg.iters
     );
-    print!("{}", wall.markdown());
+    print!("{}", wall.to_markdown());
     println!("\nGPU time per forward (CUDA events) and checks:\n");
-    print!("{}", gpu.markdown());
-    if cli.flag("json") {
+    print!("{}", gpu.to_markdown());
+    if cfg.json {
         println!();
         for line in json {
             println!("{line}");

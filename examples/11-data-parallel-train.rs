@@ -22,37 +22,82 @@
 //! `scripts/torch_ddp.py` afterwards (PyTorch DDP, eager and with CUDA graphs, the same
 //! model, optimizer and batch sizes) and adds its numbers to the table.
 //!
+//! The data set and initial weights come from `workloads::train::Problem` (the generator of
+//! `06-train-step`: PyTorch's initialisation, a teacher four times as large), the kernels and
+//! their launchers from `workloads::ops`, the optimizer's settings from
+//! `workloads::train::OPTIMIZER`.
+//!
 //! Run: `bash scripts/with-nccl.sh cargo run --release --features nccl --example
-//! 11-data-parallel-train [-- --batches 8,32,128 --iters 200 --torch --json]`.
+//! 11-data-parallel-train [-- --batches 8,32,128 --iters 200 --torch --json]`. `--json`
+//! prints one `bench_report::record::Record` per batch size (bench `ddp_train`), and with
+//! `--torch` PyTorch's records of the same workloads.
 
-mod common;
-
+use std::process::Command;
 use std::sync::Arc;
 
-use common::train::{col_sums, data_set, gelu_grad, hidden_fwd, run_torch, Layout, BATCHES, DIMS};
-use common::{
-    blocks, elems, first_difference, gemm, gpu_us, int, json_line, nccl_env, times, us, wall_us,
-    Cli, Mm, Table, J, KERNELS,
-};
-use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
+use bench_report::record::{read_output, Record, Side};
+use bench_report::table::{times, us, Table};
+use clap::Parser;
+use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
-use graph_runtime::{cuda_graph, driver_available, BoxError, DeviceState, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime};
+use workloads::check::first_mismatch;
+use workloads::machine::nccl_env;
+use workloads::ops::blas::{matmul, MatMul};
+use workloads::ops::train::{
+    bias_add, bias_gelu_fwd, clip_adamw, col_sum, finish_step, gelu_bwd, mse_loss_into,
+    select_rows, sumsq_partials, RankRows,
+};
+use workloads::reference::ParamLayout;
+use workloads::testing::{gpus_or_skip, seeded_rng};
+use workloads::timing::{gpu_us_aligned, wall_us_aligned};
+use workloads::train::{Data, Problem, TrainSpec, NORM_BLOCKS, OPTIMIZER};
 
+/// The MLP: 64 → 256 → 256 → 16.
+const DIMS: &[usize] = &[64, 256, 256, 16];
+/// Mini-batches in the data set; step `s` trains on mini-batch `s % BATCHES`.
+const BATCHES: usize = 8;
 /// Steps of the loss curves compared between eager and graph.
 const STEPS: usize = 200;
-/// Blocks of the gradient-norm reduction (a fixed split: the same sum every time).
-const NORM_BLOCKS: usize = 64;
-const LR: f32 = 1e-3;
-const BETAS: (f32, f32) = (0.9, 0.999);
-const EPS: f32 = 1e-8;
-const WEIGHT_DECAY: f32 = 0.01;
-const MAX_NORM: f32 = 1.0;
+/// The seed of the data set and the initial weights (the same on every rank).
+const SEED: u64 = 11;
 
-/// The data set, identical on every rank: `BATCHES` mini-batches of `world × batch` rows.
-#[derive(DeviceState)]
-struct Data {
-    xs: CudaSlice<f32>,
-    ts: CudaSlice<f32>,
+/// A data-parallel training step on two GPUs, one graph per rank, eager against graph (and
+/// PyTorch DDP with `--torch`).
+#[derive(Parser)]
+struct Args {
+    /// Batch sizes per rank, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [8, 32, 128])]
+    batches: Vec<usize>,
+    /// Back-to-back steps per timing.
+    #[arg(long, default_value_t = 200, value_parser = positive)]
+    iters: usize,
+    /// Run `scripts/torch_ddp.py` (PyTorch DDP, eager and graphed) and add its numbers.
+    #[arg(long)]
+    torch: bool,
+    /// Print one JSON record per batch size after the table (`bench_report::record`).
+    #[arg(long)]
+    json: bool,
+}
+
+/// A positive integer flag.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("give a positive integer".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a positive integer: {e}")),
+    }
+}
+
+/// What is trained: `world × batch` rows per mini-batch, `BATCHES` of them.
+fn spec(world: usize, batch: usize) -> TrainSpec {
+    TrainSpec {
+        dims: DIMS,
+        batch: world * batch,
+        batches: BATCHES,
+        steps: STEPS,
+        dropout: None,
+    }
 }
 
 /// What a step reads and updates on one rank. `grads` has one more element than `params`:
@@ -82,8 +127,8 @@ struct Trainer {
 
 impl Trainer {
     fn new(s: &Arc<CudaStream>, batch: usize, init: &CudaSlice<f32>) -> Result<Self, GraphError> {
-        let n = Layout::new().len;
-        let [inp, h1, h2, out] = DIMS;
+        let n = ParamLayout::new(DIMS).len();
+        let [inp, h1, h2, out] = [DIMS[0], DIMS[1], DIMS[2], DIMS[3]];
         let wide = h1.max(h2);
         let mut params = s.alloc_zeros(n)?;
         s.memcpy_dtod(init, &mut params)?;
@@ -129,24 +174,9 @@ fn dp_step(
     #[state] data: &Data,
     #[state] tr: &mut Trainer,
 ) -> Result<(), GraphError> {
-    let s = rt.stream();
-    let k = |name: &str| rt.function(KERNELS, name);
-    let (select, fwd, bias_add, mse) = (
-        k("select_rows")?,
-        k("bias_gelu_fwd")?,
-        k("bias_add")?,
-        k("mse_loss")?,
-    );
-    let (gelu_bwd, col_sum, sumsq, adamw, finish) = (
-        k("gelu_bwd")?,
-        k("col_sum")?,
-        k("sumsq_partials")?,
-        k("clip_adamw")?,
-        k("finish_step")?,
-    );
-    let [inp, h1, h2, out] = DIMS;
-    let l = Layout::new();
-    let n = l.len;
+    let [inp, h1, h2, out] = [DIMS[0], DIMS[1], DIMS[2], DIMS[3]];
+    let l = ParamLayout::new(DIMS);
+    let n = l.len();
     let (b, rank, world) = (tr.batch, comm.rank(), comm.world_size());
     let Trainer {
         params,
@@ -171,172 +201,73 @@ fn dp_step(
     } = tr;
 
     // This rank's rows of mini-batch `step % BATCHES`.
-    // SAFETY: copies b·inp inputs and b·out targets from rows rank·b.. of one mini-batch of
-    // world·b rows (inside the BATCHES mini-batches of `xs`, `ts`) into `x` and `t`.
-    unsafe {
-        s.launch_builder(&select)
-            .arg(&data.xs)
-            .arg(&data.ts)
-            .arg(&*step)
-            .arg(&mut *x)
-            .arg(&mut *t)
-            .arg(&int(BATCHES))
-            .arg(&int(world * b))
-            .arg(&int(rank * b))
-            .arg(&int(b))
-            .arg(&int(inp))
-            .arg(&int(out))
-            .launch(elems(b * inp.max(out)))?;
-    }
+    let rows = RankRows {
+        batches: BATCHES,
+        global_rows: world * b,
+        row0: rank * b,
+        rows: b,
+        in_dim: inp,
+        out_dim: out,
+    };
+    select_rows(rt, &data.xs, &data.ts, &*step, x, t, rows)?;
 
     // Forward: h = a · Wᵀ, then bias + GELU (keeping the pre-activation z).
-    let w = |i: usize| params.slice(l.w[i].clone());
-    let bias = |i: usize| params.slice(l.b[i].clone());
-    gemm(rt, &*x, &w(0), h, Mm::nt(b, h1, inp))?;
-    hidden_fwd(rt, &fwd, h, &bias(0), z1, a1, b, h1)?;
-    gemm(rt, &*a1, &w(1), h, Mm::nt(b, h2, h1))?;
-    hidden_fwd(rt, &fwd, h, &bias(1), z2, a2, b, h2)?;
-    gemm(
-        rt,
-        &*a2,
-        &params.slice(l.w[2].clone()),
-        h,
-        Mm::nt(b, out, h2),
-    )?;
-    // SAFETY: reads b·out of `h` and out of the bias, writes b·out of `y`.
-    unsafe {
-        s.launch_builder(&bias_add)
-            .arg(&*h)
-            .arg(&params.slice(l.b[2].clone()))
-            .arg(&mut *y)
-            .arg(&int(b))
-            .arg(&int(out))
-            .launch(elems(b * out))?;
-    }
+    let w = |i: usize| params.slice(l.w(i));
+    let bias = |i: usize| params.slice(l.b(i));
+    matmul(rt, &*x, &w(0), h, MatMul::nt(b, h1, inp))?;
+    bias_gelu_fwd(rt, &*h, &bias(0), z1, a1, b, h1)?;
+    matmul(rt, &*a1, &w(1), h, MatMul::nt(b, h2, h1))?;
+    bias_gelu_fwd(rt, &*h, &bias(1), z2, a2, b, h2)?;
+    matmul(rt, &*a2, &w(2), h, MatMul::nt(b, out, h2))?;
+    bias_add(rt, &*h, &bias(2), y, b, out)?;
     // Loss (one block): dy = 2 (y − t) / (b·out), the local loss into grads[n].
-    // SAFETY: reads b·out of `y`, `t`, writes b·out of `dy` and the one float grads[n].
-    unsafe {
-        s.launch_builder(&mse)
-            .arg(&*y)
-            .arg(&*t)
-            .arg(&mut *dy)
-            .arg(&mut grads.slice_mut(n..n + 1))
-            .arg(&int(b * out))
-            .launch(blocks(1, 1024))?;
-    }
+    mse_loss_into(rt, &*y, &*t, dy, &mut grads.slice_mut(n..n + 1), b * out)?;
 
     // Backward, last layer first: dW = dzᵀ · a, db = column sums, da = dz · W, dz' = da · gelu'(z).
-    gemm(
+    matmul(
         rt,
         &*dy,
         &*a2,
-        &mut grads.slice_mut(l.w[2].clone()),
-        Mm::tn(out, h2, b),
+        &mut grads.slice_mut(l.w(2)),
+        MatMul::tn(out, h2, b),
     )?;
-    col_sums(
-        rt,
-        &col_sum,
-        &*dy,
-        &mut grads.slice_mut(l.b[2].clone()),
-        b,
-        out,
-    )?;
-    gemm(
-        rt,
-        &*dy,
-        &params.slice(l.w[2].clone()),
-        da,
-        Mm::nn(b, h2, out),
-    )?;
-    gelu_grad(rt, &gelu_bwd, da, z2, dz, b * h2)?;
-    gemm(
+    col_sum(rt, &*dy, &mut grads.slice_mut(l.b(2)), b, out)?;
+    matmul(rt, &*dy, &w(2), da, MatMul::nn(b, h2, out))?;
+    gelu_bwd(rt, &*da, &*z2, dz, b * h2)?;
+    matmul(
         rt,
         &*dz,
         &*a1,
-        &mut grads.slice_mut(l.w[1].clone()),
-        Mm::tn(h2, h1, b),
+        &mut grads.slice_mut(l.w(1)),
+        MatMul::tn(h2, h1, b),
     )?;
-    col_sums(
-        rt,
-        &col_sum,
-        &*dz,
-        &mut grads.slice_mut(l.b[1].clone()),
-        b,
-        h2,
-    )?;
-    gemm(
-        rt,
-        &*dz,
-        &params.slice(l.w[1].clone()),
-        da,
-        Mm::nn(b, h1, h2),
-    )?;
-    gelu_grad(rt, &gelu_bwd, da, z1, dz, b * h1)?;
-    gemm(
+    col_sum(rt, &*dz, &mut grads.slice_mut(l.b(1)), b, h2)?;
+    matmul(rt, &*dz, &w(1), da, MatMul::nn(b, h1, h2))?;
+    gelu_bwd(rt, &*da, &*z1, dz, b * h1)?;
+    matmul(
         rt,
         &*dz,
         &*x,
-        &mut grads.slice_mut(l.w[0].clone()),
-        Mm::tn(h1, inp, b),
+        &mut grads.slice_mut(l.w(0)),
+        MatMul::tn(h1, inp, b),
     )?;
-    col_sums(
-        rt,
-        &col_sum,
-        &*dz,
-        &mut grads.slice_mut(l.b[0].clone()),
-        b,
-        h1,
-    )?;
+    col_sum(rt, &*dz, &mut grads.slice_mut(l.b(0)), b, h1)?;
 
     // 2. The gradients (and the loss) averaged over the ranks: the only collective.
     comm.all_reduce_in_place(grads, ReduceOp::Avg)?;
 
-    // Clip and AdamW on the device, then record the loss and count the step.
-    // SAFETY: NORM_BLOCKS blocks read n gradients (grid-stride) and write one partial each.
-    unsafe {
-        s.launch_builder(&sumsq)
-            .arg(&*grads)
-            .arg(&mut *partials)
-            .arg(&int(n))
-            .launch(blocks(NORM_BLOCKS, 256))?;
-    }
-    // SAFETY: grid-stride over the n elements of `params`, `grads`, `m`, `v` (at least n
-    // each); reads NORM_BLOCKS partials and the step counter.
-    unsafe {
-        s.launch_builder(&adamw)
-            .arg(&mut *params)
-            .arg(&*grads)
-            .arg(&mut *m)
-            .arg(&mut *v)
-            .arg(&*partials)
-            .arg(&int(NORM_BLOCKS))
-            .arg(&*step)
-            .arg(&LR)
-            .arg(&BETAS.0)
-            .arg(&BETAS.1)
-            .arg(&EPS)
-            .arg(&WEIGHT_DECAY)
-            .arg(&MAX_NORM)
-            .arg(&int(n))
-            .launch(blocks(n.div_ceil(256).min(256), 256))?;
-    }
-    // SAFETY: one thread writes losses[*step] (if below STEPS, the buffer's length) from
-    // grads[n] and increments the counter, after every kernel that read it.
-    unsafe {
-        s.launch_builder(&finish)
-            .arg(&mut *losses)
-            .arg(&grads.slice(n..n + 1))
-            .arg(&mut *step)
-            .arg(&int(STEPS))
-            .launch(blocks(1, 32))?;
-    }
-    Ok(())
+    // Clip and AdamW on the device (the norm from NORM_BLOCKS partial sums), then record
+    // the loss and count the step.
+    sumsq_partials(rt, &*grads, partials, n)?;
+    clip_adamw(rt, params, &*grads, m, v, &*partials, &*step, &OPTIMIZER, n)?;
+    finish_step(rt, losses, &grads.slice(n..n + 1), step)
 }
 
 /// What one batch size gave on one rank.
 struct Row {
     batch: usize,
     nodes: usize,
+    kernels: usize,
     eager_us: f64,
     graph_us: f64,
     eager_gpu_us: f64,
@@ -354,15 +285,13 @@ fn rank_main(comm: &Communicator, batches: &[usize], iters: usize) -> Result<Vec
     let align = || comm.barrier();
     let mut rows = Vec::new();
     for &batch in batches {
-        let (xs, ts, student) = data_set(comm.world_size(), batch);
-        let data = Data {
-            xs: s.clone_htod(&xs)?,
-            ts: s.clone_htod(&ts)?,
-        };
+        let problem = Problem::new(spec(comm.world_size(), batch), &mut seeded_rng(SEED));
+        let data = problem.upload(s)?;
+        let student = &problem.init;
         // Rank 0's initial weights reach every rank through an eager broadcast: a
         // collective outside any graph, on the stream the graphs will replay on.
         let mut init = match comm.rank() {
-            0 => s.clone_htod(&student)?,
+            0 => s.clone_htod(student)?,
             _ => s.alloc_zeros::<f32>(student.len())?,
         };
         comm.broadcast(&mut init, 0)?;
@@ -384,13 +313,15 @@ fn rank_main(comm: &Communicator, batches: &[usize], iters: usize) -> Result<Vec
         let graph_params = s.clone_dtoh(&graph.state_mut().tr.params)?;
 
         let mut run_eager = || dp_step(rt, comm, &data, &mut eager);
-        let eager_us = wall_us(s, iters, align, &mut run_eager)?;
-        let eager_gpu_us = gpu_us(s, iters, align, &mut run_eager)?;
-        let graph_us = wall_us(s, iters, align, || graph.launch().map(drop))?;
-        let graph_gpu_us = gpu_us(s, iters, align, || graph.launch().map(drop))?;
+        let eager_us = wall_us_aligned(s, iters, align, &mut run_eager)?;
+        let eager_gpu_us = gpu_us_aligned(s, iters, align, &mut run_eager)?;
+        let graph_us = wall_us_aligned(s, iters, align, || graph.launch().map(drop))?;
+        let graph_gpu_us = gpu_us_aligned(s, iters, align, || graph.launch().map(drop))?;
+        let info = graph.info();
         rows.push(Row {
             batch,
-            nodes: graph.info().nodes(),
+            nodes: info.nodes(),
+            kernels: info.kinds.kernels,
             eager_us,
             graph_us,
             eager_gpu_us,
@@ -412,25 +343,17 @@ fn main() {
 }
 
 fn run() -> Result<(), BoxError> {
-    common::init_tracing();
-    let cli = Cli::from_env();
-    let batches = cli.usizes("batches", &[8, 32, 128])?;
-    let iters = cli.usize("iters", 200)?;
-    if !driver_available() {
-        println!("skipped 11-data-parallel-train: no CUDA driver on this machine");
-        return Ok(());
-    }
-    let gpus = CudaContext::device_count()?;
-    if gpus < 2 {
-        println!("skipped 11-data-parallel-train: it needs 2 GPUs, this machine has {gpus}");
+    let args = Args::parse();
+    let (batches, iters) = (&args.batches, args.iters);
+    if !gpus_or_skip("11-data-parallel-train", 2) {
         return Ok(());
     }
     // Without a loadable libnccl this is a typed error that says how to make it loadable.
     let group = CommGroup::new(2)?;
-    let ranks = group.run(&[0, 1], |comm| rank_main(comm, &batches, iters))?;
-    let torch = match cli.flag("torch") {
+    let ranks = group.run(&[0, 1], |comm| rank_main(comm, batches, iters))?;
+    let torch = match args.torch {
         false => None,
-        true => match run_torch(&batches, iters) {
+        true => match torch_records(batches, iters) {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("PyTorch reference not run: {e}");
@@ -459,7 +382,7 @@ fn run() -> Result<(), BoxError> {
         "Loss (averaged over the ranks), batch {} per rank:\n",
         first.batch
     );
-    print!("{}", curve.markdown());
+    print!("{}", curve.to_markdown());
 
     let mut headers = vec![
         ">batch per rank",
@@ -489,19 +412,22 @@ fn run() -> Result<(), BoxError> {
         let (eager_gpu, graph_gpu) = (two(|r| r.eager_gpu_us), two(|r| r.graph_gpu_us));
         let mut problems = Vec::new();
         for (rank, r) in [r0, r1].into_iter().enumerate() {
-            if let Some((k, a, b)) = first_difference(&r.eager_losses, &r.graph_losses) {
+            if let Some(d) = first_mismatch(&r.eager_losses, &r.graph_losses) {
                 problems.push(format!(
-                    "rank {rank}: losses differ at step {}: eager {a} graph {b}",
-                    k + 1
+                    "rank {rank}: losses differ at step {}: eager {} graph {}",
+                    d.index + 1,
+                    d.a,
+                    d.b
                 ));
             }
-            if let Some((k, a, b)) = first_difference(&r.eager_params, &r.graph_params) {
+            if let Some(d) = first_mismatch(&r.eager_params, &r.graph_params) {
                 problems.push(format!(
-                    "rank {rank}: final weights differ at {k}: eager {a} graph {b}"
+                    "rank {rank}: final weights differ at {}: eager {} graph {}",
+                    d.index, d.a, d.b
                 ));
             }
         }
-        if first_difference(&r0.graph_params, &r1.graph_params).is_some() {
+        if first_mismatch(&r0.graph_params, &r1.graph_params).is_some() {
             problems.push("the ranks' final weights differ".to_owned());
         }
         let agree = problems.is_empty();
@@ -515,12 +441,13 @@ fn run() -> Result<(), BoxError> {
             us(eager_gpu),
             us(graph_gpu),
         ];
+        let workload = format!("ddp_train/{}", r0.batch);
         if let Some(torch) = &torch {
-            match torch.iter().find(|t| t.batch == r0.batch) {
+            match torch.iter().find(|t| t.workload == workload) {
                 Some(t) => cells.extend([
                     us(t.eager_us),
                     us(t.graph_us),
-                    us(t.graph_gpu_us),
+                    us(t.num("graph_gpu_us").unwrap_or(f64::NAN)),
                     times(t.graph_us / graph_us),
                 ]),
                 None => cells.extend([
@@ -537,22 +464,30 @@ fn run() -> Result<(), BoxError> {
             "MISMATCH".to_owned()
         });
         table.row(cells);
-        json.push(json_line(&[
-            ("example", J::S("11-data-parallel-train".into())),
-            ("impl", J::S("ours".into())),
-            ("world", J::N(2.0)),
-            ("batch", J::N(r0.batch as f64)),
-            ("global_batch", J::N(2.0 * r0.batch as f64)),
-            ("dims", J::S("64-256-256-16".into())),
-            ("steps", J::N(STEPS as f64)),
-            ("eager_us", J::N(eager_us)),
-            ("graph_us", J::N(graph_us)),
-            ("eager_gpu_us", J::N(eager_gpu)),
-            ("graph_gpu_us", J::N(graph_gpu)),
-            ("loss_first", J::N(r0.eager_losses[0] as f64)),
-            ("loss_last", J::N(r0.eager_losses[STEPS - 1] as f64)),
-            ("agree", J::B(agree)),
-        ]));
+        let dims = spec(2, r0.batch).dims_text();
+        let what = format!(
+            "data-parallel train step MLP {dims}, batch {} per rank, 2 GPUs",
+            r0.batch
+        );
+        let record = Record::new("ddp_train", Side::Ours, workload, what, eager_us, graph_us)
+            .shape("world", 2)
+            .shape("batch", r0.batch)
+            .shape("global_batch", 2 * r0.batch)
+            .shape("dims", dims)
+            .shape("steps", STEPS)
+            .kernels(r0.kernels)
+            .check(
+                format!(
+                    "{STEPS}-step losses and final weights bitwise, eager = graph, rank 0 = rank 1"
+                ),
+                agree,
+            )
+            .with("nodes", r0.nodes)
+            .with("eager_gpu_us", eager_gpu)
+            .with("graph_gpu_us", graph_gpu)
+            .with("loss_first", f64::from(r0.eager_losses[0]))
+            .with("loss_last", f64::from(r0.eager_losses[STEPS - 1]));
+        json.push(record.line());
         failures.extend(
             problems
                 .into_iter()
@@ -562,11 +497,14 @@ fn run() -> Result<(), BoxError> {
     println!(
         "\nStep time (host wall clock: median of 7 × {iters} steps, the slower rank; GPU: CUDA events):\n"
     );
-    print!("{}", table.markdown());
-    if cli.flag("json") {
+    print!("{}", table.to_markdown());
+    if args.json {
         println!();
         for line in json {
             println!("{line}");
+        }
+        for record in torch.iter().flatten() {
+            println!("{}", record.line());
         }
     }
     if !failures.is_empty() {
@@ -576,4 +514,28 @@ fn run() -> Result<(), BoxError> {
         "\nthe {STEPS}-step loss curves and final weights are bitwise equal between eager and graph, and between the ranks"
     );
     Ok(())
+}
+
+/// PyTorch DDP's records of the same workloads (eager and graphed step times), from
+/// `scripts/torch_ddp.py` with these batch sizes.
+fn torch_records(batches: &[usize], iters: usize) -> Result<Vec<Record>, String> {
+    let script = "scripts/torch_ddp.py";
+    if !std::path::Path::new(script).exists() {
+        return Err(format!("{script} not found (run from the repository root)"));
+    }
+    let list: Vec<String> = batches.iter().map(usize::to_string).collect();
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--batches", &list.join(","), "--iters", &iters.to_string()])
+        .output()
+        .map_err(|e| format!("python3 {script}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "python3 {script} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    read_output(&String::from_utf8_lossy(&out.stdout))
+        .map(|o| o.records)
+        .map_err(|e| format!("{script}: {e}"))
 }

@@ -12,11 +12,12 @@ The DDP wrapper is built, warmed up (11 steps, as DDP needs) and captured on one
 stream: built on the default stream, its gradient hooks would make the capture fail with
 CUDA error 906 (see shared/seeds/capture-failures.txt, "DistributedDataParallel").
 
-Prints, from rank 0, one JSON object per batch size with the field names of the Rust
-example's `--json` lines: example, impl, world, batch, global_batch, dims, steps, eager_us,
-graph_us, eager_gpu_us, graph_gpu_us, loss_first, loss_last, agree (the 200-step loss curves
-of eager and graph bitwise equal). Times: median of 7 runs of --iters back-to-back steps then
-one synchronize, in microseconds per step, the slower rank; GPU times from CUDA events.
+Prints, from rank 0, one benchmark record per batch size (bench_report::record::Record, the
+format of the Rust example's `--json` lines): bench "ddp_train", side "torch", workload
+"ddp_train/<batch>", shape {world, batch, global_batch, dims, steps}, eager_us, graph_us,
+check and agree (the 200-step loss curves of eager and graph bitwise equal), eager_gpu_us,
+graph_gpu_us, loss_first, loss_last. Times: median of 7 runs of --iters back-to-back steps
+then one synchronize, in microseconds per step, the slower rank; GPU times from CUDA events.
 
 The environment is passed through unchanged (NCCL_NVLS_ENABLE=0 stays as set).
 
@@ -196,21 +197,27 @@ def run_batch(rank, world, batch, iters, dev):
     ], device=dev, dtype=torch.float64)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     eager_us, graph_us, eager_gpu_us, graph_gpu_us = times.tolist()
+    dims = "-".join(map(str, DIMS))
     return {
-        "example": "11-data-parallel-train",
-        "impl": "torch-ddp",
-        "world": world,
-        "batch": batch,
-        "global_batch": world * batch,
-        "dims": "-".join(map(str, DIMS)),
-        "steps": STEPS,
+        "bench": "ddp_train",
+        "side": "torch",
+        "workload": f"ddp_train/{batch}",
+        "what": f"data-parallel train step MLP {dims}, batch {batch} per rank, {world} GPUs (PyTorch DDP)",
+        "shape": {
+            "world": world,
+            "batch": batch,
+            "global_batch": world * batch,
+            "dims": dims,
+            "steps": STEPS,
+        },
         "eager_us": eager_us,
         "graph_us": graph_us,
+        "check": f"{STEPS}-step loss curves bitwise, eager vs torch.cuda.graph",
+        "agree": agree,
         "eager_gpu_us": eager_gpu_us,
         "graph_gpu_us": graph_gpu_us,
         "loss_first": float(eager_losses[0]),
         "loss_last": float(eager_losses[STEPS - 1]),
-        "agree": agree,
     }
 
 

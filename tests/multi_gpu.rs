@@ -1,57 +1,23 @@
 //! Collectives on two GPUs (feature `nccl`): captured on both ranks and replayed like the
 //! eager calls; the multi-GPU failure modes as typed errors on every rank, never a hang.
 //!
-//! Every test runs one thread per GPU through `CommGroup::run`. A test skips, saying why,
-//! without a CUDA driver or with fewer than two GPUs (also with `CUDA_GRAPH_REQUIRE_GPU=1`:
-//! the one-GPU machine runs the same suite). With two GPUs and no loadable libnccl it skips
-//! too, unless `CUDA_GRAPH_REQUIRE_GPU=1`: then it fails with the typed error, which says
-//! how to make libnccl loadable (`scripts/with-nccl.sh`).
+//! Every test is a `#[gpu_test(gpus = 2)]` given a `CommGroup` of two ranks, and runs one
+//! thread per GPU through `CommGroup::run`; the harness runs them one at a time. Without a
+//! CUDA driver they count as ignored (failed with `CUDA_GRAPH_REQUIRE_GPU=1`); on a machine
+//! with one GPU as ignored, saying they need two (also with `CUDA_GRAPH_REQUIRE_GPU=1`: the
+//! one-GPU machine runs the same suite). With two GPUs and no loadable libnccl they count as
+//! ignored, and with `CUDA_GRAPH_REQUIRE_GPU=1` fail with the typed error, which says how to
+//! make libnccl loadable (`scripts/with-nccl.sh`).
 
-#![cfg(feature = "nccl")]
-
-use std::sync::{Mutex, MutexGuard};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use graph_runtime::cudarc::driver::{CudaContext, CudaSlice};
+use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::nccl::{CollectiveError, CommGroup, Communicator, ReduceOp};
-use graph_runtime::{cuda_graph, driver_available, is_capturing, GraphError, Runtime};
+use graph_runtime::{cuda_graph, is_capturing, GraphError, Runtime};
+use workloads::testing::gpu_test;
 
 const N: usize = 1024;
-
-/// One test at a time on the GPUs: each starts two threads and two NCCL communicators.
-fn gpu_lock() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn require_gpu() -> bool {
-    std::env::var("CUDA_GRAPH_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// A group of two ranks, or `None` after printing why this machine cannot run the test.
-fn group_or_skip(test: &str) -> Option<CommGroup> {
-    workloads::testing::init_tracing();
-    if !driver_available() {
-        eprintln!("skipped {test}: no CUDA driver on this machine");
-        return None;
-    }
-    let gpus = CudaContext::device_count().unwrap_or(0);
-    if gpus < 2 {
-        eprintln!("skipped {test}: needs 2 GPUs, this machine has {gpus} (also with CUDA_GRAPH_REQUIRE_GPU=1)");
-        return None;
-    }
-    match CommGroup::new(2) {
-        Ok(group) => Some(group),
-        Err(e) if matches!(e.collective(), Some(CollectiveError::LibraryMissing { .. })) => {
-            if require_gpu() {
-                panic!("{test}: CUDA_GRAPH_REQUIRE_GPU=1 and {gpus} GPUs, but {e}");
-            }
-            eprintln!("skipped {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: the communicator group could not be made: {e}"),
-    }
-}
 
 /// Rank `rank`'s input: exact small integers, so sums and maxima are exact in f32.
 fn input(rank: usize, shift: usize) -> Vec<f32> {
@@ -92,14 +58,11 @@ fn expected(rank: usize, inputs: &[Vec<f32>]) -> [Vec<f32>; 4] {
     [sum, gathered, scattered, inputs[1].clone()]
 }
 
-#[test]
-fn collectives_captured_on_both_ranks_replay_like_eager_calls() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("collectives_captured_on_both_ranks_replay_like_eager_calls")
-    else {
-        return;
-    };
-    let checked = group.run(&[0, 1], |comm| {
+#[gpu_test(gpus = 2)]
+fn collectives_captured_on_both_ranks_replay_like_eager_calls(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    group.run(&[0, 1], |comm| {
         let rt = comm.runtime();
         let s = rt.stream();
         let rank = comm.rank();
@@ -162,8 +125,8 @@ fn collectives_captured_on_both_ranks_replay_like_eager_calls() {
             assert_eq!(got, expected(rank, &all), "rank {rank}: replay {shift}");
         }
         Ok(())
-    });
-    checked.unwrap();
+    })?;
+    Ok(())
 }
 
 // --- mixing graph and eager collectives --------------------------------------------------
@@ -178,34 +141,29 @@ fn summed(
     comm.all_reduce(x, y, ReduceOp::Sum)
 }
 
-#[test]
-fn eager_collectives_between_replays_keep_their_order() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("eager_collectives_between_replays_keep_their_order") else {
-        return;
-    };
-    group
-        .run(&[0, 1], |comm| {
-            let s = comm.runtime().stream();
-            let rank = comm.rank();
-            let x = s.clone_htod(&vec![rank as f32 + 1.0; N])?;
-            let mut graph = comm.capture(|| SummedGraph::capture(comm.runtime(), &x, comm, N))?;
-            let mut eager = s.clone_htod(&vec![10.0 * (rank as f32 + 1.0); N])?;
-            for round in 0..5 {
-                graph.launch()?;
-                comm.all_reduce_in_place(&mut eager, ReduceOp::Sum)?;
-                let y = s.clone_dtoh(graph.outputs().y)?;
-                assert!(
-                    y.iter().all(|&v| v == 3.0),
-                    "rank {rank} round {round}: {}",
-                    y[0]
-                );
-            }
-            let e = s.clone_dtoh(&eager)?;
-            assert!(e.iter().all(|&v| v == 30.0 * 16.0), "rank {rank}: {}", e[0]);
-            Ok(())
-        })
-        .unwrap();
+#[gpu_test(gpus = 2)]
+fn eager_collectives_between_replays_keep_their_order(group: CommGroup) -> Result<(), GraphError> {
+    group.run(&[0, 1], |comm| {
+        let s = comm.runtime().stream();
+        let rank = comm.rank();
+        let x = s.clone_htod(&vec![rank as f32 + 1.0; N])?;
+        let mut graph = comm.capture(|| SummedGraph::capture(comm.runtime(), &x, comm, N))?;
+        let mut eager = s.clone_htod(&vec![10.0 * (rank as f32 + 1.0); N])?;
+        for round in 0..5 {
+            graph.launch()?;
+            comm.all_reduce_in_place(&mut eager, ReduceOp::Sum)?;
+            let y = s.clone_dtoh(graph.outputs().y)?;
+            assert!(
+                y.iter().all(|&v| v == 3.0),
+                "rank {rank} round {round}: {}",
+                y[0]
+            );
+        }
+        let e = s.clone_dtoh(&eager)?;
+        assert!(e.iter().all(|&v| v == 30.0 * 16.0), "rank {rank}: {}", e[0]);
+        Ok(())
+    })?;
+    Ok(())
 }
 
 // --- the failure modes -------------------------------------------------------------------
@@ -241,20 +199,18 @@ fn planted(
 fn capture_planted(
     group: &CommGroup,
     plant: impl Fn(usize) -> (usize, bool, bool, bool) + Sync,
-) -> Vec<Option<GraphError>> {
-    group
-        .run(&[0, 1], |comm| {
-            let (count, extra, fail, skip) = plant(comm.rank());
-            if skip {
-                return Ok(None);
-            }
-            let rt = comm.runtime();
-            let buf = rt.stream().clone_htod(&vec![1.0f32; N])?;
-            let captured =
-                comm.capture(|| PlantedGraph::capture(rt, comm, &buf, N, count, extra, fail));
-            Ok(captured.err())
-        })
-        .unwrap()
+) -> Result<Vec<Option<GraphError>>, GraphError> {
+    group.run(&[0, 1], |comm| {
+        let (count, extra, fail, skip) = plant(comm.rank());
+        if skip {
+            return Ok(None);
+        }
+        let rt = comm.runtime();
+        let buf = rt.stream().clone_htod(&vec![1.0f32; N])?;
+        let captured =
+            comm.capture(|| PlantedGraph::capture(rt, comm, &buf, N, count, extra, fail));
+        Ok(captured.err())
+    })
 }
 
 fn collective(e: &Option<GraphError>) -> &CollectiveError {
@@ -263,17 +219,14 @@ fn collective(e: &Option<GraphError>) -> &CollectiveError {
         .unwrap_or_else(|| panic!("expected a collective error, got {e:?}"))
 }
 
-#[test]
-fn a_planted_capture_mismatch_is_a_typed_error_not_a_hang() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("a_planted_capture_mismatch_is_a_typed_error_not_a_hang")
-    else {
-        return;
-    };
+#[gpu_test(gpus = 2)]
+fn a_planted_capture_mismatch_is_a_typed_error_not_a_hang(
+    group: CommGroup,
+) -> Result<(), GraphError> {
     let started = Instant::now();
     // Rank 1 records a second all-reduce only while capturing: the warmup runs agree, the
     // captures do not.
-    let errors = capture_planted(&group, |rank| (N, rank == 1, false, false));
+    let errors = capture_planted(&group, |rank| (N, rank == 1, false, false))?;
     for (rank, e) in errors.iter().enumerate() {
         let CollectiveError::Mismatch {
             at,
@@ -296,10 +249,10 @@ fn a_planted_capture_mismatch_is_a_typed_error_not_a_hang() {
     }
     // Rank 1 reduces fewer elements: found before the warmup issues it. (A rank joins a
     // group once: a new group for the second case.)
-    let group = CommGroup::new(2).expect("a second group");
+    let group = CommGroup::new(2)?;
     let errors = capture_planted(&group, |rank| {
         (if rank == 1 { N / 2 } else { N }, false, false, false)
-    });
+    })?;
     for e in &errors {
         assert!(
             matches!(
@@ -316,15 +269,12 @@ fn a_planted_capture_mismatch_is_a_typed_error_not_a_hang() {
         started.elapsed() < group.timeout() / 2,
         "no rank waited for the timeout"
     );
+    Ok(())
 }
 
-#[test]
-fn a_rank_that_fails_its_capture_stops_the_other() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("a_rank_that_fails_its_capture_stops_the_other") else {
-        return;
-    };
-    let errors = capture_planted(&group, |rank| (N, false, rank == 1, false));
+#[gpu_test(gpus = 2)]
+fn a_rank_that_fails_its_capture_stops_the_other(group: CommGroup) -> Result<(), GraphError> {
+    let errors = capture_planted(&group, |rank| (N, false, rank == 1, false))?;
     assert!(
         errors[1]
             .as_ref()
@@ -337,17 +287,14 @@ fn a_rank_that_fails_its_capture_stops_the_other() {
     };
     assert_eq!(*peer, 1);
     assert!(reason.contains("a planted failure"), "{reason}");
+    Ok(())
 }
 
-#[test]
-fn a_rank_that_never_captures_is_a_timeout() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("a_rank_that_never_captures_is_a_timeout") else {
-        return;
-    };
+#[gpu_test(gpus = 2)]
+fn a_rank_that_never_captures_is_a_timeout(group: CommGroup) -> Result<(), GraphError> {
     group.set_timeout(Duration::from_secs(3));
     let started = Instant::now();
-    let errors = capture_planted(&group, |rank| (N, false, false, rank == 1));
+    let errors = capture_planted(&group, |rank| (N, false, false, rank == 1))?;
     assert!(started.elapsed() < Duration::from_secs(60));
     assert!(errors[1].is_none());
     let CollectiveError::Timeout { missing, at, .. } = collective(&errors[0]) else {
@@ -355,21 +302,18 @@ fn a_rank_that_never_captures_is_a_timeout() {
     };
     assert_eq!(missing, &[1]);
     assert_eq!(at, "before collective #1 of warmup run 1 of `planted`");
+    Ok(())
 }
 
-#[test]
-fn collectives_captured_without_comm_capture_are_refused() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("collectives_captured_without_comm_capture_are_refused") else {
-        return;
-    };
-    let errors = group
-        .run(&[0, 1], |comm| {
-            let rt = comm.runtime();
-            let buf = rt.stream().clone_htod(&vec![1.0f32; N])?;
-            Ok(PlantedGraph::capture(rt, comm, &buf, N, N, false, false).err())
-        })
-        .unwrap();
+#[gpu_test(gpus = 2)]
+fn collectives_captured_without_comm_capture_are_refused(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    let errors = group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        let buf = rt.stream().clone_htod(&vec![1.0f32; N])?;
+        Ok(PlantedGraph::capture(rt, comm, &buf, N, N, false, false).err())
+    })?;
     for e in &errors {
         assert!(
             matches!(collective(e), CollectiveError::OutsideCapture { .. }),
@@ -381,34 +325,35 @@ fn collectives_captured_without_comm_capture_are_refused() {
             "{text}"
         );
     }
+    Ok(())
 }
 
-#[test]
-fn wrong_lengths_and_roots_are_refused_before_nccl_sees_them() {
-    let _gpu = gpu_lock();
-    let Some(group) = group_or_skip("wrong_lengths_and_roots_are_refused_before_nccl_sees_them")
-    else {
-        return;
-    };
-    group
-        .run(&[0, 1], |comm| {
-            let s = comm.runtime().stream();
-            let x = s.alloc_zeros::<f32>(N)?;
-            let mut short = s.alloc_zeros::<f32>(N)?;
-            let e = comm.all_gather(&x, &mut short).unwrap_err();
-            assert!(
-                matches!(e.collective(), Some(CollectiveError::Shape { .. })),
-                "{e}"
-            );
-            let e = comm.broadcast(&mut short, 2).unwrap_err();
-            assert!(
-                matches!(e.collective(), Some(CollectiveError::RankOutOfRange { .. })),
-                "{e}"
-            );
-            // The communicator still works afterwards.
-            comm.all_reduce_in_place(&mut short, ReduceOp::Sum)?;
-            s.synchronize()?;
-            Ok(())
-        })
-        .unwrap();
+#[gpu_test(gpus = 2)]
+fn wrong_lengths_and_roots_are_refused_before_nccl_sees_them(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    group.run(&[0, 1], |comm| {
+        let s = comm.runtime().stream();
+        let x = s.alloc_zeros::<f32>(N)?;
+        let mut short = s.alloc_zeros::<f32>(N)?;
+        let e = comm.all_gather(&x, &mut short).unwrap_err();
+        assert!(
+            matches!(e.collective(), Some(CollectiveError::Shape { .. })),
+            "{e}"
+        );
+        let e = comm.broadcast(&mut short, 2).unwrap_err();
+        assert!(
+            matches!(e.collective(), Some(CollectiveError::RankOutOfRange { .. })),
+            "{e}"
+        );
+        // The communicator still works afterwards.
+        comm.all_reduce_in_place(&mut short, ReduceOp::Sum)?;
+        s.synchronize()?;
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    workloads::testing::run_tests()
 }

@@ -3,7 +3,8 @@
 //! Each constant is one NVRTC compilation unit; [`graph_runtime::Runtime::function`]
 //! compiles it once per process and caches the module.
 
-/// Element-wise float kernels. All take the element count `n` last and use a 1-D grid.
+/// Element-wise float kernels, one thread per element of a 1-D grid: `n` is an element
+/// count, `rows` and `cols` the shape of a row-major matrix whose columns share a bias.
 pub const ELEMENTWISE: &str = r#"
 extern "C" __global__ void add_scalar(const float *x, float *y, float a, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -63,6 +64,31 @@ extern "C" __global__ void bias_gelu(const float *x, const float *b, float *y, i
         float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
         y[i] = 0.5f * v * (1.0f + tanhf(u));
     }
+}
+
+// out[r, c] = res[r, c] + (y[r, c] + b[c]): the bias of a row-parallel layer, added after the
+// all-reduce of its partial sums, and a residual connection.
+extern "C" __global__ void bias_residual(const float *y, const float *b, const float *res,
+                                         float *out, int rows, int cols) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * cols) out[i] = res[i] + (y[i] + b[i % cols]);
+}
+
+// out[r, c] = scale * u, u uniform in [-1, 1) and a hash of (seed, (row0 + r) * full_cols +
+// col0 + c): the entries of a [*, full_cols] matrix by their position, so a block of rows or
+// columns filled on one GPU holds exactly the numbers of the same block of the whole matrix.
+extern "C" __global__ void init_uniform(float *out, int rows, int cols, int row0, int col0,
+                                        int full_cols, unsigned int seed, float scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * cols) return;
+    long long r = i / cols, c = i % cols;
+    unsigned long long z = (unsigned long long)((row0 + r) * (long long)full_cols + col0 + c);
+    z += 0x9e3779b97f4a7c15ull * ((unsigned long long)seed + 1ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z = z ^ (z >> 31);
+    float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    out[i] = scale * (2.0f * u - 1.0f);
 }
 "#;
 
@@ -160,9 +186,10 @@ extern "C" __global__ void linear_bias_gelu(const float *x, const float *__restr
 }
 "#;
 
-/// Kernels of the training examples (`06-train-step`, `07-dropout-train`): the pieces of a
-/// small MLP's forward and backward pass that are not GEMMs, an MSE loss, the global
-/// gradient norm and AdamW. Row-major matrices; `n` is an element count.
+/// Kernels of the training examples (`06-train-step`, `07-dropout-train`, and the
+/// data-parallel `11-data-parallel-train`): the pieces of a small MLP's forward and backward
+/// pass that are not GEMMs, an MSE loss, the global gradient norm and AdamW. Row-major
+/// matrices; `n` is an element count.
 ///
 /// Everything that depends on the training step reads the step counter through a pointer
 /// (`const int *step`), so a captured graph sees the counter move on every replay. Every
@@ -239,10 +266,20 @@ extern "C" __global__ void select_batch(const float *xs, const float *ts, const 
     if (i < t_len) t[i] = ts[(long long)k * t_len + i];
 }
 
-// Mean squared error, one block: dy = 2 (y - t) / n, losses[step] = mean((y - t)^2) while
-// step < capacity.
-extern "C" __global__ void mse_loss(const float *y, const float *t, float *dy, float *losses,
-                                    const int *step, int n, int capacity) {
+// Copies rows [row0, row0 + rows) of mini-batch (step % batches) of a data set of `batches`
+// mini-batches of `global_rows` rows each: `in_dim` inputs and `out_dim` targets per row (one
+// rank's share of a mini-batch split over the ranks).
+extern "C" __global__ void select_rows(const float *xs, const float *ts, const int *step,
+                                       float *x, float *t, int batches, int global_rows,
+                                       int row0, int rows, int in_dim, int out_dim) {
+    long long first = (long long)(*step % batches) * global_rows + row0;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * in_dim) x[i] = xs[first * in_dim + i];
+    if (i < rows * out_dim) t[i] = ts[first * out_dim + i];
+}
+
+// Mean squared error by the whole block: dy = 2 (y - t) / n; every thread gets mean((y - t)^2).
+__device__ float mse_block(const float *y, const float *t, float *dy, int n) {
     float acc = 0.0f;
     float inv_n = 1.0f / (float)n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -250,11 +287,25 @@ extern "C" __global__ void mse_loss(const float *y, const float *t, float *dy, f
         dy[i] = 2.0f * d * inv_n;
         acc += d * d;
     }
-    float total = block_sum(acc);
+    return block_sum(acc) * inv_n;
+}
+
+// Mean squared error, one block: dy = 2 (y - t) / n, losses[step] = mean((y - t)^2) while
+// step < capacity.
+extern "C" __global__ void mse_loss(const float *y, const float *t, float *dy, float *losses,
+                                    const int *step, int n, int capacity) {
+    float loss = mse_block(y, t, dy, n);
     if (threadIdx.x == 0) {
         int s = *step;
-        if (s >= 0 && s < capacity) losses[s] = total * inv_n;
+        if (s >= 0 && s < capacity) losses[s] = loss;
     }
+}
+
+// Mean squared error, one block: dy = 2 (y - t) / n, *loss = mean((y - t)^2).
+extern "C" __global__ void mse_loss_into(const float *y, const float *t, float *dy, float *loss,
+                                         int n) {
+    float value = mse_block(y, t, dy, n);
+    if (threadIdx.x == 0) *loss = value;
 }
 
 // Sum of squares of g, one partial per block: launch with a fixed grid so that the split,
@@ -302,6 +353,16 @@ extern "C" __global__ void clip_adamw(float *p, const float *g, float *m, float 
 // The last kernel of a training step: every earlier one has read the counter.
 extern "C" __global__ void step_increment(int *step) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *step += 1;
+}
+
+// The last kernel of a step whose loss is known only at its end (after an all-reduce):
+// losses[step] = *loss while step < capacity, then the counter moves on.
+extern "C" __global__ void finish_step(float *losses, const float *loss, int *step, int capacity) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        int s = *step;
+        if (s >= 0 && s < capacity) losses[s] = *loss;
+        *step = s + 1;
+    }
 }
 
 // Backward of graph_runtime's rng_dropout_f32: dx = mask ? dy / keep_prob : 0 (the same

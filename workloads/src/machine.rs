@@ -11,6 +11,17 @@ pub fn cuda_version_text(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
+/// The NCCL settings a multi-GPU run sees (`NCCL_NVLS_ENABLE`, `NCCL_GRAPH_MIXING_SUPPORT`:
+/// `unset` when not set), for the header of its tables.
+pub fn nccl_env() -> String {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| "unset".to_owned());
+    format!(
+        "NCCL_NVLS_ENABLE={}, NCCL_GRAPH_MIXING_SUPPORT={}",
+        var("NCCL_NVLS_ENABLE"),
+        var("NCCL_GRAPH_MIXING_SUPPORT")
+    )
+}
+
 /// `(what, value)` pairs, in order: the GPU of `rt` and its memory, the driver, the CUDA
 /// driver API, cuBLAS and NVRTC versions. A fact that cannot be read is left out.
 pub fn gpu_facts(rt: &Runtime) -> Vec<(String, String)> {

@@ -3,6 +3,10 @@
 //! Timings are medians of [`REPEATS`] measurements. A *wall* time is `iters` calls issued
 //! back to back, then one synchronize, divided by `iters`: what a caller that keeps the GPU
 //! busy sees per call. A *GPU* time comes from CUDA events around the same loop.
+//!
+//! The `_aligned` variants call a function before each batch of calls, after the stream is
+//! idle: a barrier between the ranks of a multi-GPU program, so that every rank's batch
+//! starts together and no rank times its wait for another.
 
 use std::time::Instant;
 
@@ -32,15 +36,24 @@ enum Clock {
     Gpu,
 }
 
-/// Median over [`REPEATS`] of the time per call (µs) of `f` called `iters` times back to back.
+/// What runs before each batch of calls, once the stream is idle.
+type Align<'a> = Option<&'a mut dyn FnMut() -> Result<(), GraphError>>;
+
+/// Median over [`REPEATS`] of the time per call (µs) of `f` called `iters` times back to back,
+/// `align` called before each batch.
 fn per_call_us(
     s: &CudaStream,
     iters: usize,
     mut f: impl FnMut() -> Result<(), GraphError>,
     clock: Clock,
+    mut align: Align<'_>,
 ) -> Result<f64, GraphError> {
     let iters = iters.max(1);
     let mut batch = || -> Result<f64, GraphError> {
+        if let Some(align) = align.as_mut() {
+            s.synchronize()?;
+            align()?;
+        }
         let us = match clock {
             Clock::Wall => {
                 s.synchronize()?;
@@ -76,7 +89,7 @@ pub fn wall_us(
     iters: usize,
     f: impl FnMut() -> Result<(), GraphError>,
 ) -> Result<f64, GraphError> {
-    per_call_us(s, iters, f, Clock::Wall)
+    per_call_us(s, iters, f, Clock::Wall, None)
 }
 
 /// Median over [`REPEATS`] of the GPU time per call (µs) of `f` called `iters` times,
@@ -86,7 +99,28 @@ pub fn gpu_us(
     iters: usize,
     f: impl FnMut() -> Result<(), GraphError>,
 ) -> Result<f64, GraphError> {
-    per_call_us(s, iters, f, Clock::Gpu)
+    per_call_us(s, iters, f, Clock::Gpu, None)
+}
+
+/// [`wall_us`] with `align` called before each batch of calls, once the stream is idle (a
+/// host barrier between ranks, so that they start each batch together).
+pub fn wall_us_aligned(
+    s: &CudaStream,
+    iters: usize,
+    mut align: impl FnMut() -> Result<(), GraphError>,
+    f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    per_call_us(s, iters, f, Clock::Wall, Some(&mut align))
+}
+
+/// [`gpu_us`] with `align` called before each batch of calls, once the stream is idle.
+pub fn gpu_us_aligned(
+    s: &CudaStream,
+    iters: usize,
+    mut align: impl FnMut() -> Result<(), GraphError>,
+    f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    per_call_us(s, iters, f, Clock::Gpu, Some(&mut align))
 }
 
 /// How many calls of about `estimate_us` each fill `budget_us`, clamped to `[min, max]`.

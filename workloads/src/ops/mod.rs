@@ -3,11 +3,53 @@
 //! runtime's stream (so a `#[cuda_graph]` body can call it).
 //!
 //! * [`blas`]: row-major matrix products on cuBLAS;
+//! * [`elementwise`]: bias + GELU, bias + residual, and a fill by position (the MLP and
+//!   tensor-parallel examples);
 //! * [`linear`]: the fused `linear_bias_gelu` kernel, launched in order or early;
 //! * [`lt`]: a linear layer with bias and GELU as one FP32 cuBLASLt call;
-//! * [`train`]: the non-GEMM kernels of a training step.
+//! * [`train`]: the non-GEMM kernels of a training step, one GPU or data-parallel.
+
+use graph_runtime::cudarc::driver::LaunchConfig;
 
 pub mod blas;
+pub mod elementwise;
 pub mod linear;
 pub mod lt;
 pub mod train;
+
+/// One thread per element, blocks of 256 (cudarc's `for_num_elems`).
+pub(crate) fn elems(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(u32::try_from(n).expect("more elements than one launch covers"))
+}
+
+/// `grid` blocks of `threads`.
+pub(crate) fn blocks(grid: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            u32::try_from(grid).expect("more blocks than one launch covers"),
+            1,
+            1,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A size as the kernels' `int`.
+///
+/// # Panics
+/// Beyond `i32::MAX`.
+pub(crate) fn int(v: usize) -> i32 {
+    i32::try_from(v).expect("size exceeds the kernels' i32")
+}
+
+/// Asserts that a buffer holds what a kernel addresses.
+///
+/// # Panics
+/// When `have < need`, naming `what`.
+pub(crate) fn need(what: &str, have: usize, need: usize) {
+    assert!(
+        have >= need,
+        "{what}: a buffer of {have} elements, need {need}"
+    );
+}

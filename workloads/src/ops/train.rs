@@ -1,41 +1,21 @@
 //! Launchers of the training kernels ([`crate::kernels::TRAIN`]): everything in a training
-//! step of an MLP that is not a GEMM. Row-major matrices; `rows` is the batch.
+//! step of an MLP that is not a GEMM, on one GPU or on one rank of a data-parallel group
+//! ([`select_rows`], [`mse_loss_into`], [`finish_step`]). Row-major matrices; `rows` is the
+//! batch.
 //!
 //! Each launcher asserts that its buffers hold what the kernel addresses, then launches on the
 //! runtime's stream (capturable: no allocation, no sync). Buffers are any cudarc device
 //! memory (`CudaSlice`, `CudaView`, `CudaViewMut`); the kernels get their addresses.
 
-use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 use graph_runtime::{GraphError, Runtime};
 
+use super::{blocks, elems, int, need};
 use crate::kernels::TRAIN;
 use crate::reference::AdamW;
 
 /// Threads per block of the grid-stride kernels (the gradient norm, the optimizer).
 const THREADS: u32 = 256;
-
-fn elems(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n as u32)
-}
-
-fn blocks(grid: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn int(v: usize) -> i32 {
-    i32::try_from(v).expect("size exceeds the kernels' i32")
-}
-
-fn need(what: &str, have: usize, need: usize) {
-    assert!(
-        have >= need,
-        "{what}: a buffer of {have} elements, need {need}"
-    );
-}
 
 /// Copies mini-batch `*step % batches` of the data set into `x` (`x_len` values) and `t`
 /// (`t_len` values); `xs` and `ts` hold `batches` of each.
@@ -82,6 +62,86 @@ where
             .arg(&xl)
             .arg(&tl)
             .launch(elems(x_len.max(t_len)))?;
+    }
+    Ok(())
+}
+
+/// The rows of a data set one rank trains on in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankRows {
+    /// Mini-batches in the data set; step `s` uses mini-batch `s % batches`.
+    pub batches: usize,
+    /// Rows of one mini-batch, over all ranks.
+    pub global_rows: usize,
+    /// This rank's first row within the mini-batch.
+    pub row0: usize,
+    /// This rank's rows.
+    pub rows: usize,
+    /// Inputs per row.
+    pub in_dim: usize,
+    /// Targets per row.
+    pub out_dim: usize,
+}
+
+/// Copies rows `at.row0..at.row0 + at.rows` of mini-batch `*step % at.batches` of the data set
+/// (`xs`: `[batches · global_rows, in_dim]`, `ts`: `[batches · global_rows, out_dim]`) into `x`
+/// and `t`: one rank's share of the step's mini-batch.
+///
+/// # Panics
+/// If a buffer is shorter than `at` needs, or the rank's rows leave the mini-batch.
+pub fn select_rows<Xs, Ts, S, X, T>(
+    rt: &Runtime,
+    xs: &Xs,
+    ts: &Ts,
+    step: &S,
+    x: &mut X,
+    t: &mut T,
+    at: RankRows,
+) -> Result<(), GraphError>
+where
+    Xs: DevicePtr<f32>,
+    Ts: DevicePtr<f32>,
+    S: DevicePtr<i32>,
+    X: DevicePtrMut<f32>,
+    T: DevicePtrMut<f32>,
+{
+    assert!(
+        at.row0 + at.rows <= at.global_rows,
+        "select_rows: rows {}..{} of a mini-batch of {}",
+        at.row0,
+        at.row0 + at.rows,
+        at.global_rows
+    );
+    let all = at.batches * at.global_rows;
+    need("select_rows xs", xs.len(), all * at.in_dim);
+    need("select_rows ts", ts.len(), all * at.out_dim);
+    need("select_rows step", step.len(), 1);
+    need("select_rows x", x.len(), at.rows * at.in_dim);
+    need("select_rows t", t.len(), at.rows * at.out_dim);
+    let f = rt.function(TRAIN, "select_rows")?;
+    let s = rt.stream();
+    let ((xsp, _a), (tsp, _b), (sp, _c)) = (xs.device_ptr(s), ts.device_ptr(s), step.device_ptr(s));
+    let ((xp, _d), (tp, _e)) = (x.device_ptr_mut(s), t.device_ptr_mut(s));
+    let args = [
+        at.batches,
+        at.global_rows,
+        at.row0,
+        at.rows,
+        at.in_dim,
+        at.out_dim,
+    ]
+    .map(int);
+    // SAFETY: the kernel copies rows · in_dim inputs and rows · out_dim targets starting at
+    // row (*step % batches) · global_rows + row0, which with row0 + rows ≤ global_rows stays
+    // inside the batches · global_rows rows `xs` and `ts` hold, into `x` and `t`, which hold
+    // that many (all asserted above).
+    unsafe {
+        let mut launch = s.launch_builder(&f);
+        launch.arg(&xsp).arg(&tsp).arg(&sp).arg(&xp).arg(&tp);
+        for a in &args {
+            launch.arg(a);
+        }
+        launch.launch(elems(at.rows * at.in_dim.max(at.out_dim)))?;
     }
     Ok(())
 }
@@ -312,6 +372,46 @@ where
     Ok(())
 }
 
+/// Mean squared error over `n` outputs in one block: `dy = 2 (y - t) / n` and
+/// `loss[0] = mean((y - t)²)` (a data-parallel step averages it over the ranks with the
+/// gradients, then [`finish_step`] records it).
+pub fn mse_loss_into<Y, T, Dy, L>(
+    rt: &Runtime,
+    y: &Y,
+    t: &T,
+    dy: &mut Dy,
+    loss: &mut L,
+    n: usize,
+) -> Result<(), GraphError>
+where
+    Y: DevicePtr<f32>,
+    T: DevicePtr<f32>,
+    Dy: DevicePtrMut<f32>,
+    L: DevicePtrMut<f32>,
+{
+    need("mse_loss_into y", y.len(), n);
+    need("mse_loss_into t", t.len(), n);
+    need("mse_loss_into dy", dy.len(), n);
+    need("mse_loss_into loss", loss.len(), 1);
+    let f = rt.function(TRAIN, "mse_loss_into")?;
+    let s = rt.stream();
+    let ((yp, _a), (tp, _b)) = (y.device_ptr(s), t.device_ptr(s));
+    let ((dyp, _c), (lp, _d)) = (dy.device_ptr_mut(s), loss.device_ptr_mut(s));
+    let ni = int(n);
+    // SAFETY: one block of 1024 threads (a multiple of 32, as the kernel's block sum needs)
+    // reads n of `y` and `t`, writes n of `dy` and one float of `loss` (asserted above).
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&yp)
+            .arg(&tp)
+            .arg(&dyp)
+            .arg(&lp)
+            .arg(&ni)
+            .launch(blocks(1, 1024))?;
+    }
+    Ok(())
+}
+
 /// Partial sums of squares of the `n` values of `g`, one per block of a fixed grid of
 /// `partials.len()` blocks (a fixed split, so the sum is always the same).
 pub fn sumsq_partials<G, P>(
@@ -420,6 +520,39 @@ pub fn step_increment<S: DevicePtrMut<i32>>(rt: &Runtime, step: &mut S) -> Resul
     // SAFETY: one thread of the first block writes the one int of `step` (asserted).
     unsafe {
         s.launch_builder(&f).arg(&sp).launch(blocks(1, 32))?;
+    }
+    Ok(())
+}
+
+/// The last kernel of a step whose loss is known only at its end (after an all-reduce):
+/// `losses[*step] = loss[0]` while `*step < losses.len()`, then `*step += 1`.
+pub fn finish_step<Ls, L, S>(
+    rt: &Runtime,
+    losses: &mut Ls,
+    loss: &L,
+    step: &mut S,
+) -> Result<(), GraphError>
+where
+    Ls: DevicePtrMut<f32>,
+    L: DevicePtr<f32>,
+    S: DevicePtrMut<i32>,
+{
+    need("finish_step loss", loss.len(), 1);
+    need("finish_step step", step.len(), 1);
+    let capacity = int(losses.len());
+    let f = rt.function(TRAIN, "finish_step")?;
+    let s = rt.stream();
+    let (lp, _a) = loss.device_ptr(s);
+    let ((lsp, _b), (sp, _c)) = (losses.device_ptr_mut(s), step.device_ptr_mut(s));
+    // SAFETY: one thread reads the one float of `loss`, writes losses[*step] only while
+    // *step < capacity, the length of `losses`, and writes the one int of `step` (asserted).
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&lsp)
+            .arg(&lp)
+            .arg(&sp)
+            .arg(&capacity)
+            .launch(blocks(1, 32))?;
     }
     Ok(())
 }

@@ -27,15 +27,42 @@
 //!
 //! A function that is neither registered nor called is dead code, which the workspace's
 //! clippy run (`-D warnings`) rejects: a test cannot be forgotten silently.
+//!
+//! # Tests of several GPUs
+//! `#[gpu_test(gpus = N)]` asks for N GPUs. On a machine with fewer (but at least one) the
+//! test counts as *ignored*, saying how many it needs, also with `CUDA_GRAPH_REQUIRE_GPU=1`:
+//! a one-GPU machine runs the same suite as a two-GPU one. A machine without any usable GPU
+//! treats it like every GPU test (ignored, or failed with `CUDA_GRAPH_REQUIRE_GPU=1`). The
+//! harness runs tests of more than one GPU one at a time. With feature `nccl` the test may
+//! take the group of its ranks instead of a runtime; a libnccl that cannot be loaded then
+//! counts like a missing GPU (see [`GpuFixture`]):
+//!
+//! ```ignore
+//! use graph_runtime::nccl::CommGroup;
+//! use graph_runtime::GraphError;
+//! use workloads::testing::gpu_test;
+//!
+//! #[gpu_test(gpus = 2)]
+//! fn all_reduce_in_a_graph(group: CommGroup) -> Result<(), GraphError> {
+//!     group.run(&[0, 1], |comm| {
+//!         // …
+//!         Ok(())
+//!     })?;
+//!     Ok(())
+//! }
+//! ```
 
 use std::sync::Once;
 
+use graph_runtime::cudarc::driver::CudaContext;
 use graph_runtime::{GraphError, Runtime};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+mod fixture;
 mod harness;
 
+pub use fixture::GpuFixture;
 pub use harness::run_tests;
 pub use workloads_macros::{cpu_test, gpu_test};
 
@@ -43,7 +70,7 @@ pub use workloads_macros::{cpu_test, gpu_test};
 /// whenever the attributes do.
 #[doc(hidden)]
 pub mod __private {
-    pub use super::harness::{outcome, Test};
+    pub use super::harness::{attempt, outcome, Attempt, Test};
     pub use inventory;
 }
 
@@ -73,6 +100,40 @@ pub fn means_no_gpu(e: &GraphError) -> bool {
         e,
         GraphError::NoDriver | GraphError::NoDevice { .. } | GraphError::MissingLibrary { .. }
     )
+}
+
+/// How many GPUs this machine has, or why it has no usable one (no driver, no device, a CUDA
+/// library missing: what [`means_no_gpu`] says about `Runtime::new(0)`). A GPU that is there
+/// but fails to start a runtime still counts: what uses it reports the failure.
+pub fn usable_gpus() -> Result<usize, GraphError> {
+    match Runtime::new(0) {
+        Err(e) if means_no_gpu(&e) => Err(e),
+        _ => Ok(CudaContext::device_count().map_or(1, |n| n.max(1) as usize)),
+    }
+}
+
+/// Whether this machine has the `gpus` GPUs the multi-GPU program `program` needs; when not,
+/// after printing why: what a multi-GPU example calls first. Fewer GPUs than `gpus` is a skip
+/// also with `CUDA_GRAPH_REQUIRE_GPU=1` (a one-GPU machine runs every example).
+///
+/// # Panics
+/// When there is no usable GPU at all and `CUDA_GRAPH_REQUIRE_GPU=1`.
+pub fn gpus_or_skip(program: &str, gpus: usize) -> bool {
+    init_tracing();
+    match usable_gpus() {
+        Ok(have) if have >= gpus => true,
+        Ok(have) => {
+            eprintln!("skipped {program}: it needs {gpus} GPUs, this machine has {have}");
+            false
+        }
+        Err(e) => {
+            if gpu_required() {
+                panic!("{program}: {REQUIRE_GPU}=1 but there is no usable GPU: {e}");
+            }
+            eprintln!("skipped {program}: {e}");
+            false
+        }
+    }
 }
 
 /// A runtime on device 0 for the program `program`, or `None` (after printing why) when this
