@@ -27,6 +27,7 @@
 
 use bench_report::record::{Record, Side};
 use bench_report::table::{times, us, Table};
+use clap::builder::RangedU64ValueParser;
 use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
@@ -47,32 +48,23 @@ const TOLERANCE: f32 = 1e-4;
 #[derive(Parser, Debug, Clone)]
 struct Config {
     /// Model width.
-    #[arg(long, default_value_t = 2048, value_parser = positive)]
+    #[arg(long, default_value_t = 2048, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     dim: usize,
     /// Hidden features of each block (split evenly over the two GPUs).
-    #[arg(long, default_value_t = 8192, value_parser = positive)]
+    #[arg(long, default_value_t = 8192, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     ffn: usize,
     /// MLP blocks.
-    #[arg(long, default_value_t = 8, value_parser = positive)]
+    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     layers: usize,
     /// Batch sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [1, 2, 4, 8, 16, 32, 64])]
+    #[arg(long, value_delimiter = ',', value_parser = RangedU64ValueParser::<usize>::new().range(1..), default_values_t = [1, 2, 4, 8, 16, 32, 64])]
     batches: Vec<usize>,
     /// Back-to-back calls per timing.
-    #[arg(long, default_value_t = 100, value_parser = positive)]
+    #[arg(long, default_value_t = 100, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     iters: usize,
     /// Print one JSON record per batch size after the tables (`bench_report::record`).
     #[arg(long)]
     json: bool,
-}
-
-/// A positive integer flag.
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("give a positive integer".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("`{s}` is not a positive integer: {e}")),
-    }
 }
 
 /// One rank's weights: of each block, its rows of `W1` and `b1`, its columns of `W2`, and

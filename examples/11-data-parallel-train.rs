@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use bench_report::record::{read_output, Record, Side};
 use bench_report::table::{times, us, Table};
+use clap::builder::RangedU64ValueParser;
 use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
@@ -67,10 +68,10 @@ const SEED: u64 = 11;
 #[derive(Parser)]
 struct Args {
     /// Batch sizes per rank, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [8, 32, 128])]
+    #[arg(long, value_delimiter = ',', value_parser = RangedU64ValueParser::<usize>::new().range(1..), default_values_t = [8, 32, 128])]
     batches: Vec<usize>,
     /// Back-to-back steps per timing.
-    #[arg(long, default_value_t = 200, value_parser = positive)]
+    #[arg(long, default_value_t = 200, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     iters: usize,
     /// Run `scripts/torch_ddp.py` (PyTorch DDP, eager and graphed) and add its numbers.
     #[arg(long)]
@@ -78,15 +79,6 @@ struct Args {
     /// Print one JSON record per batch size after the table (`bench_report::record`).
     #[arg(long)]
     json: bool,
-}
-
-/// A positive integer flag.
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("give a positive integer".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("`{s}` is not a positive integer: {e}")),
-    }
 }
 
 /// What is trained: `world × batch` rows per mini-batch, `BATCHES` of them.

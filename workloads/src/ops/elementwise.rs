@@ -9,7 +9,7 @@
 use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 use graph_runtime::{GraphError, Runtime};
 
-use super::{elems, int, need};
+use super::{elems, int, need, row_bias_kernel};
 use crate::kernels::ELEMENTWISE;
 
 /// `y = gelu(z + bias)` per row of `[rows, cols]` matrices (tanh approximation).
@@ -26,26 +26,7 @@ where
     B: DevicePtr<f32>,
     Y: DevicePtrMut<f32>,
 {
-    let n = rows * cols;
-    need("bias_gelu z", z.len(), n);
-    need("bias_gelu bias", bias.len(), cols);
-    need("bias_gelu y", y.len(), n);
-    let f = rt.function(ELEMENTWISE, "bias_gelu")?;
-    let s = rt.stream();
-    let ((zp, _a), (bp, _b), (yp, _c)) = (z.device_ptr(s), bias.device_ptr(s), y.device_ptr_mut(s));
-    let (r, c) = (int(rows), int(cols));
-    // SAFETY: one thread per element reads rows · cols of `z` and cols of `bias` and writes
-    // rows · cols of `y` (asserted above).
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&zp)
-            .arg(&bp)
-            .arg(&yp)
-            .arg(&r)
-            .arg(&c)
-            .launch(elems(n))?;
-    }
-    Ok(())
+    row_bias_kernel(rt, (ELEMENTWISE, "bias_gelu"), z, bias, y, rows, cols)
 }
 
 /// `out = res + (y + bias)` per row of `[rows, cols]` matrices: a row-parallel layer's bias,

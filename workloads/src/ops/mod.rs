@@ -9,7 +9,8 @@
 //! * [`lt`]: a linear layer with bias and GELU as one FP32 cuBLASLt call;
 //! * [`train`]: the non-GEMM kernels of a training step, one GPU or data-parallel.
 
-use graph_runtime::cudarc::driver::LaunchConfig;
+use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use graph_runtime::{GraphError, Runtime};
 
 pub mod blas;
 pub mod elementwise;
@@ -52,4 +53,43 @@ pub(crate) fn need(what: &str, have: usize, need: usize) {
         have >= need,
         "{what}: a buffer of {have} elements, need {need}"
     );
+}
+
+/// Launches `kernel` of `source`, a kernel `(x, bias, y, rows, cols)` with one thread per
+/// element of `[rows, cols]` matrices that reads `x[r, c]` and `bias[c]` and writes `y[r, c]`
+/// (`bias_add`, `bias_gelu`).
+pub(crate) fn row_bias_kernel<X, B, Y>(
+    rt: &Runtime,
+    (source, kernel): (&str, &str),
+    x: &X,
+    bias: &B,
+    y: &mut Y,
+    rows: usize,
+    cols: usize,
+) -> Result<(), GraphError>
+where
+    X: DevicePtr<f32>,
+    B: DevicePtr<f32>,
+    Y: DevicePtrMut<f32>,
+{
+    let n = rows * cols;
+    need(&format!("{kernel} x"), x.len(), n);
+    need(&format!("{kernel} bias"), bias.len(), cols);
+    need(&format!("{kernel} y"), y.len(), n);
+    let f = rt.function(source, kernel)?;
+    let s = rt.stream();
+    let ((xp, _a), (bp, _b), (yp, _c)) = (x.device_ptr(s), bias.device_ptr(s), y.device_ptr_mut(s));
+    let (r, c) = (int(rows), int(cols));
+    // SAFETY: the kernel's contract (above): one thread per element reads rows · cols of `x`
+    // and cols of `bias` and writes rows · cols of `y` (asserted above).
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&xp)
+            .arg(&bp)
+            .arg(&yp)
+            .arg(&r)
+            .arg(&c)
+            .launch(elems(n))?;
+    }
+    Ok(())
 }

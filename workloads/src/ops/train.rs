@@ -10,7 +10,7 @@
 use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 use graph_runtime::{GraphError, Runtime};
 
-use super::{blocks, elems, int, need};
+use super::{blocks, elems, int, need, row_bias_kernel};
 use crate::kernels::TRAIN;
 use crate::reference::AdamW;
 
@@ -203,26 +203,7 @@ where
     B: DevicePtr<f32>,
     Y: DevicePtrMut<f32>,
 {
-    let n = rows * cols;
-    need("bias_add x", x.len(), n);
-    need("bias_add bias", bias.len(), cols);
-    need("bias_add y", y.len(), n);
-    let f = rt.function(TRAIN, "bias_add")?;
-    let s = rt.stream();
-    let ((xp, _a), (bp, _b), (yp, _c)) = (x.device_ptr(s), bias.device_ptr(s), y.device_ptr_mut(s));
-    let (r, c) = (int(rows), int(cols));
-    // SAFETY: one thread per element reads rows · cols of `x` and cols of `bias` and writes
-    // rows · cols of `y` (asserted above).
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&xp)
-            .arg(&bp)
-            .arg(&yp)
-            .arg(&r)
-            .arg(&c)
-            .launch(elems(n))?;
-    }
-    Ok(())
+    row_bias_kernel(rt, (TRAIN, "bias_add"), x, bias, y, rows, cols)
 }
 
 /// `dz = dy · gelu'(z)` over `n` elements.
