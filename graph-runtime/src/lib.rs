@@ -154,6 +154,7 @@ pub use half;
 mod buckets;
 mod buffer;
 mod capture;
+pub mod conditional;
 mod driver;
 mod error;
 mod fingerprint;
@@ -182,6 +183,7 @@ pub mod coverage {}
 pub use buckets::Buckets;
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use capture::{CaptureMode, GraphSite};
+pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};
