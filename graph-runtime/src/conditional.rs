@@ -31,7 +31,7 @@
 //! | [`Runtime::condition`] | a `u32` flag in device memory, set by a kernel | a conditional handle of the graph, and the same kernel setting it |
 //! | [`Condition::set`], [`Condition::set_from`], your kernels through [`Condition::kernel_arg`] | write the flag | call `cudaGraphSetConditional` on the handle |
 //! | [`Runtime::graph_while`] | a host loop: read the flag (a 4-byte copy and a synchronize), run the body, again | one WHILE node; its body graph runs while the condition is non-zero, with no host involvement |
-//! | [`Runtime::graph_if`], [`Runtime::graph_if_else`] | read the flag once and run one closure | one IF node (IF/ELSE: one node with two bodies) |
+//! | [`Runtime::graph_if`], [`Runtime::graph_if_else`] | read the flag once and run the closure (one way of it) | one IF node (IF/ELSE: one node with two bodies) |
 //!
 //! The host read of the eager path is the only synchronize a `#[cuda_graph]` body may
 //! contain, and the user never writes it: it lives here. The compile-time checks of the
@@ -45,7 +45,8 @@
 //!   many iterations the condition is cleared and the loop ends, so a condition that never
 //!   clears cannot hang the GPU. A bounded loop costs one more one-thread kernel per
 //!   iteration (it counts); `None` costs nothing and trusts the body.
-//! * **If** runs its closure once when the condition is non-zero; **if/else** runs one of two.
+//! * **If** runs its closure once when the condition is non-zero; **if/else** runs its closure
+//!   with `true` or with `false` (captured, it records it both ways, one body each).
 //! * A condition starts at the value given to [`Runtime::condition`] (set by a kernel in stream
 //!   order, so in a loop of loops `inner.set(rt, true)` re-arms it for the next outer pass).
 //! * Random numbers drawn inside a body are fresh in every iteration: the generators keep
@@ -760,27 +761,40 @@ impl Runtime {
         self.conditional(Construct::If, cond, None, location, &mut branches)
     }
 
-    /// A two-way branch on the GPU: runs `then` when `cond` is non-zero, `otherwise` when it
-    /// is zero.
+    /// A two-way branch on the GPU: runs `branch(rt, true)` when `cond` is non-zero and
+    /// `branch(rt, false)` when it is zero.
+    ///
+    /// One closure for both ways, so both can write the same buffers:
+    ///
+    /// ```no_run
+    /// # use graph_runtime::cudarc::driver::CudaSlice;
+    /// # use graph_runtime::{GraphError, Runtime};
+    /// # fn f(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    /// let positive = rt.condition(false)?;
+    /// positive.set_from(rt, x, graph_runtime::Compare::Gt, 0.0)?;
+    /// rt.graph_if_else(&positive, |rt, positive| {
+    ///     if positive {
+    ///         rt.stream().memcpy_dtod(x, &mut *y)?;   // y = x
+    ///     } else {
+    ///         rt.stream().memset_zeros(&mut *y)?;     // y = 0
+    ///     }
+    ///     Ok(())
+    /// })
+    /// # }
+    /// ```
     ///
     /// Captured, this is one CUDA IF node with an ELSE body (CUDA 12.8, driver 570 or newer;
-    /// older drivers get [`GraphError::ConditionalUnsupported`]). Eagerly it reads `cond` and
-    /// runs one closure. See [`Runtime::graph_while`] for the other errors.
+    /// older drivers get [`GraphError::ConditionalUnsupported`]), whose two bodies are what
+    /// `branch` records for `true` and for `false`. Eagerly it reads `cond` and runs one way.
+    /// See [`Runtime::graph_while`] for the other errors.
     #[track_caller]
     pub fn graph_if_else(
         &self,
         cond: &Condition,
-        mut then: impl FnMut(&Runtime) -> Result<(), GraphError>,
-        mut otherwise: impl FnMut(&Runtime) -> Result<(), GraphError>,
+        mut branch: impl FnMut(&Runtime, bool) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
         let location = Location::caller();
-        let mut branches = |rt: &Runtime, i: usize| {
-            if i == 0 {
-                then(rt)
-            } else {
-                otherwise(rt)
-            }
-        };
+        let mut branches = |rt: &Runtime, i: usize| branch(rt, i == 0);
         self.conditional(Construct::IfElse, cond, None, location, &mut branches)
     }
 
@@ -1009,6 +1023,11 @@ enum Refused {
 
 impl Site<'_> {
     fn body_error(&self, source: GraphError) -> GraphError {
+        // A capture code the closure's cudarc call came back with gets its own variant.
+        let source = match source {
+            GraphError::Driver(d) => GraphError::from_driver(self.graph, d),
+            other => other,
+        };
         GraphError::ConditionalBody {
             construct: self.construct.name(),
             graph: self.graph,
