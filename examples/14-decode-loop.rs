@@ -26,6 +26,11 @@
 //! * **on-device loop**: one launch of the `graph_while` graph for the whole generation, host
 //!   wall time including the launch and the final synchronize, over the tokens generated; the
 //!   `+ bound` row adds `max_iterations` (one more one-thread kernel per token);
+//! * **on-device loop, 4 steps per iteration**: the loop's body is 4 decode steps, so the
+//!   relaunch of the body that every WHILE iteration costs on the device is paid once per 4
+//!   tokens. The argmax kernel keeps a `done` flag on the device: once the end token (or the
+//!   length limit) is reached, the remaining steps of the iteration change nothing (no token,
+//!   no position); they still run, so a sequence pays at most 3 wasted steps;
 //! * **replay + host read**: the one-step graph launched per token, then the token read back
 //!   (`clone_dtoh` of 4 bytes, which synchronizes) to decide whether to stop;
 //! * **eager loop**: the same function called eagerly: `graph_while` then runs on the host,
@@ -63,8 +68,11 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [Size::Tiny, Size::Small, Size::Example05])]
     sizes: Vec<Size>,
     /// Most tokens per sequence (the KV cache holds this many positions).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=1024))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=1000))]
     tokens: u32,
+    /// Decode steps per `graph_while` iteration in the unrolled on-device loop.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    unroll: u32,
     /// Timed generations per variant (the median is reported).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
@@ -92,6 +100,8 @@ impl std::fmt::Display for Size {
 }
 
 impl Size {
+    /// The model for sequences of at most `tokens` tokens. The cache holds one position more:
+    /// the steps of an unrolled iteration after the end write the frozen position's row.
     fn spec(self, tokens: usize) -> DecoderSpec {
         let (layers, dim, heads, ffn, vocab) = match self {
             Size::Tiny => (1, 128, 4, 384, 1024),
@@ -104,7 +114,7 @@ impl Size {
             layers,
             ffn,
             vocab,
-            max_seq: tokens,
+            max_seq: tokens + 1,
             theta: 10_000.0,
             eps: 1e-5,
         }
@@ -137,6 +147,8 @@ struct Weights {
 struct DecodeState {
     token: CudaSlice<i32>,
     pos: CudaSlice<i32>,
+    /// 1 once the end token or the length limit is reached (the stopping steps only).
+    done: CudaSlice<i32>,
     tokens: CudaSlice<i32>,
     x: CudaSlice<f32>,
     xn: CudaSlice<f32>,
@@ -153,7 +165,8 @@ impl DecodeState {
         Ok(DecodeState {
             token: s.clone_htod(&[BOS])?,
             pos: s.alloc_zeros(1)?,
-            tokens: s.alloc_zeros(spec.max_seq)?,
+            done: s.alloc_zeros(1)?,
+            tokens: s.alloc_zeros(max_tokens(spec))?,
             x: s.alloc_zeros(d)?,
             xn: s.alloc_zeros(d)?,
             qkv: s.alloc_zeros(3 * d)?,
@@ -165,6 +178,11 @@ impl DecodeState {
     }
 }
 
+/// Tokens a sequence may have: the cache's positions but the slack row.
+fn max_tokens(spec: &DecoderSpec) -> usize {
+    spec.max_seq - 1
+}
+
 /// Back to the start: BOS at position 0, cache and output cleared (host-side, between runs).
 fn restart(
     s: &Arc<CudaStream>,
@@ -173,6 +191,7 @@ fn restart(
 ) -> Result<(), GraphError> {
     s.memset_zeros(kv)?;
     s.memset_zeros(&mut st.pos)?;
+    s.memset_zeros(&mut st.done)?;
     s.memset_zeros(&mut st.tokens)?;
     s.memcpy_htod([BOS].as_slice(), &mut st.token)?;
     Ok(())
@@ -180,12 +199,13 @@ fn restart(
 
 /// The step's last kernel when the loop runs on the device: greedy argmax as in `DECODE`'s
 /// `argmax_advance`, then the loop's condition: go on while the token is not the end token
-/// and the output has room.
+/// and the output has room. Once that is no longer so, `done` is set and later calls (the
+/// rest of an unrolled iteration) change nothing.
 const STOP: &str = concat!(
     graph_runtime::condition_device_api!(),
     r#"
 extern "C" __global__ void argmax_advance_stop(const float *logits, int vocab, int *token, int *pos,
-                                               int *tokens, int max_tokens, int end_token,
+                                               int *done, int *tokens, int max_tokens, int end_token,
                                                GraphCondition go) {
     __shared__ float best_v[1024];
     __shared__ int best_i[1024];
@@ -210,12 +230,18 @@ extern "C" __global__ void argmax_advance_stop(const float *logits, int vocab, i
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        int p = *pos;
-        int next = best_i[0];
-        *token = next;
-        if (p >= 0 && p < max_tokens) tokens[p] = next;
-        *pos = p + 1;
-        graph_condition_set(go, next != end_token && p + 1 < max_tokens);
+        if (*done) {
+            graph_condition_set(go, false);
+        } else {
+            int p = *pos;
+            int next = best_i[0];
+            *token = next;
+            if (p >= 0 && p < max_tokens) tokens[p] = next;
+            *pos = p + 1;
+            bool more = next != end_token && p + 1 < max_tokens;
+            if (!more) *done = 1;
+            graph_condition_set(go, more);
+        }
     }
 }
 "#
@@ -259,7 +285,7 @@ fn step(
         ffn as i32,
         spec.vocab as i32,
     );
-    let (eps, theta, tokens) = (spec.eps, spec.theta, spec.max_seq as i32);
+    let (eps, theta, tokens) = (spec.eps, spec.theta, max_tokens(spec) as i32);
     let heads = LaunchConfig {
         grid_dim: (spec.heads as u32, 1, 1),
         block_dim: (128, 1, 1),
@@ -295,7 +321,8 @@ fn step(
         }
         matvec(rt, &wqkv, &st.xn, &mut st.qkv, 3 * d, d, 0.0)?;
         // SAFETY: one thread per element of dim rotates q and k of `qkv` (3·dim floats) and
-        // writes row *pos (< max_seq: the loop stops at max_seq tokens) of layer l's cache.
+        // writes row *pos of layer l's cache: *pos <= max_tokens < max_seq (the loops stop at
+        // max_tokens tokens, and the stopping argmax freezes *pos once done).
         unsafe {
             s.launch_builder(&rope_kv)
                 .arg(&mut st.qkv)
@@ -356,8 +383,8 @@ fn step(
     }
     matvec(rt, &w.lm_head, &st.xn, &mut st.logits, spec.vocab, d, 0.0)?;
     // SAFETY: one block of 1024 threads (the kernels' shared arrays hold 1024) reads vocab
-    // logits, writes one int each of `token` and `pos`, and tokens[*pos] only while *pos <
-    // max_seq, the buffer's length; the stopping variant also sets the loop's condition.
+    // logits, writes one int each of `token`, `pos` (and `done`), and tokens[*pos] only while
+    // *pos < max_tokens, the buffer's length; the stopping variant also sets the condition.
     unsafe {
         match last {
             Last::Argmax => {
@@ -379,6 +406,7 @@ fn step(
                     .arg(&vi)
                     .arg(&mut st.token)
                     .arg(&mut st.pos)
+                    .arg(&mut st.done)
                     .arg(&mut st.tokens)
                     .arg(&tokens)
                     .arg(&end)
@@ -404,7 +432,9 @@ fn decode_step(
 
 // 2. The whole generation: steps while the last kernel says so. Eagerly this is a host loop
 //    that reads the condition after every step; captured, one WHILE node.
+//    `unroll` steps per iteration: the body's relaunch is paid once per `unroll` tokens.
 #[cuda_graph(warmup = 1)]
+#[allow(clippy::too_many_arguments)]
 fn decode_loop(
     rt: &Runtime,
     #[state] w: &Weights,
@@ -413,11 +443,15 @@ fn decode_loop(
     #[constant] spec: DecoderSpec,
     #[constant] end: i32,
     #[constant] bounded: bool,
+    #[constant] unroll: usize,
 ) -> Result<(), GraphError> {
     let go = rt.condition(true)?;
-    let bound = bounded.then_some(spec.max_seq as u32);
+    let bound = bounded.then_some(max_tokens(&spec) as u32);
     rt.graph_while(&go, bound, |rt| {
-        step(rt, w, kv, st, &spec, Last::ArgmaxStop { go: &go, end })
+        for _ in 0..unroll {
+            step(rt, w, kv, st, &spec, Last::ArgmaxStop { go: &go, end })?;
+        }
+        Ok(())
     })
 }
 
@@ -508,6 +542,7 @@ struct Measured {
     gpu_us: f64,
     loop_us: f64,
     loop_gpu_us: f64,
+    unrolled_us: f64,
     bounded_us: f64,
     replay_us: f64,
     eager_us: f64,
@@ -531,7 +566,8 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     // a. A first eager run without stopping: the sequence, and the end token.
     let (mut kv, mut st) = fresh()?;
     restart(&s, &mut kv, &mut st)?;
-    for _ in 0..spec.max_seq {
+    let n = max_tokens(&spec);
+    for _ in 0..n {
         decode_step(rt, &w, &mut kv, &mut st, spec)?;
     }
     let full = generated(&s, &st)?;
@@ -545,7 +581,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
         restart(&s, &mut kv, &mut st)?;
         s.synchronize()?;
         let t = Instant::now();
-        decode_loop(rt, &w, &mut kv, &mut st, spec, end, false)?;
+        decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1)?;
         s.synchronize()?;
         let seq = generated(&s, &st)?;
         eager_runs.push(t.elapsed().as_secs_f64() * 1e6 / seq.len() as f64);
@@ -569,7 +605,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             one.launch()?;
             count += 1;
             let token = s.clone_dtoh(&one.state_mut().st.token)?[0];
-            if token == end || count == spec.max_seq {
+            if token == end || count == n {
                 break;
             }
         }
@@ -577,17 +613,18 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
         sequences.push(generated(&s, one.state_mut().st)?);
     }
 
-    // d. The on-device loop: one launch per generation, with and without the library bound.
+    // d. The on-device loop: one launch per generation; plain, with the library bound, and
+    //    with `unroll` steps per iteration.
+    let kernels = one.info().kinds.kernels;
     let mut loop_runs = Vec::new();
     let mut loop_gpu_runs = Vec::new();
     let mut bounded_runs = Vec::new();
-    let mut kernels = 0;
-    for bounded in [false, true] {
+    let mut unrolled_runs = Vec::new();
+    let unroll = args.unroll as usize;
+    for (bounded, k) in [(false, 1), (true, 1), (false, unroll)] {
         let (kv_l, st_l) = fresh()?;
-        let mut looped = DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded)?;
-        if !bounded {
-            kernels = looped.info().kinds.kernels;
-        }
+        let mut looped =
+            DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded, k)?;
         for _ in 0..runs {
             {
                 let state = looped.state_mut();
@@ -603,11 +640,13 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             let wall = t.elapsed().as_secs_f64() * 1e6;
             let seq = generated(&s, looped.state_mut().st)?;
             let n = seq.len() as f64;
-            if bounded {
-                bounded_runs.push(wall / n);
-            } else {
-                loop_runs.push(wall / n);
-                loop_gpu_runs.push(start.elapsed_ms(&stop)? as f64 * 1e3 / n);
+            match (bounded, k) {
+                (true, _) => bounded_runs.push(wall / n),
+                (false, 1) => {
+                    loop_runs.push(wall / n);
+                    loop_gpu_runs.push(start.elapsed_ms(&stop)? as f64 * 1e3 / n);
+                }
+                _ => unrolled_runs.push(wall / n),
             }
             sequences.push(seq);
         }
@@ -640,6 +679,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
         gpu_us: median(gpu_runs),
         loop_us: median(loop_runs),
         loop_gpu_us: median(loop_gpu_runs),
+        unrolled_us: median(unrolled_runs),
         bounded_us: median(bounded_runs),
         replay_us: median(replay_runs),
         eager_us: median(eager_runs),
@@ -668,7 +708,7 @@ fn main() -> Result<(), BoxError> {
         println!(
             "{} tokens generated of at most {} ({}), median of {} runs; {} kernels per token\n",
             m.generated,
-            spec.max_seq,
+            max_tokens(&spec),
             if m.end >= 0 {
                 format!("stopped on the device at end token {}", m.end)
             } else {
@@ -714,6 +754,12 @@ fn main() -> Result<(), BoxError> {
         );
         row(
             &mut t,
+            &format!("on-device loop, {} steps per iteration, wall", args.unroll),
+            "1".into(),
+            m.unrolled_us,
+        );
+        row(
+            &mut t,
             "one replay per token + host read of the token",
             m.generated.to_string(),
             m.replay_us,
@@ -721,7 +767,7 @@ fn main() -> Result<(), BoxError> {
         row(
             &mut t,
             "eager loop (host reads the condition per token)",
-            format!("{}", m.generated * (m.kernels + 1)),
+            format!("{}", m.generated * m.kernels),
             m.eager_us,
         );
         print!("{}", t.to_markdown());
@@ -748,7 +794,7 @@ fn main() -> Result<(), BoxError> {
                 m.replay_us,
                 m.loop_us,
             )
-            .shape("tokens", spec.max_seq)
+            .shape("tokens", max_tokens(&spec))
             .shape("layers", spec.layers)
             .shape("dim", spec.dim)
             .shape("heads", spec.heads)
@@ -764,6 +810,8 @@ fn main() -> Result<(), BoxError> {
             .with("gpu_token_us", m.gpu_us)
             .with("loop_gpu_us", m.loop_gpu_us)
             .with("bounded_us", m.bounded_us)
+            .with("unrolled_us", m.unrolled_us)
+            .with("unroll", args.unroll)
             .with("eager_loop_us", m.eager_us);
             println!("{}", rec.line());
         }

@@ -15,7 +15,8 @@
 //!
 //! Rows of the table (median of `--runs` solves, each with a fresh random `b`):
 //! * **GPU time of the iterations' kernels**: a graph of 16 unrolled iterations without any
-//!   check, launched back to back and timed with CUDA events;
+//!   check (the two sweeps and the residual; the loop's body adds the one-thread condition
+//!   kernel), launched back to back and timed with CUDA events;
 //! * **on-device loop**: one launch of the `graph_while` graph per solve, host wall time;
 //! * **replay + host read**: a graph of one iteration replayed until the residual read back
 //!   after each replay is small enough;
@@ -404,7 +405,7 @@ fn main() -> Result<(), BoxError> {
     };
     row(
         &mut t,
-        "GPU time of the iterations' kernels (unrolled graph, events)",
+        "GPU time of the iterations' 3 kernels (unrolled graph, events)",
         "—".into(),
         gpu * its / 1e3,
     );

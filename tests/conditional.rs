@@ -82,8 +82,13 @@ fn grid(n: usize) -> LaunchConfig {
     LaunchConfig::for_num_elems(n as u32)
 }
 
+/// One thread (`LaunchConfig::for_num_elems(1)` would be a block of 1024).
 fn one() -> LaunchConfig {
-    LaunchConfig::for_num_elems(1)
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -297,8 +302,11 @@ fn branchy(
     let f = rt.function(SRC, "affine")?;
     let n = x.len() as i32;
     rt.stream().memset_zeros(&mut *y)?;
+    // One condition per construct: CUDA ties a conditional handle to one node.
     let positive = rt.condition(false)?;
     positive.set_from(rt, x, Compare::Gt, 0.0)?;
+    let positive_too = rt.condition(false)?;
+    positive_too.set_from(rt, x, Compare::Gt, 0.0)?;
     let affine = |rt: &Runtime, out: &mut CudaSlice<f32>, a: f32, b: f32| {
         // SAFETY: `affine` reads `n` floats of `x` and writes `n` of `out`.
         unsafe {
@@ -315,7 +323,7 @@ fn branchy(
         .map_err(GraphError::from)
     };
     rt.graph_if(&positive, |rt| affine(rt, &mut *y, 2.0, 0.0))?;
-    rt.graph_if_else(&positive, |rt, positive| {
+    rt.graph_if_else(&positive_too, |rt, positive| {
         let b = if positive { 1.0 } else { -1.0 };
         affine(rt, &mut *z, 1.0, b)
     })
@@ -608,6 +616,14 @@ fn unused_condition(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), GraphErr
     Ok(())
 }
 
+/// One condition tested by two constructs.
+#[cuda_graph(warmup = 1)]
+fn condition_tested_twice(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    let go = rt.condition(true)?;
+    rt.graph_if(&go, |rt| Ok(rt.stream().memset_zeros(&mut *y)?))?;
+    rt.graph_if(&go, |rt| Ok(rt.stream().memset_zeros(&mut *y)?))
+}
+
 /// A loop inside a fork's closure.
 #[cuda_graph(warmup = 1)]
 fn loop_in_fork(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
@@ -706,6 +722,19 @@ fn refused_misplaced_conditions(rt: Runtime) -> Result<(), GraphError> {
         ),
         "{err:?}"
     );
+    // Tested by two constructs: refused eagerly, and so by the warmup.
+    let err = condition_tested_twice(&rt, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::ConditionMisuse {
+                construct: "graph_if",
+                ..
+            }
+        ) && err.to_string().contains("already tested"),
+        "{err:?}"
+    );
+    assert!(ConditionTestedTwiceGraph::capture(&rt, 64).is_err());
     // Inside a fork's closure.
     let err = loop_in_fork(&rt, &mut y).unwrap_err();
     assert!(

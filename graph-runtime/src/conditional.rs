@@ -17,7 +17,7 @@
 //!     let halve = rt.function(SRC, "halve")?;
 //!     let big = rt.condition(true)?;                       // tested before the first iteration
 //!     rt.graph_while(&big, Some(100), |rt| {               // at most 100 iterations
-//!         // SAFETY: `halve` reads and writes one float.
+//!         // SAFETY: `halve` halves x[0] (in thread 0 only).
 //!         unsafe { rt.stream().launch_builder(&halve).arg(&mut *x).launch(LaunchConfig::for_num_elems(1)) }?;
 //!         big.set_from(rt, &*x, Compare::Gt, 1.0)          // on the device: x[0] > 1.0
 //!     })
@@ -47,6 +47,9 @@
 //!   iteration (it counts); `None` costs nothing and trusts the body.
 //! * **If** runs its closure once when the condition is non-zero; **if/else** runs its closure
 //!   with `true` or with `false` (captured, it records it both ways, one body each).
+//! * A condition is tested by one construct (one call site): CUDA ties a conditional handle
+//!   to one conditional node. A second construct testing it is
+//!   [`GraphError::ConditionMisuse`], eagerly too; give it a condition of its own.
 //! * A condition starts at the value given to [`Runtime::condition`] (set by a kernel in stream
 //!   order, so in a loop of loops `inner.set(rt, true)` re-arms it for the next outer pass).
 //! * Random numbers drawn inside a body are fresh in every iteration: the generators keep
@@ -291,6 +294,8 @@ pub struct Condition {
     /// The capture this condition belongs to (0: eager).
     capture: u64,
     location: &'static Location<'static>,
+    /// The construct that tests it: CUDA ties a conditional handle to one node.
+    tested_at: OnceLock<&'static Location<'static>>,
 }
 
 impl std::fmt::Debug for Condition {
@@ -685,6 +690,7 @@ impl Runtime {
                     handle: Some(handle),
                     capture: root.1,
                     location,
+                    tested_at: OnceLock::new(),
                 }
             }
             _ => Condition {
@@ -692,6 +698,7 @@ impl Runtime {
                 handle: None,
                 capture: 0,
                 location,
+                tested_at: OnceLock::new(),
             },
         };
         condition.set(self, initial)?;
@@ -817,6 +824,10 @@ impl Runtime {
                     .into(),
             });
         }
+        let first = *cond.tested_at.get_or_init(|| location);
+        if first != location {
+            return Err(tested_twice(construct.name(), cond, first, location));
+        }
         match phase::phase() {
             Phase::Capture { graph } => {
                 self.captured(construct, graph, cond, bound, location, branches)
@@ -935,6 +946,11 @@ impl Runtime {
             }
             return Ok(());
         }
+        let tested = with_record(|r| r.handles.iter().any(|h| h.handle == handle && h.used));
+        if tested == Some(true) {
+            // The same call recorded twice (a helper called twice with one condition).
+            return Err(tested_twice(construct.name(), cond, location, location));
+        }
         let site = Site {
             rt: self,
             construct,
@@ -980,6 +996,25 @@ fn foreign_capture(
             "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
              capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
              read would invalidate that capture). Fix: capture the function with the generated `capture`"
+        ),
+    }
+}
+
+fn tested_twice(
+    construct: &'static str,
+    cond: &Condition,
+    first: &'static Location<'static>,
+    location: &'static Location<'static>,
+) -> GraphError {
+    GraphError::ConditionMisuse {
+        construct,
+        location,
+        problem: format!(
+            "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
+             conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
+             `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
+             again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
+            cond.location
         ),
     }
 }
@@ -1036,7 +1071,15 @@ impl Site<'_> {
         }
     }
 
-    fn driver_error(&self, e: DriverError) -> GraphError {
+    /// A driver error of `step` of the recording.
+    fn driver_error(&self, step: &'static str, e: DriverError) -> GraphError {
+        tracing::debug!(
+            graph = self.graph,
+            construct = self.construct.name(),
+            step,
+            error = ?e,
+            "recording a conditional node failed"
+        );
         self.body_error(GraphError::from_driver(self.graph, e))
     }
 
@@ -1053,10 +1096,12 @@ impl Site<'_> {
         //    depends on. Then pause it, so the stream can record the branches elsewhere.
         // SAFETY: the stream is the runtime's, capturing on this thread (phase Capture).
         let (parent, deps) =
-            unsafe { driver::capture_point(self.stream) }.map_err(|e| self.driver_error(e))?;
+            unsafe { driver::capture_point(self.stream) }
+                .map_err(|e| self.driver_error("reading the capture point", e))?;
         // SAFETY: as above; the graph it hands back is `parent`, still owned by the capture
         // procedure (or by the node whose body it is), so it is not destroyed here.
-        unsafe { driver::end_capture(self.stream) }.map_err(|e| self.driver_error(e))?;
+        unsafe { driver::end_capture(self.stream) }
+            .map_err(|e| self.driver_error("pausing the capture", e))?;
 
         // 2. The scratch recording: what the branches record must be allowed in a body.
         let checked = self.check(unbounded, record);
@@ -1086,7 +1131,7 @@ impl Site<'_> {
             Ok(added) => added,
             Err(e) => {
                 self.resume(parent, &deps)?;
-                return Err(self.driver_error(e));
+                return Err(self.driver_error("adding the conditional node", e));
             }
         };
         with_record(|r| {
@@ -1106,7 +1151,7 @@ impl Site<'_> {
             // body graph, on the runtime's context.
             if let Err(e) = unsafe { driver::begin_capture_to_graph(self.stream, body, &[], self.mode) } {
                 self.resume(parent, &[node])?;
-                return Err(self.driver_error(e));
+                return Err(self.driver_error("beginning a body's recording", e));
             }
             let ran = {
                 let _inside = DepthScope::conditional();
@@ -1142,7 +1187,7 @@ impl Site<'_> {
                     return match ran {
                         Err(payload) => panic::resume_unwind(payload),
                         Ok(Err(body)) => Err(self.body_error(body)),
-                        Ok(Ok(())) => Err(self.driver_error(e)),
+                        Ok(Ok(())) => Err(self.driver_error("ending a body's recording", e)),
                     };
                 }
             }
@@ -1157,7 +1202,7 @@ impl Site<'_> {
         // SAFETY: the stream is the runtime's, not capturing (paused by the caller), on the
         // context bound to this thread.
         unsafe { driver::begin_capture(self.stream, self.mode) }
-            .map_err(|e| Refused::Error(self.driver_error(e)))?;
+            .map_err(|e| Refused::Error(self.driver_error("beginning the scratch recording", e)))?;
         with_record(|r| r.validating += 1);
         let ran = {
             let _inside = DepthScope::conditional();
@@ -1189,7 +1234,7 @@ impl Site<'_> {
             Ok(Ok(())) => {}
         }
         if let Err(e) = ended {
-            return Err(Refused::Error(self.driver_error(e)));
+            return Err(Refused::Error(self.driver_error("ending the scratch recording", e)));
         }
         let what = match verdict {
             Ok((Some(what), _)) => Some(what),
@@ -1199,7 +1244,7 @@ impl Site<'_> {
                     .to_owned(),
             ),
             Ok((None, _)) => None,
-            Err(e) => return Err(Refused::Error(self.driver_error(e))),
+            Err(e) => return Err(Refused::Error(self.driver_error("reading the scratch recording", e))),
         };
         match what {
             Some(what) => Err(Refused::Error(GraphError::ForbiddenInConditional {
@@ -1220,7 +1265,7 @@ impl Site<'_> {
             // The stream is no longer part of the capture: nothing of it may be ended or
             // destroyed by the capture procedure any more.
             with_record(|r| r.poisoned = true);
-            self.driver_error(e)
+            self.driver_error("resuming the capture", e)
         })
     }
 }

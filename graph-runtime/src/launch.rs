@@ -43,7 +43,8 @@
 //!
 //! Both instructions need the kernel compiled for `sm_90` or newer, which is what
 //! [`Runtime::function`](crate::Runtime::function) does on such a device. Older devices
-//! ignore the launch attribute and run the kernels in order.
+//! ignore the launch attribute and run the kernels in order, and so does the body of a
+//! `graph_while` / `graph_if` ([`crate::conditional`]), which keeps to ordinary edges.
 //!
 //! The builder keeps its arguments inline (up to [`MAX_ARGS`], each at most 8 bytes), so an
 //! early launch allocates nothing, like a replay.

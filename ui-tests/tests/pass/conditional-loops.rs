@@ -9,8 +9,10 @@ const SRC: &str = concat!(
     graph_runtime::condition_device_api!(),
     r#"
 extern "C" __global__ void halve(float *x, GraphCondition go) {
-    x[0] *= 0.5f;
-    graph_condition_set(go, x[0] > 1.0f);
+    if (threadIdx.x == 0) {
+        x[0] *= 0.5f;
+        graph_condition_set(go, x[0] > 1.0f);
+    }
 }
 "#
 );
@@ -25,6 +27,7 @@ fn halve_until_small(
     let halve = rt.function(SRC, "halve")?;
     let go = rt.condition(true)?;
     let big = rt.condition(false)?;
+    let big_too = rt.condition(false)?; // one condition per construct
     rt.graph_while(&go, Some(64), |rt| {
         let arg = go.kernel_arg(rt);
         // SAFETY: `halve` reads and writes x[0] and sets the condition; one thread.
@@ -39,11 +42,12 @@ fn halve_until_small(
         Ok(())
     })?;
     big.set_from(rt, &*x, Compare::Gt, 0.75)?;
+    big_too.set_from(rt, &*x, Compare::Gt, 0.75)?;
     rt.graph_if(&big, |rt| {
         rt.stream().memcpy_dtod(&*x, &mut *y)?;
         Ok(())
     })?;
-    rt.graph_if_else(&big, |rt, big| {
+    rt.graph_if_else(&big_too, |rt, big| {
         if big {
             rt.stream().memset_zeros(&mut *steps)?;
         } else {
