@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaStream, DriverError};
 
+use crate::conditional::{self, CaptureRecord};
 use crate::driver;
 use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
@@ -108,6 +109,23 @@ impl<'r> ActiveCapture<'r> {
             rt.gate().end_capture();
             return Err(GraphError::from_driver(site.name, e));
         }
+        // The graph being recorded: conditional handles are created for it (see
+        // `crate::conditional`).
+        // SAFETY: the stream began capturing on this thread just above.
+        let root = match unsafe { driver::capture_point(stream.cu_stream()) } {
+            Ok((root, _)) => root,
+            Err(e) => {
+                if let Ok(g) = end_raw(stream) {
+                    if !g.is_null() {
+                        // SAFETY: returned by cuStreamEndCapture just now, owned here.
+                        let _ = unsafe { driver::graph_destroy(g) };
+                    }
+                }
+                rt.gate().end_capture();
+                return Err(GraphError::from_driver(site.name, e));
+            }
+        };
+        conditional::open_record(root, site.mode.raw());
         Ok(ActiveCapture {
             rt,
             site,
@@ -116,12 +134,22 @@ impl<'r> ActiveCapture<'r> {
         })
     }
 
-    /// Ends the capture and hands back the recorded graph, or the error CUDA gave.
-    fn end(mut self) -> Result<sys::CUgraph, DriverError> {
+    /// Ends the capture and hands back the recorded graph, or the error CUDA gave, with what
+    /// the capture recorded about its conditionals.
+    fn end(mut self) -> (Result<sys::CUgraph, DriverError>, CaptureRecord) {
         self.open = false;
+        let record = conditional::close_record().expect("a capture has a record");
         let result = end_raw(self.rt.stream());
         self.rt.gate().end_capture();
-        result
+        if record.poisoned {
+            // A conditional body's recording failed inside its node: the graph must not be
+            // used or destroyed (see `crate::conditional`); it is leaked.
+            return (
+                Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)),
+                record,
+            );
+        }
+        (result, record)
     }
 }
 
@@ -130,9 +158,11 @@ impl Drop for ActiveCapture<'_> {
         if !self.open {
             return;
         }
-        // The body failed or panicked: end the capture and throw the recording away.
+        let poisoned = conditional::close_record().is_some_and(|r| r.poisoned);
+        // The body failed or panicked: end the capture and throw the recording away (unless
+        // a conditional body's failed recording left it unusable: then it is leaked).
         if let Ok(graph) = end_raw(self.rt.stream()) {
-            if !graph.is_null() {
+            if !graph.is_null() && !poisoned {
                 // SAFETY: `graph` was just returned by cuStreamEndCapture and is owned here;
                 // nothing else refers to it.
                 let _ = unsafe { driver::graph_destroy(graph) };
@@ -337,7 +367,7 @@ pub(crate) fn capture_graph(
     };
     let body_result = input_nodes.and_then(|nodes| body(Step::Run(When::Capture)).map(|()| nodes));
     let capture_lookups = lookups.take();
-    let (raw, input_nodes) = match body_result {
+    let ((raw, record), input_nodes) = match body_result {
         Err(e) => {
             drop(active);
             // A body that failed may also have replaced a buffer; that is the worse news.
@@ -360,8 +390,9 @@ pub(crate) fn capture_graph(
     let checks_started = Instant::now();
     if site.determinism {
         let copy = input_copy.as_ref().map(|c| (inputs, c));
+        let first = (raw, &record);
         if let Err(e) =
-            check_determinism(rt, site, body, raw, copy, &warmup_lookups, capture_lookups)
+            check_determinism(rt, site, body, first, copy, &warmup_lookups, capture_lookups)
         {
             // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
             let _ = unsafe { driver::graph_destroy(raw) };
@@ -395,7 +426,7 @@ pub(crate) fn capture_graph(
         instantiate_time: Duration::ZERO,
         inspect_time: Duration::ZERO,
     };
-    let mut built = Graph::instantiate(rt, raw, info, input_nodes)?;
+    let mut built = Graph::instantiate(rt, raw, info, input_nodes, &record)?;
     built.settle_for(book);
     tracing::debug!(
         graph,
@@ -420,7 +451,7 @@ fn check_determinism(
     rt: &Runtime,
     site: &'static GraphSite,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
-    first: sys::CUgraph,
+    first: (sys::CUgraph, &CaptureRecord),
     inputs: Option<(&InputNodes, &cudarc::driver::CudaFunction)>,
     warmup_lookups: &[String],
     capture_lookups: Vec<String>,
@@ -435,13 +466,13 @@ fn check_determinism(
     }
     let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
     // SAFETY: `first` is the live graph just captured on the runtime's context.
-    let a = unsafe { Fingerprint::of(first, skip) }?;
+    let a = unsafe { Fingerprint::of(first.0, skip, first.1) }?;
     let active = ActiveCapture::begin(rt, site)?;
     let recorded = match inputs {
         Some((inputs, copy)) => inputs.record(rt, copy).map(drop),
         None => Ok(()),
     };
-    let second = match recorded.and_then(|()| body(Step::Run(When::Capture))) {
+    let (second, second_record) = match recorded.and_then(|()| body(Step::Run(When::Capture))) {
         Err(e) => {
             drop(active);
             return Err(GraphError::in_capture(graph, e));
@@ -453,7 +484,7 @@ fn check_determinism(
         None
     } else {
         // SAFETY: `second` is the live graph just captured; destroyed right after.
-        let b = unsafe { Fingerprint::of(second, skip) };
+        let b = unsafe { Fingerprint::of(second, skip, &second_record) };
         // SAFETY: `second` is owned here and not used afterwards.
         let _ = unsafe { driver::graph_destroy(second) };
         Some(b?)
@@ -490,7 +521,7 @@ fn name_the_failed_allocation(
     let largest = (|| {
         let active = ActiveCapture::begin(rt, site).ok()?;
         let recorded = panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Capture))));
-        let raw = active.end().ok();
+        let raw = active.end().0.ok();
         clear_recorded_errors(rt, site.name);
         let raw = raw.filter(|g| !g.is_null())?;
         // SAFETY: `raw` is the live graph cuStreamEndCapture just returned, owned here.
@@ -524,16 +555,26 @@ fn name_the_failed_allocation(
 }
 
 /// Ends a capture whose body returned `Ok` and hands back the recorded graph (null when
-/// nothing was recorded), or the error that explains why the capture failed.
+/// nothing was recorded) with the record of its conditionals, or the error that explains why
+/// the capture failed.
 fn end_capture(
     rt: &Runtime,
     graph: &'static str,
     active: ActiveCapture<'_>,
-) -> Result<sys::CUgraph, GraphError> {
-    let ended = active.end();
+) -> Result<(sys::CUgraph, CaptureRecord), GraphError> {
+    let (ended, record) = active.end();
     let recorded = clear_recorded_errors(rt, graph);
     match ended {
-        Ok(raw) if recorded.is_none() => Ok(raw),
+        Ok(raw) if recorded.is_none() => {
+            if let Some(location) = record.unused_condition() {
+                if !raw.is_null() {
+                    // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
+                    let _ = unsafe { driver::graph_destroy(raw) };
+                }
+                return Err(GraphError::UnusedCondition { graph, location });
+            }
+            Ok((raw, record))
+        }
         Ok(raw) => {
             if !raw.is_null() {
                 // SAFETY: `raw` came from cuStreamEndCapture and is owned here.

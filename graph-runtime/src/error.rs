@@ -459,6 +459,83 @@ pub enum GraphError {
         name: String,
     },
 
+    /// The driver is too old for conditional graph nodes (`graph_while`, `graph_if`,
+    /// `graph_if_else`, and the conditions they test).
+    #[error(
+        "`{construct}` at {location} needs CUDA graph conditional nodes, which need a driver for CUDA {needs} \
+         or newer; this driver supports CUDA {driver}. Nothing was recorded or launched. Fix: update the NVIDIA \
+         driver (CUDA 12.4 came with driver 550, CUDA 12.8 with driver 570), or keep the loop on the host: \
+         replay a graph of one iteration and read the condition after each replay"
+    )]
+    ConditionalUnsupported {
+        /// `graph_while`, `graph_if`, `graph_if_else` or `Runtime::condition`.
+        construct: &'static str,
+        /// The CUDA version the driver supports (`12.2`).
+        driver: String,
+        /// The CUDA version the construct needs (`12.4`; `12.8` for `graph_if_else`).
+        needs: &'static str,
+        /// Where the construct was called.
+        location: &'static Location<'static>,
+    },
+
+    /// The body of a `graph_while` / `graph_if` recorded something CUDA does not allow inside
+    /// a conditional node's body.
+    #[error(
+        "the body of `{construct}` at {location} in `{graph}` recorded {what}; CUDA allows only kernels, \
+         memsets, device copies and nested `graph_while`/`graph_if` inside a conditional body, so the graph was \
+         not made. Nothing ran: the body was recorded into a scratch graph first and checked there. Fix: allocate \
+         temporaries and create conditions and generators before the `{construct}` call (they live until the end \
+         of the function), and drop no buffer inside the closure"
+    )]
+    ForbiddenInConditional {
+        /// `graph_while`, `graph_if` or `graph_if_else`.
+        construct: &'static str,
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the construct was called.
+        location: &'static Location<'static>,
+        /// What the body recorded, in words (`a memory allocation (…)`).
+        what: String,
+    },
+
+    /// The body of a `graph_while` / `graph_if` failed while it was recorded.
+    #[error("recording the body of `{construct}` at {location} in `{graph}` failed: {source}")]
+    ConditionalBody {
+        /// `graph_while`, `graph_if` or `graph_if_else`.
+        construct: &'static str,
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the construct was called.
+        location: &'static Location<'static>,
+        /// What went wrong: what the body returned, or the CUDA error of its recording.
+        #[source]
+        source: Box<GraphError>,
+    },
+
+    /// A condition, `graph_while` or `graph_if` was used where it cannot work.
+    #[error("`{construct}` at {location}: {problem}")]
+    ConditionMisuse {
+        /// The construct (`graph_while`, `Runtime::condition`, …).
+        construct: &'static str,
+        /// Where it was called.
+        location: &'static Location<'static>,
+        /// What is wrong and what to write instead.
+        problem: String,
+    },
+
+    /// A condition was created in a captured body but no `graph_while` / `graph_if` tested it.
+    #[error(
+        "the condition created at {location} in `{graph}` was never tested by a `graph_while`, `graph_if` or \
+         `graph_if_else`, and CUDA refuses to instantiate a graph with an unused conditional handle. Fix: \
+         remove it, or create it only where it is used"
+    )]
+    UnusedCondition {
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the condition was created.
+        location: &'static Location<'static>,
+    },
+
     /// Any other CUDA driver error.
     #[error("CUDA driver error {}: {}", code_name(.0), code_text(.0))]
     Driver(DriverError),
@@ -532,6 +609,7 @@ impl GraphError {
             GraphError::OutOfMemory { .. } => true,
             GraphError::Warmup { source, .. }
             | GraphError::Body { source, .. }
+            | GraphError::ConditionalBody { source, .. }
             | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
             _ => false,
         }
@@ -566,6 +644,7 @@ impl GraphError {
             GraphError::SyncInCapture { .. } | GraphError::SideStreamInCapture { .. } => 900,
             GraphError::Body { source, .. }
             | GraphError::Warmup { source, .. }
+            | GraphError::ConditionalBody { source, .. }
             | GraphError::Bucket { source, .. } => return source.capture_code(),
             _ => return None,
         })
@@ -628,7 +707,12 @@ impl GraphError {
             | GraphError::EmptyGraph { .. }
             | GraphError::PageableCopyCaptured { .. }
             | GraphError::RngHostStateInCapture { .. }
-            | GraphError::GeneratorInCapture { .. }) => e,
+            | GraphError::GeneratorInCapture { .. }
+            | GraphError::ConditionalUnsupported { .. }
+            | GraphError::ForbiddenInConditional { .. }
+            | GraphError::ConditionalBody { .. }
+            | GraphError::ConditionMisuse { .. }
+            | GraphError::UnusedCondition { .. }) => e,
             other => GraphError::Body {
                 graph,
                 source: Box::new(other),

@@ -2,17 +2,22 @@
 //!
 //! The check captures the body twice and compares the two recordings node by node: kind,
 //! kernel function, launch dimensions, every kernel argument's bytes, copy and memset
-//! sizes, directions and addresses, and the edges. A difference means the body's recorded
-//! work depends on host state that changed between the two runs.
+//! sizes, directions and addresses, conditional nodes with their bodies, and the edges. A
+//! difference means the body's recorded work depends on host state that changed between the
+//! two runs.
 //!
 //! Addresses of temporaries differ between two captures (each capture's allocation nodes
-//! get their own addresses), so any 8-byte value (argument or copy endpoint) that points
-//! into the `k`-th temporary of its graph is compared as "temporary `k` + offset".
+//! get their own addresses), so any 8-byte value (an argument, an 8-byte word of a larger
+//! argument, or a copy endpoint) that points into the `k`-th temporary of its graph (or of a
+//! graph enclosing a conditional body) is compared as "temporary `k` + offset". Conditional
+//! handles differ between captures too: a word equal to the `k`-th handle the capture created
+//! is compared as "handle `k`".
 
 use std::collections::HashMap;
 
 use cudarc::driver::sys;
 
+use crate::conditional::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
 
@@ -33,7 +38,8 @@ enum Node {
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         shared: u32,
-        /// Each argument: an address inside a temporary, or raw bytes.
+        /// Each argument: 8-byte words (addresses inside temporaries and handles
+        /// normalised), or raw bytes for other sizes.
         args: Vec<Arg>,
     },
     Copy {
@@ -54,12 +60,25 @@ enum Node {
     Free {
         addr: Addr,
     },
+    /// A conditional node of one of the capture's `graph_while` / `graph_if`.
+    Conditional {
+        kind: u32,
+        bodies: Vec<Fingerprint>,
+    },
     Other(u32),
+}
+
+/// One 8-byte word of a kernel argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Word {
+    Temp(usize, u64),
+    Handle(usize),
+    Raw(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Arg {
-    Temp(usize, u64),
+    Words(Vec<Word>),
     Bytes(Vec<u8>),
 }
 
@@ -70,36 +89,79 @@ pub(crate) struct Fingerprint {
     edges: Vec<(usize, usize, u8)>,
 }
 
+/// What the words of a graph are compared against: the temporaries of the graph and of the
+/// graphs enclosing it, and the capture's conditional handles.
+struct Names<'a> {
+    temps: Vec<(u64, u64)>,
+    handles: &'a [u64],
+    record: &'a CaptureRecord,
+}
+
+impl Names<'_> {
+    fn addr(&self, v: u64) -> Addr {
+        self.temps
+            .iter()
+            .position(|&(start, len)| v >= start && v < start + len.max(1))
+            .map_or(Addr::Raw(v), |k| Addr::Temp(k, v - self.temps[k].0))
+    }
+
+    fn word(&self, v: u64) -> Word {
+        match self.addr(v) {
+            Addr::Temp(k, off) => Word::Temp(k, off),
+            Addr::Raw(_) => match self.handles.iter().position(|&h| h == v) {
+                Some(k) => Word::Handle(k),
+                None => Word::Raw(v),
+            },
+        }
+    }
+}
+
 impl Fingerprint {
     /// Reads `graph` from the driver, leaving out its first `skip` nodes (the input copies the
-    /// runtime records ahead of the body, so that node numbers are the body's own).
+    /// runtime records ahead of the body, so that node numbers are the body's own). `record`
+    /// holds the capture's conditional nodes and handles.
     ///
     /// # Safety
     /// `graph` is a live graph of the context bound to this thread, whose kernels' modules
-    /// are loaded.
-    pub(crate) unsafe fn of(graph: sys::CUgraph, skip: usize) -> Result<Self, GraphError> {
+    /// are loaded; `record` is the record of the capture that made it.
+    pub(crate) unsafe fn of(
+        graph: sys::CUgraph,
+        skip: usize,
+        record: &CaptureRecord,
+    ) -> Result<Self, GraphError> {
+        let handles = record.handles();
+        let names = Names {
+            temps: Vec::new(),
+            handles: &handles,
+            record,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::read(graph, skip, names) }
+    }
+
+    /// # Safety
+    /// As for [`Fingerprint::of`]; `graph` is the capture's graph or one of its bodies.
+    unsafe fn read(
+        graph: sys::CUgraph,
+        skip: usize,
+        mut names: Names<'_>,
+    ) -> Result<Self, GraphError> {
         // SAFETY: forwarded from the caller for this and every node below.
         let handles = unsafe { driver::graph_nodes(graph) }?;
         let mut kinds = Vec::with_capacity(handles.len());
-        let mut temps: Vec<(u64, u64)> = Vec::new();
+        let first_temp = names.temps.len();
         for &n in &handles {
             // SAFETY: `n` belongs to the live graph.
             let kind = unsafe { driver::node_type(n) }?;
             if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
                 // SAFETY: `n` is an allocation node of the live graph.
                 let p = unsafe { driver::mem_alloc_node_params(n) }?;
-                temps.push((p.dptr, p.bytesize as u64));
+                names.temps.push((p.dptr, p.bytesize as u64));
             }
             kinds.push(kind);
         }
-        let addr = |v: u64| -> Addr {
-            temps
-                .iter()
-                .position(|&(start, len)| v >= start && v < start + len.max(1))
-                .map_or(Addr::Raw(v), |k| Addr::Temp(k, v - temps[k].0))
-        };
         let mut nodes = Vec::with_capacity(handles.len());
-        let mut next_temp = 0usize;
+        let mut next_temp = first_temp;
         for (&n, &kind) in handles.iter().zip(&kinds) {
             use sys::CUgraphNodeType as T;
             nodes.push(match kind {
@@ -119,12 +181,18 @@ impl Fingerprint {
                                 let arg = *p.kernelParams.add(i) as *const u8;
                                 std::slice::from_raw_parts(arg, size).to_vec()
                             };
-                            args.push(match <[u8; 8]>::try_from(bytes.as_slice()) {
-                                Ok(word) => match addr(u64::from_ne_bytes(word)) {
-                                    Addr::Temp(k, off) => Arg::Temp(k, off),
-                                    Addr::Raw(_) => Arg::Bytes(bytes),
-                                },
-                                Err(_) => Arg::Bytes(bytes),
+                            args.push(if !bytes.is_empty() && bytes.len() % 8 == 0 {
+                                Arg::Words(
+                                    bytes
+                                        .chunks_exact(8)
+                                        .map(|w| {
+                                            let w = <[u8; 8]>::try_from(w).expect("8 bytes");
+                                            names.word(u64::from_ne_bytes(w))
+                                        })
+                                        .collect(),
+                                )
+                            } else {
+                                Arg::Bytes(bytes)
                             });
                         }
                     }
@@ -141,7 +209,7 @@ impl Fingerprint {
                     let p = unsafe { driver::memcpy_node_params(n) }?;
                     let end = |device: u64, host: usize| {
                         if device != 0 {
-                            addr(device)
+                            names.addr(device)
                         } else {
                             Addr::Raw(host as u64)
                         }
@@ -156,7 +224,7 @@ impl Fingerprint {
                     // SAFETY: `n` is a memset node of the live graph.
                     let p = unsafe { driver::memset_node_params(n) }?;
                     Node::Memset {
-                        dst: addr(p.dst),
+                        dst: names.addr(p.dst),
                         value: p.value,
                         element: p.elementSize,
                         width: p.width,
@@ -164,15 +232,37 @@ impl Fingerprint {
                     }
                 }
                 T::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
-                    let bytes = temps[next_temp].1 as usize;
+                    let bytes = names.temps[next_temp].1 as usize;
                     next_temp += 1;
                     Node::Alloc { bytes }
                 }
                 T::CU_GRAPH_NODE_TYPE_MEM_FREE => {
                     // SAFETY: `n` is a free node of the live graph.
                     let ptr = unsafe { driver::mem_free_node_ptr(n) }?;
-                    Node::Free { addr: addr(ptr) }
+                    Node::Free {
+                        addr: names.addr(ptr),
+                    }
                 }
+                T::CU_GRAPH_NODE_TYPE_CONDITIONAL => match names.record.node(n) {
+                    Some(cond) => {
+                        let mut bodies = Vec::with_capacity(cond.bodies.len());
+                        for &body in &cond.bodies {
+                            let inner = Names {
+                                temps: names.temps.clone(),
+                                handles: names.handles,
+                                record: names.record,
+                            };
+                            // SAFETY: `body` is a body graph of a node of the live graph,
+                            // made by the same capture.
+                            bodies.push(unsafe { Self::read(body, 0, inner) }?);
+                        }
+                        Node::Conditional {
+                            kind: cond.kind,
+                            bodies,
+                        }
+                    }
+                    None => Node::Other(kind as u32),
+                },
                 other => Node::Other(other as u32),
             });
         }
@@ -268,7 +358,15 @@ fn describe(a: &Node, b: &Node) -> String {
                     .position(|(x, y)| x != y)
                     .unwrap_or(args.len().min(a2.len()));
                 let arg = args.get(k).map_or("missing".to_owned(), |a| match a {
-                    Arg::Temp(t, off) => format!("temporary {t} + {off}"),
+                    Arg::Words(words) => words
+                        .iter()
+                        .map(|w| match w {
+                            Word::Temp(t, off) => format!("temporary {t} + {off}"),
+                            Word::Handle(h) => format!("condition {h}"),
+                            Word::Raw(v) => format!("{v:#x}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     Arg::Bytes(b) => format!("{b:02x?}"),
                 });
                 format!("kernel `{name}` with argument {k} = {arg}")
@@ -284,6 +382,22 @@ fn describe(a: &Node, b: &Node) -> String {
         (Node::Memset { dst, width, .. }, _) => format!("a memset of {width} elements at {dst:?}"),
         (Node::Alloc { bytes }, _) => format!("an allocation of {}", crate::error::bytes(*bytes)),
         (Node::Free { addr }, _) => format!("a free of {addr:?}"),
+        (Node::Conditional { bodies, .. }, Node::Conditional { bodies: b2, .. })
+            if bodies.len() == b2.len() =>
+        {
+            let inner = bodies
+                .iter()
+                .zip(b2)
+                .enumerate()
+                .find_map(|(i, (x, y))| x.first_difference(y).map(|d| format!("body {i}: {d}")));
+            match inner {
+                Some(d) => format!("a conditional node whose {d}"),
+                None => "a conditional node of another kind".to_owned(),
+            }
+        }
+        (Node::Conditional { bodies, .. }, _) => {
+            format!("a conditional node with {} bodies", bodies.len())
+        }
         (Node::Other(t), _) => format!("a node of type {t}"),
     }
 }
@@ -298,7 +412,7 @@ mod tests {
             grid: (1, 1, 1),
             block: (32, 1, 1),
             shared: 0,
-            args: vec![Arg::Bytes(vec![arg; 4]), Arg::Temp(0, 16)],
+            args: vec![Arg::Bytes(vec![arg; 4]), Arg::Words(vec![Word::Temp(0, 16)])],
         }
     }
 
@@ -337,5 +451,23 @@ mod tests {
         let mut f = a.clone();
         f.edges = vec![(1, 0, 0)];
         assert!(a.first_difference(&f).unwrap().contains("order"));
+
+        // A difference inside a conditional body is named with the body.
+        let looped = |arg| Fingerprint {
+            nodes: vec![Node::Conditional {
+                kind: 1,
+                bodies: vec![Fingerprint {
+                    nodes: vec![kernel("step", arg)],
+                    edges: vec![],
+                }],
+            }],
+            edges: vec![],
+        };
+        assert_eq!(looped(1).first_difference(&looped(1)), None);
+        let d = looped(1).first_difference(&looped(2)).unwrap();
+        assert!(
+            d.contains("conditional node whose body 0: node 0") && d.contains("`step`"),
+            "{d}"
+        );
     }
 }

@@ -414,7 +414,10 @@ fn fork_at<'env, R>(
         _scope: PhantomData,
         _env: PhantomData,
     };
-    let result = work(&side);
+    let result = {
+        let _inside = crate::phase::DepthScope::fork();
+        work(&side)
+    };
     // Side temporaries are freed on the side stream, after its work and before the join.
     drop(side.scratch.take());
     let joined = rejoin.now();

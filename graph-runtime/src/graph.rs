@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use crate::buffer::Staging;
+use crate::conditional::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
 use crate::inputs::InputNode;
@@ -81,6 +82,9 @@ pub struct NodeKinds {
     pub allocs: usize,
     /// Frees of those allocations inside the graph.
     pub frees: usize,
+    /// Conditional nodes (`graph_while`, `graph_if`, `graph_if_else`; see
+    /// [`crate::conditional`]). The nodes of their bodies are counted in the other fields.
+    pub conditionals: usize,
     /// Anything else (events, host nodes, child graphs, …).
     pub other: usize,
 }
@@ -134,6 +138,7 @@ impl Graph {
         raw: sys::CUgraph,
         mut info: GraphInfo,
         inputs: Vec<InputNode>,
+        record: &CaptureRecord,
     ) -> Result<Self, GraphError> {
         let started = Instant::now();
         // Temporaries the body allocates during capture become allocation nodes; with
@@ -141,7 +146,7 @@ impl Graph {
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let built = (|| {
-            let inspected = inspect(raw, info.name, &inputs, info.early_edges > 0)?;
+            let inspected = inspect(raw, info.name, &inputs, info.early_edges > 0, record)?;
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -338,7 +343,7 @@ impl std::fmt::Display for Graph {
         writeln!(
             f,
             "graph `{}` · {} nodes: {} kernels, {} input copies, {} copies, {} memsets, {} allocs, {} \
-             frees, {} other",
+             frees, {} conditionals, {} other",
             i.name,
             i.nodes(),
             k.kernels,
@@ -347,6 +352,7 @@ impl std::fmt::Display for Graph {
             k.memsets,
             k.allocs,
             k.frees,
+            k.conditionals,
             k.other
         )?;
         let edges = {
@@ -500,6 +506,7 @@ impl NodeKinds {
             + self.memsets
             + self.allocs
             + self.frees
+            + self.conditionals
             + self.other
     }
 }
@@ -517,6 +524,7 @@ fn inspect(
     graph: &'static str,
     inputs: &[InputNode],
     count_edges: bool,
+    record: &CaptureRecord,
 ) -> Result<Inspected, GraphError> {
     // SAFETY: `raw` is the live graph the capture just returned.
     let nodes = unsafe { driver::graph_nodes(raw) }?;
@@ -526,7 +534,9 @@ fn inspect(
     let nodes_len = nodes.len();
     let mut kinds = NodeKinds::default();
     let mut temp_bytes = 0usize;
-    for node in nodes {
+    // The nodes of the graph, then those of its conditional bodies (at any depth).
+    let mut pending = nodes;
+    while let Some(node) = pending.pop() {
         // SAFETY: `node` belongs to `raw`, which is alive.
         match unsafe { driver::node_type(node) }? {
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
@@ -558,6 +568,13 @@ fn inspect(
                 temp_bytes += unsafe { driver::mem_alloc_node_params(node) }?.bytesize;
             }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => kinds.frees += 1,
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL => {
+                kinds.conditionals += 1;
+                for &body in record.bodies_of(node).unwrap_or_default() {
+                    // SAFETY: `body` is a body graph of a node of the live graph.
+                    pending.extend(unsafe { driver::graph_nodes(body) }?);
+                }
+            }
             _ => kinds.other += 1,
         }
     }

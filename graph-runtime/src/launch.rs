@@ -43,7 +43,8 @@
 //!
 //! Both instructions need the kernel compiled for `sm_90` or newer, which is what
 //! [`Runtime::function`](crate::Runtime::function) does on such a device. Older devices
-//! ignore the launch attribute and run the kernels in order.
+//! ignore the launch attribute and run the kernels in order, and so does the body of a
+//! `graph_while` / `graph_if` ([`crate::conditional`]), which keeps to ordinary edges.
 //!
 //! The builder keeps its arguments inline (up to [`MAX_ARGS`], each at most 8 bytes), so an
 //! early launch allocates nothing, like a replay.
@@ -192,6 +193,13 @@ impl<'a> EarlyLaunch<'a> {
         let mut attr: sys::CUlaunchAttribute = unsafe { MaybeUninit::zeroed().assume_init() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
+        // Inside the body of a `graph_while` / `graph_if` the kernel is launched in order: CUDA
+        // documents which node kinds a conditional body may hold, not whether programmatic
+        // edges are among what it allows, so the body keeps to ordinary edges.
+        if crate::phase::in_conditional_body() {
+            // SAFETY: as below, without the early-launch attribute (an ordinary launch).
+            return unsafe { self.args.launch(self.stream, self.func, cfg, &mut []) };
+        }
         crate::phase::note_early_launch();
         // SAFETY: the caller vouches for the arguments and the early-launch contract.
         unsafe {

@@ -68,6 +68,7 @@
 //! | early launch | a kernel started while the one before it finishes (programmatic dependent launch, sm_90+): it loads what no running kernel writes, then waits; captured as a programmatic graph edge | [`launch`], [`Runtime::launch_early`], [`GraphInfo::early_edges`] |
 //! | fork/join | a parallel branch on a side stream made before the capture, always rejoined; the branch borrows the buffers it reads and writes, so the borrow checker rejects a race between the branches | [`Runtime::fork`], [`fork_join`], [`ForkedStream`] |
 //! | collectives (feature `nccl`) | NCCL all-reduce, all-gather, reduce-scatter and broadcast on the runtime's stream, one thread and runtime per GPU; every rank captures together and the ranks' collective sequences are compared before instantiation | `graph_runtime::nccl` (`CommGroup`, `Communicator`) |
+//! | loops and branches on the GPU | `graph_while` / `graph_if` / `graph_if_else` with a [`Condition`] that a kernel sets: captured, CUDA conditional nodes (one launch runs a data-dependent loop); eagerly, the same loop on the host, reading the condition (the only host read a body may contain) | [`conditional`], [`Runtime::graph_while`], [`Runtime::graph_if`], [`condition_device_api!`] |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
@@ -85,7 +86,10 @@
 //! 7. `08-report`: every benchmark, PyTorch's included, in one report;
 //! 8. `09-user-rng-kernel`: your own kernel drawing the library's random numbers;
 //! 9. `10-tensor-parallel-mlp` and `11-data-parallel-train` (feature `nccl`, two GPUs):
-//!    NCCL collectives captured on every rank.
+//!    NCCL collectives captured on every rank;
+//! 10. `14-decode-loop` and `15-jacobi-solve`: loops that stop on device data inside one
+//!     graph launch (`graph_while`): decoding until the end token, iterating until the
+//!     residual is small.
 //!
 //! # Bring your own context or stream
 //! A runtime does not have to own its device. [`Runtime::from_context`] makes one on a
@@ -108,6 +112,9 @@
 //! # Requirements
 //! * An NVIDIA driver for CUDA 12 or newer; tested with driver 580 (CUDA 13.0) on H100 and
 //!   H200.
+//! * Loops and branches on the GPU ([`conditional`]) need a driver for CUDA 12.4 (driver 550)
+//!   or newer, `graph_if_else` CUDA 12.8 (driver 570); older drivers get
+//!   [`GraphError::ConditionalUnsupported`].
 //! * Early launch needs compute capability 9.0 (Hopper) or newer; on older GPUs the launch
 //!   attribute is ignored and the kernels run in order (see [`launch`]).
 //! * cudarc's linking and CUDA-version features belong to your binary; see `Cargo.toml` for
@@ -155,6 +162,7 @@ mod buckets;
 mod buffer;
 mod capture;
 mod constant;
+pub mod conditional;
 mod driver;
 mod error;
 mod fingerprint;
@@ -184,6 +192,7 @@ pub use buckets::Buckets;
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use capture::{CaptureMode, GraphSite};
 pub use constant::GraphConstant;
+pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};

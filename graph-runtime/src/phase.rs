@@ -153,8 +153,13 @@ impl Drop for KernelLookups {
     }
 }
 
-/// Notes a kernel lookup when a capture procedure records them.
+/// Notes a kernel lookup when a capture procedure records them. Lookups inside the body of a
+/// `graph_while` / `graph_if` are not noted: eagerly the body runs once per iteration, while
+/// captured it is recorded a fixed number of times, so the two could not be compared.
 pub(crate) fn note_kernel_lookup(name: &str) {
+    if in_conditional_body() {
+        return;
+    }
     LOOKUPS.with(|l| {
         if let Some(v) = l.borrow_mut().as_mut() {
             v.push(name.to_owned());
@@ -190,6 +195,47 @@ pub(crate) fn note_early_launch() {
     EARLY.with(|c| c.set(c.get() + 1));
 }
 
+thread_local! {
+    /// How many `graph_while` / `graph_if` bodies this thread is inside (eagerly or recording).
+    static CONDITIONAL_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// How many `fork` closures this thread is inside.
+    static FORK_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is running (or recording) the body of a `graph_while` / `graph_if`.
+pub(crate) fn in_conditional_body() -> bool {
+    CONDITIONAL_DEPTH.with(Cell::get) > 0
+}
+
+/// Whether this thread is inside the closure of a [`Runtime::fork`](crate::Runtime::fork).
+pub(crate) fn in_fork() -> bool {
+    FORK_DEPTH.with(Cell::get) > 0
+}
+
+/// Marks the thread as inside a conditional body (or a fork's closure) until dropped, also
+/// on panic.
+pub(crate) struct DepthScope(&'static std::thread::LocalKey<Cell<u32>>);
+
+impl DepthScope {
+    /// Inside the body of a `graph_while` / `graph_if`.
+    pub(crate) fn conditional() -> Self {
+        CONDITIONAL_DEPTH.with(|d| d.set(d.get() + 1));
+        DepthScope(&CONDITIONAL_DEPTH)
+    }
+
+    /// Inside a fork's closure.
+    pub(crate) fn fork() -> Self {
+        FORK_DEPTH.with(|d| d.set(d.get() + 1));
+        DepthScope(&FORK_DEPTH)
+    }
+}
+
+impl Drop for DepthScope {
+    fn drop(&mut self) {
+        self.0.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +268,26 @@ mod tests {
         });
         assert!(unwound.is_err());
         assert_eq!(phase(), Phase::Eager, "a panic puts the phase back");
+    }
+
+    #[test]
+    fn depth_scopes_count_and_unwind() {
+        assert!(!in_conditional_body() && !in_fork());
+        {
+            let _a = DepthScope::conditional();
+            let _b = DepthScope::conditional();
+            assert!(in_conditional_body());
+            assert!(!in_fork());
+            let _f = DepthScope::fork();
+            assert!(in_fork());
+        }
+        assert!(!in_conditional_body() && !in_fork());
+        let unwound = std::panic::catch_unwind(|| {
+            let _c = DepthScope::conditional();
+            panic!("inside a loop body");
+        });
+        assert!(unwound.is_err());
+        assert!(!in_conditional_body(), "a panic leaves the body");
     }
 
     #[test]

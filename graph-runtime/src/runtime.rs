@@ -389,13 +389,23 @@ impl Runtime {
         name: &str,
         options: &[&str],
     ) -> Result<CudaFunction, GraphError> {
-        self.cached_function(ModuleSource::Cuda(source), name, options)
+        self.cached_function(ModuleSource::Cuda(source), name, options, true)
+    }
+
+    /// A kernel of the library's own sources, looked up without noting it for the
+    /// determinism check (the library decides when its kernels run, not the body).
+    pub(crate) fn library_function(
+        &self,
+        source: &str,
+        name: &str,
+    ) -> Result<CudaFunction, GraphError> {
+        self.cached_function(ModuleSource::Cuda(source), name, &[], false)
     }
 
     /// Kernel `name` from PTX text you compiled yourself (with `nvcc -ptx`, or NVRTC with
     /// options of your own), loaded into this context once.
     pub fn function_from_ptx(&self, ptx: &str, name: &str) -> Result<CudaFunction, GraphError> {
-        self.cached_function(ModuleSource::Ptx(ptx), name, &[])
+        self.cached_function(ModuleSource::Ptx(ptx), name, &[], true)
     }
 
     fn cached_function(
@@ -403,8 +413,11 @@ impl Runtime {
         source: ModuleSource<'_>,
         name: &str,
         options: &[&str],
+        note: bool,
     ) -> Result<CudaFunction, GraphError> {
-        crate::phase::note_kernel_lookup(name);
+        if note {
+            crate::phase::note_kernel_lookup(name);
+        }
         let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
         let index = match cache.find(source, options) {
             Some(i) => i,

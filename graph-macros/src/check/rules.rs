@@ -56,7 +56,11 @@
 //! expressions, statements, or expressions between `;`, `,` and `=>`; otherwise nothing in
 //! them is reported.
 //!
-//! Deliberately *not* rules: `.join()` and `.wait()` (how a side stream rejoins the capture;
+//! Deliberately *not* rules: `rt.graph_while(…)`, `rt.graph_if(…)` and `rt.graph_if_else(…)`
+//! (loops and branches on device data, recorded as conditional nodes; their eager form reads
+//! the condition inside the runtime, the one host read a body may contain, and their closures
+//! are walked like the rest of the body, so a sync written inside one is still reported),
+//! `.join()` and `.wait()` (how a side stream rejoins the capture;
 //! a wait on an event recorded before capture is CUDA error 905, reported at run time as
 //! `GraphError::CaptureIsolation`), `capture_status()` and `graph_runtime::phase()` (both
 //! are legal while capturing), device allocations (`alloc_zeros`, which become graph
@@ -297,9 +301,10 @@ pub const RULES: &[Rule] = &[
         message: "this condition decides on the host from {data}: while the body is captured that value does \
                   not exist yet (reading it fails with CUDA error 900, operation not permitted when stream is \
                   capturing, or yields garbage), and a graph records only the path taken at capture and replays \
-                  it whatever the data says; keep the decision on the GPU (a kernel that reads the flag from \
-                  device memory and skips its work), or decide after `replay()` returns and capture one graph \
-                  per path",
+                  it whatever the data says; keep the decision on the GPU: a loop or a branch whose condition \
+                  a kernel sets (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: \
+                  conditional graph nodes), or a kernel that reads the flag from device memory and skips its \
+                  work; or decide after `replay()` returns and capture one graph per path",
     },
     Rule {
         id: "stream-or-event-query",
