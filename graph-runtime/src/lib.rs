@@ -153,6 +153,8 @@ pub use half;
 
 mod buckets;
 mod buffer;
+#[cfg(feature = "candle")]
+pub mod candle;
 mod capture;
 mod driver;
 mod error;
@@ -189,7 +191,9 @@ pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngKernelArg, RngState};
-pub use runtime::{driver_available, function, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
+pub use runtime::{
+    driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
+};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
 pub use verify::{Tolerance, VerifyReport};
@@ -203,12 +207,48 @@ use cudarc::driver::CudaStream;
 /// the capture stream.
 #[diagnostic::on_unimplemented(
     message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
-    label = "expected `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`",
+    label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",
     note = "the graph passes its runtime (or the runtime's stream) here during warmup and capture"
 )]
 pub trait FromRuntime {
     /// Borrows `Self` out of the runtime.
     fn from_runtime(rt: &Runtime) -> &Self;
+
+    /// [`FromRuntime::from_runtime`] for contexts a runtime may lack (candle's `Device` on a
+    /// runtime not made from one): what the generated code calls.
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        Ok(Self::from_runtime(rt))
+    }
+}
+
+/// candle's device as a body's context: the device of a runtime made by
+/// [`Runtime::from_candle`].
+#[cfg(feature = "candle")]
+impl FromRuntime for candle::candle_core::Device {
+    /// # Panics
+    /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls
+    /// [`FromRuntime::try_from_runtime`], which returns [`GraphError::NoCandleDevice`] instead.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        candle::device_of(rt)
+    }
+}
+
+/// candle's CUDA device as a body's context (see the `Device` implementation).
+#[cfg(feature = "candle")]
+impl FromRuntime for candle::candle_core::CudaDevice {
+    /// # Panics
+    /// As for candle's `Device`.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        candle::cuda_device(candle::device_of(rt)?)
+    }
 }
 
 impl FromRuntime for Runtime {
