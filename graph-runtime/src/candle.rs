@@ -380,3 +380,53 @@ pub(crate) fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+    use cudarc::driver::DriverError;
+
+    #[test]
+    fn shapes_compare_dtype_and_dims() {
+        let a = TensorShape::new(DType::F32, &[1, 512]).unwrap();
+        assert_eq!(a.dims(), &[1, 512]);
+        assert_eq!(format!("{a:?}"), "F32[1, 512]");
+        assert_ne!(a, TensorShape::new(DType::F16, &[1, 512]).unwrap());
+        assert_ne!(a, TensorShape::new(DType::F32, &[512]).unwrap());
+        assert!(TensorShape::new(DType::F32, &[1; MAX_RANK + 1]).is_none());
+        assert_eq!(Tensor::bytes_for(a), 2048);
+    }
+
+    #[test]
+    fn host_tensors_hold_no_device_memory() {
+        let t = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(
+            TensorShape::of(&t),
+            TensorShape::new(DType::F32, &[2, 3]).unwrap()
+        );
+        let mut n = 0;
+        t.regions(&mut |_| n += 1);
+        assert_eq!(n, 0);
+        assert!(cuda_data(&t).is_none());
+        assert!(cuda_device(&Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn candle_errors_carrying_cuda_errors_are_typed() {
+        let capture = DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        let e = candle_core::Error::Cuda(Box::new(candle_core::cuda_backend::CudaError::Cuda(
+            capture,
+        )))
+        .bt();
+        let typed = crate::error::from_candle(e);
+        assert!(matches!(typed, GraphError::Driver(_)), "{typed:?}");
+        assert!(matches!(
+            GraphError::in_capture("f", typed),
+            GraphError::CaptureUnsupported { graph: "f" }
+        ));
+        let plain = crate::error::from_candle(candle_core::Error::Msg("shape mismatch".into()));
+        assert!(matches!(plain, GraphError::User(_)));
+        assert!(plain.to_string().contains("shape mismatch"));
+    }
+}

@@ -68,6 +68,7 @@
 //! | early launch | a kernel started while the one before it finishes (programmatic dependent launch, sm_90+): it loads what no running kernel writes, then waits; captured as a programmatic graph edge | [`launch`], [`Runtime::launch_early`], [`GraphInfo::early_edges`] |
 //! | fork/join | a parallel branch on a side stream made before the capture, always rejoined; the branch borrows the buffers it reads and writes, so the borrow checker rejects a race between the branches | [`Runtime::fork`], [`fork_join`], [`ForkedStream`] |
 //! | collectives (feature `nccl`) | NCCL all-reduce, all-gather, reduce-scatter and broadcast on the runtime's stream, one thread and runtime per GPU; every rank captures together and the ranks' collective sequences are compared before instantiation | `graph_runtime::nccl` (`CommGroup`, `Communicator`) |
+//! | candle (feature `candle`) | a function written with candle ops as a graph: candle's `&Device` as context, `&Tensor` inputs copied into static tensors, candle-nn models as state, a returned `Tensor` copied into a static result inside the graph; candle's small uploads served from its cache during capture | `graph_runtime::candle`, `Runtime::from_candle` |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
@@ -110,8 +111,10 @@
 //!   H200.
 //! * Early launch needs compute capability 9.0 (Hopper) or newer; on older GPUs the launch
 //!   attribute is ignored and the kernels run in order (see [`launch`]).
-//! * cudarc's linking and CUDA-version features belong to your binary; see `Cargo.toml` for
-//!   what this crate asks of cudarc.
+//! * cudarc's linking and CUDA-version features belong to your binary: this crate asks for
+//!   `fallback-dynamic-loading` and `cuda-version-from-build-system` with `fallback-latest`,
+//!   so it builds beside candle-core's `cuda` (which links the libraries) and cubecl-cuda, and
+//!   alone on a machine without a CUDA toolkit (newest bindings, loaded at run time).
 //!
 //! # Logging
 //! The library logs through [`tracing`](https://docs.rs/tracing) and prints nothing. Each
