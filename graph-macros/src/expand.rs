@@ -161,6 +161,9 @@ fn expand_graph(
         let (i, t) = (&p.ident, ty(p));
         quote!(#i: #t)
     });
+    // A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
+    let result_ty = model.result.as_ref().map(relocated);
+    let result_field = result_ty.iter().map(|t| quote!(result: #t));
 
     // `capture`: generics and parameters, in the function's order.
     let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
@@ -255,6 +258,7 @@ fn expand_graph(
             }
         }
     });
+    let result_init = result_ty.iter().map(|_| quote!(result: __result_value));
     let init_fields = model.params.iter().enumerate().filter_map(|(n, p)| {
         let i = &p.ident;
         let local = local(n);
@@ -296,17 +300,31 @@ fn expand_graph(
             }
         }
     });
-    let verify_eager_outputs = outputs.iter().map(|p| {
-        let i = &p.ident;
-        let shadow = format_ident!("__shadow_{}", i);
-        let name = i.to_string();
-        quote!(__verifier.eager_output(#name, &#shadow)?;)
-    });
-    let verify_replay_outputs = outputs.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        quote!(__verifier.replay_output(#name, &self.#i)?;)
-    });
+    let verify_eager_outputs = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let shadow = format_ident!("__shadow_{}", i);
+            let name = i.to_string();
+            quote!(__verifier.eager_output(#name, &#shadow)?;)
+        })
+        .chain(
+            result_ty
+                .iter()
+                .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
+        );
+    let verify_replay_outputs = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let name = i.to_string();
+            quote!(__verifier.replay_output(#name, &self.#i)?;)
+        })
+        .chain(
+            result_ty
+                .iter()
+                .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
+        );
     let replay_args: Vec<&Ident> = inputs.iter().map(|p| &p.ident).collect();
     let verify_schedule = verify_schedule_tokens(args, &pr);
 
@@ -379,15 +397,26 @@ fn expand_graph(
         let i = &p.ident;
         quote!(#i: #pr::DeviceState::lend(&mut self.#i))
     });
-    let output_view_fields = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        let doc = format!("Output `{i}`, as the last replay left it.");
-        quote!(#[doc = #doc] pub #i: &'g #t)
-    });
-    let output_view_init = outputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(#i: &self.#i)
-    });
+    let output_view_fields = outputs
+        .iter()
+        .map(|p| {
+            let (i, t) = (&p.ident, ty(p));
+            let doc = format!("Output `{i}`, as the last replay left it.");
+            quote!(#[doc = #doc] pub #i: &'g #t)
+        })
+        .chain(result_ty.iter().map(|t| {
+            let doc = format!(
+                "What `{fn_name}` returned, copied into the graph's static buffer by the last replay."
+            );
+            quote!(#[doc = #doc] pub result: &'g #t)
+        }));
+    let output_view_init = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            quote!(#i: &self.#i)
+        })
+        .chain(result_ty.iter().map(|_| quote!(result: &self.result)));
     let state_view_fields = states.iter().map(|p| {
         let (i, t) = (&p.ident, ty(p));
         match p.role {
@@ -412,8 +441,38 @@ fn expand_graph(
         }
     });
 
-    let ctx_call = quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(rt));
+    let ctx_call =
+        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(rt)?);
     let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
+    // The body's call during warmup and capture, and in `verify`'s eager run.
+    let call_args: Vec<TokenStream> = call_args.collect();
+    let run_body = match &result_ty {
+        None => quote!(#body_result(super::#fn_ident(__ctx, #(#call_args),*))),
+        Some(t) => {
+            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
+            quote!({
+                let __value = #value(super::#fn_ident(__ctx, #(#call_args),*))?;
+                #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
+            })
+        }
+    };
+    let verify_verb = match &result_ty {
+        None => quote!(#body_result(super::#fn_ident(__ctx, #(#verify_call_args),*))?;),
+        Some(t) => {
+            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
+            quote!(
+                let __value = #value(super::#fn_ident(__ctx, #(#verify_call_args),*))?;
+                __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
+            )
+        }
+    };
+    let result_slot = result_ty
+        .iter()
+        .map(|t| quote!(let mut __result_slot: ::core::option::Option<#t> = ::core::option::Option::None;));
+    let result_take = result_ty.iter().map(|_| {
+        quote!(let __result_value = __result_slot.ok_or(#krate::GraphError::EmptyGraph { graph: __site.name })?;)
+    });
+    let shadow_result_decl = result_ty.iter().map(|t| quote!(let __shadow_result: #t;));
 
     let times = match warmup {
         1 => "once".to_string(),
@@ -465,6 +524,7 @@ fn expand_graph(
             __book: #pr::AddressBook,
             __verify: #pr::VerifySchedule,
             #(#static_fields,)*
+            #(#result_field,)*
             #(#state_fields,)*
             #(#const_fields,)*
             __state: ::core::marker::PhantomData<&'s ()>,
@@ -550,12 +610,13 @@ fn expand_graph(
                 #(#records)*
                 let mut __inputs = #pr::InputNodes::new();
                 #(#register_inputs)*
+                #(#result_slot)*
                 let __graph = {
                     let __ctx = #ctx_call;
                     let __book = &__book;
                     let mut __body = |__step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
                         match __step {
-                            #pr::Step::Run(_) => #body_result(super::#fn_ident(__ctx, #(#call_args),*)),
+                            #pr::Step::Run(_) => #run_body,
                             #pr::Step::Check(__when) => {
                                 let _ = __when;
                                 #(#capture_checks)*
@@ -565,10 +626,12 @@ fn expand_graph(
                     };
                     #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
                 };
+                #(#result_take)*
                 ::core::result::Result::Ok(Self {
                     __graph,
                     __book,
                     __verify: #verify_schedule,
+                    #(#result_init,)*
                     #(#init_fields,)*
                     __state: ::core::marker::PhantomData,
                 })
@@ -609,9 +672,10 @@ fn expand_graph(
                 let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
                 #(#verify_inputs)*
                 #(#verify_shadows)*
+                #(#shadow_result_decl)*
                 {
-                    let __ctx = <#ctx_ty as #pr::FromRuntime>::from_runtime(&__rt);
-                    #body_result(super::#fn_ident(__ctx, #(#verify_call_args),*))?;
+                    let __ctx = <#ctx_ty as #pr::FromRuntime>::try_from_runtime(&__rt)?;
+                    #verify_verb
                 }
                 #(#verify_eager_outputs)*
                 __verifier.rewind()?;

@@ -54,6 +54,9 @@ pub struct GraphFn {
     pub item: ItemFn,
     pub context: Option<ContextParam>,
     pub params: Vec<Param>,
+    /// `T` of a function that returns `Result<T, E>` with `T` not `()` (a candle function's
+    /// `-> Result<Tensor>`): the graph copies the returned value into a static buffer.
+    pub result: Option<Type>,
 }
 
 impl GraphFn {
@@ -104,6 +107,7 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
                 item,
                 context,
                 params,
+                result: None,
             };
         }
         Some((FnArg::Typed(first), roles)) => {
@@ -170,10 +174,51 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
             );
         }
     }
+    let result = returned_value(&item.sig.output);
+    if let Some(ty) = &result {
+        if let Some(b) = bucket {
+            cx.error_spanned_by(
+                ty,
+                format!(
+                    "a bucket family (`buckets({b} = …)`) cannot return a value: each bucket's graph writes \
+                     its own rows; return `Result<(), E>` and write the result into an output parameter \
+                     (`y: &mut CudaSlice<f32>`)"
+                ),
+            );
+        }
+        if let Some(p) = params.iter().find(|p| p.ident == "result") {
+            cx.error_spanned_by(
+                &p.ident,
+                "a parameter named `result` clashes with the graph's output `result`, which holds the \
+                 function's returned value; rename the parameter",
+            );
+        }
+    }
     GraphFn {
         item,
         context,
         params,
+        result,
+    }
+}
+
+/// `T` of a return type written `…Result<T>` or `…Result<T, E>` with `T` not `()`.
+fn returned_value(output: &syn::ReturnType) -> Option<Type> {
+    let syn::ReturnType::Type(_, ty) = output else {
+        return None;
+    };
+    let Type::Path(p) = &**ty else { return None };
+    let last = p.path.segments.last()?;
+    if !last.ident.to_string().ends_with("Result") {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        syn::GenericArgument::Type(Type::Tuple(t)) if t.elems.is_empty() => None,
+        syn::GenericArgument::Type(t) => Some(t.clone()),
+        _ => None,
     }
 }
 

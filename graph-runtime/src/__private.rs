@@ -6,11 +6,12 @@
 
 pub use crate::buckets::{Alias, BatchBuffer, BatchedSlot, Buckets, Pick};
 pub use crate::buffer::{
-    alloc_static, check_shape, feed_input, stage_input, static_bytes, InputSource, StaticBuffer,
+    alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
+    InputSource, ResultBuffer, StaticBuffer,
 };
 pub use crate::capture::{capture, CaptureMode, GraphSite, Step};
 pub use crate::constant::constant;
-pub use crate::error::{BodyResult, BoxError, GraphError, When};
+pub use crate::error::{BodyResult, BodyValue, BoxError, GraphError, When};
 pub use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 pub use crate::inputs::InputNodes;
 pub use crate::runtime::Runtime;

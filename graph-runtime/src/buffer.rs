@@ -73,6 +73,8 @@ impl<T: DeviceRepr + ValidAsZeroBits + 'static> StaticBuffer for CudaSlice<T> {
 mod sealed {
     pub trait Sealed {}
     impl<T> Sealed for cudarc::driver::CudaSlice<T> {}
+    #[cfg(feature = "candle")]
+    impl Sealed for candle_core::Tensor {}
 
     /// Only the runtime's own input sources: a replay may point a graph's copy node at a
     /// source's device memory, which is sound only for types that report it truthfully.
@@ -82,6 +84,63 @@ mod sealed {
     impl<T> SealedSource for [T] {}
     impl<T> SealedSource for Vec<T> {}
     impl<T, const N: usize> SealedSource for [T; N] {}
+    #[cfg(feature = "candle")]
+    impl SealedSource for candle_core::Tensor {}
+}
+
+/// A static buffer that can hold what a body returns (`-> Result<Tensor>`): the returned value
+/// is copied into the graph's own buffer inside the graph, then dropped.
+#[doc(hidden)]
+pub trait ResultBuffer: StaticBuffer {
+    /// Copies `value` (same shape) into `self`, on the runtime's stream.
+    fn store(&mut self, value: &Self) -> Result<(), GraphError>;
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + 'static> ResultBuffer for CudaSlice<T> {
+    fn store(&mut self, value: &Self) -> Result<(), GraphError> {
+        let stream = self.stream().clone();
+        stream.memcpy_dtod(value, self)?;
+        Ok(())
+    }
+}
+
+/// Copies a body's returned value into the graph's static result: allocated on the first
+/// (warmup) run, shaped like that run's value; every later run must return that shape.
+#[doc(hidden)]
+pub fn store_result<B: ResultBuffer>(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    slot: &mut Option<B>,
+    value: &B,
+) -> Result<(), GraphError> {
+    let shape = value.shape();
+    let dst = match slot {
+        Some(dst) => {
+            let expected = dst.shape();
+            if expected != shape {
+                return Err(GraphError::ResultShape {
+                    graph: site.name,
+                    expected: format!("{expected:?}"),
+                    got: format!("{shape:?}"),
+                });
+            }
+            dst
+        }
+        None => slot.insert(alloc_static::<B>(rt, site, "result", shape)?),
+    };
+    dst.store(value)
+}
+
+/// A copy of a body's returned value in a buffer of its own (for `verify`'s eager run).
+#[doc(hidden)]
+pub fn copy_result<B: ResultBuffer>(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    value: &B,
+) -> Result<B, GraphError> {
+    let mut slot = None;
+    store_result(rt, site, &mut slot, value)?;
+    Ok(slot.expect("store_result fills an empty slot"))
 }
 
 /// What an input copy needs during a replay: the graph's stream, two events to order a

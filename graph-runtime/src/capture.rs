@@ -329,6 +329,9 @@ pub(crate) fn capture_graph(
     let _span = tracing::debug_span!("cuda_graph_capture", graph).entered();
 
     let started = Instant::now();
+    // candle's small shape uploads are cached during warmup and reused by the capture.
+    #[cfg(feature = "candle")]
+    let _htod_cache = crate::candle::hold_htod_cache(rt);
     let input_copy = inputs.prepare(rt)?;
     // Warmup draws random numbers and updates `&mut` state; both are put back afterwards, so
     // that the first replay sees what the first eager call would have (see `crate::state`).
@@ -372,9 +375,16 @@ pub(crate) fn capture_graph(
             drop(active);
             // A body that failed may also have replaced a buffer; that is the worse news.
             body(Step::Check(When::Capture))?;
-            return Err(GraphError::in_capture(graph, e));
+            return Err(freed_in_capture(
+                rt,
+                graph,
+                GraphError::in_capture(graph, e),
+            ));
         }
-        Ok(nodes) => (end_capture(rt, graph, active)?, nodes),
+        Ok(nodes) => (
+            end_capture(rt, graph, active).map_err(|e| freed_in_capture(rt, graph, e))?,
+            nodes,
+        ),
     };
     let capture_time = capture_started.elapsed();
     if let Err(moved) = body(Step::Check(When::Capture)) {
@@ -442,6 +452,27 @@ pub(crate) fn capture_graph(
         "captured CUDA graph"
     );
     Ok(built)
+}
+
+/// In a capture on a candle runtime, CUDA's invalid-value error is what freeing a tensor made
+/// before the capture gives (candle frees op outputs as they drop): name that cause.
+fn freed_in_capture(rt: &Runtime, graph: &'static str, e: GraphError) -> GraphError {
+    #[cfg(feature = "candle")]
+    if rt.candle_device().is_some() {
+        let code = match &e {
+            GraphError::Driver(d) => Some(d.0),
+            GraphError::Body { source, .. } => match &**source {
+                GraphError::Driver(d) => Some(d.0),
+                _ => None,
+            },
+            _ => None,
+        };
+        if code == Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
+            return GraphError::FreedInCapture { graph };
+        }
+    }
+    let _ = (rt, graph);
+    e
 }
 
 /// The optional checks of `check_determinism`: the kernels the last warmup run and the

@@ -376,6 +376,44 @@ pub enum GraphError {
         got: String,
     },
 
+    /// The body returned a value of another shape than in its first warmup run: the graph's
+    /// static result has a fixed shape.
+    #[error(
+        "`{graph}` returned a result of shape {got} after returning {expected} in its first warmup run; \
+         a graph copies its result into a static buffer of fixed shape. Fix: return the same shape on \
+         every call (shapes must not depend on values read at run time)"
+    )]
+    ResultShape {
+        /// The annotated function.
+        graph: &'static str,
+        /// The shape of the first run's result.
+        expected: String,
+        /// The shape returned now.
+        got: String,
+    },
+
+    /// A candle tensor or device was needed and the runtime has no candle device.
+    #[error(
+        "this graph uses candle tensors or candle's `Device`, and the runtime was not made from a candle \
+         device. Fix: make the runtime with `Runtime::from_candle(&device)` (feature `candle`)"
+    )]
+    NoCandleDevice,
+
+    /// Capturing a candle body failed with CUDA's invalid-value error, which is what a free of
+    /// memory allocated before the capture gives inside it.
+    #[error(
+        "capturing `{graph}` failed with CUDA_ERROR_INVALID_VALUE, which is what freeing memory inside a \
+         capture gives when the memory was allocated before it: a tensor made before `capture` was dropped or \
+         replaced in the body (a KV cache grown with `Tensor::cat` and stored back, say). CUDA can only record \
+         frees of memory the graph itself allocated. Fix: keep such tensors at fixed addresses for the \
+         graph's life and write into them in place (`slice_set`, `scatter_set`), with positions held in a \
+         device tensor"
+    )]
+    FreedInCapture {
+        /// The annotated function.
+        graph: &'static str,
+    },
+
     /// Capturing one bucket of a bucket family failed.
     #[error("capturing bucket {bucket} of `{graph}` failed: {source}")]
     Bucket {
@@ -770,9 +808,29 @@ impl<E: Into<BoxError>> BodyResult for Result<(), E> {
     }
 }
 
+/// A body's return value with a result (`-> Result<Tensor, E>`): the value, or the error
+/// converted as [`BodyResult`] converts it.
+#[doc(hidden)]
+pub trait BodyValue<T> {
+    /// Converts the body's return value.
+    fn into_graph_value(self) -> Result<T, GraphError>;
+}
+
+impl<T, E: Into<BoxError>> BodyValue<T> for Result<T, E> {
+    #[inline]
+    fn into_graph_value(self) -> Result<T, GraphError> {
+        self.map_err(|e| into_graph_error(e.into()))
+    }
+}
+
 fn into_graph_error(e: BoxError) -> GraphError {
     let e = match e.downcast::<GraphError>() {
         Ok(g) => return *g,
+        Err(e) => e,
+    };
+    #[cfg(feature = "candle")]
+    let e = match e.downcast::<candle_core::Error>() {
+        Ok(c) => return from_candle(*c),
         Err(e) => e,
     };
     let e = match e.downcast::<DriverError>() {
@@ -782,6 +840,16 @@ fn into_graph_error(e: BoxError) -> GraphError {
     match e.downcast::<CublasError>() {
         Ok(c) => GraphError::from(*c),
         Err(e) => GraphError::User(e),
+    }
+}
+
+/// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
+/// body's would be, or the candle error itself as [`GraphError::User`].
+#[cfg(feature = "candle")]
+pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
+    match crate::candle::cuda_error_of(&e) {
+        Some(typed) => typed,
+        None => GraphError::User(Box::new(e)),
     }
 }
 

@@ -69,6 +69,7 @@
 //! | fork/join | a parallel branch on a side stream made before the capture, always rejoined; the branch borrows the buffers it reads and writes, so the borrow checker rejects a race between the branches | [`Runtime::fork`], [`fork_join`], [`ForkedStream`] |
 //! | collectives (feature `nccl`) | NCCL all-reduce, all-gather, reduce-scatter and broadcast on the runtime's stream, one thread and runtime per GPU; every rank captures together and the ranks' collective sequences are compared before instantiation | `graph_runtime::nccl` (`CommGroup`, `Communicator`) |
 //! | loops and branches on the GPU | `graph_while` / `graph_if` / `graph_if_else` with a [`Condition`] that a kernel sets: captured, CUDA conditional nodes (one launch runs a data-dependent loop); eagerly, the same loop on the host, reading the condition (the only host read a body may contain) | [`conditional`], [`Runtime::graph_while`], [`Runtime::graph_if`], [`condition_device_api!`] |
+//! | candle (feature `candle`) | a function written with candle ops as a graph: candle's `&Device` as context, `&Tensor` inputs copied into static tensors, candle-nn models as state, a returned `Tensor` copied into a static result inside the graph; candle's small uploads served from its cache during capture | `graph_runtime::candle`, `Runtime::from_candle` |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # Learning path
@@ -117,8 +118,10 @@
 //!   [`GraphError::ConditionalUnsupported`].
 //! * Early launch needs compute capability 9.0 (Hopper) or newer; on older GPUs the launch
 //!   attribute is ignored and the kernels run in order (see [`launch`]).
-//! * cudarc's linking and CUDA-version features belong to your binary; see `Cargo.toml` for
-//!   what this crate asks of cudarc.
+//! * cudarc's linking and CUDA-version features belong to your binary: this crate asks for
+//!   `fallback-dynamic-loading` and `cuda-version-from-build-system` with `fallback-latest`,
+//!   so it builds beside candle-core's `cuda` (which links the libraries) and cubecl-cuda, and
+//!   alone on a machine without a CUDA toolkit (newest bindings, loaded at run time).
 //!
 //! # Logging
 //! The library logs through [`tracing`](https://docs.rs/tracing) and prints nothing. Each
@@ -160,6 +163,8 @@ pub use half;
 
 mod buckets;
 mod buffer;
+#[cfg(feature = "candle")]
+pub mod candle;
 mod capture;
 mod constant;
 pub mod conditional;
@@ -200,7 +205,9 @@ pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngKernelArg, RngState};
-pub use runtime::{driver_available, function, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES};
+pub use runtime::{
+    driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
+};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
 pub use verify::{Tolerance, VerifyReport};
@@ -214,12 +221,48 @@ use cudarc::driver::CudaStream;
 /// the capture stream.
 #[diagnostic::on_unimplemented(
     message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
-    label = "expected `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`",
+    label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",
     note = "the graph passes its runtime (or the runtime's stream) here during warmup and capture"
 )]
 pub trait FromRuntime {
     /// Borrows `Self` out of the runtime.
     fn from_runtime(rt: &Runtime) -> &Self;
+
+    /// [`FromRuntime::from_runtime`] for contexts a runtime may lack (candle's `Device` on a
+    /// runtime not made from one): what the generated code calls.
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        Ok(Self::from_runtime(rt))
+    }
+}
+
+/// candle's device as a body's context: the device of a runtime made by
+/// [`Runtime::from_candle`].
+#[cfg(feature = "candle")]
+impl FromRuntime for candle::candle_core::Device {
+    /// # Panics
+    /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls
+    /// [`FromRuntime::try_from_runtime`], which returns [`GraphError::NoCandleDevice`] instead.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        candle::device_of(rt)
+    }
+}
+
+/// candle's CUDA device as a body's context (see the `Device` implementation).
+#[cfg(feature = "candle")]
+impl FromRuntime for candle::candle_core::CudaDevice {
+    /// # Panics
+    /// As for candle's `Device`.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        candle::cuda_device(candle::device_of(rt)?)
+    }
 }
 
 impl FromRuntime for Runtime {

@@ -63,6 +63,9 @@ struct Inner {
     ctx: Arc<CudaContext>,
     compute_capability: (i32, i32),
     multiprocessors: u32,
+    /// The candle device whose stream this runtime uses (`Runtime::from_candle`).
+    #[cfg(feature = "candle")]
+    candle: Option<candle_core::Device>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -183,21 +186,50 @@ pub fn function(
 /// one, so the runtime asks this before touching the driver.
 pub fn driver_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries to dlopen the library names and drops the
-    // handles; it has no preconditions.
-    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+    *PRESENT.get_or_init(|| library_available("cuda"))
 }
 
 fn nvrtc_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: as in `driver_available`, a dlopen probe without preconditions.
-    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+    *PRESENT.get_or_init(|| library_available("nvrtc"))
 }
 
 fn cublas_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: as in `driver_available`, a dlopen probe without preconditions.
-    *PRESENT.get_or_init(|| unsafe { cudarc::cublas::sys::is_culib_present() })
+    *PRESENT.get_or_init(|| library_available("cublas"))
+}
+
+/// Whether the CUDA library `name` (`"cuda"`, `"nvrtc"`, `"cublas"`, `"nccl"`) can be
+/// loaded on this machine: a `dlopen` probe of its usual file names, without touching CUDA.
+///
+/// It answers the same whichever way cudarc was built to reach the libraries: loaded at run
+/// time (`dynamic-loading`, this crate's default), or linked (`dynamic-linking`, what
+/// candle-core's `cuda` feature picks; the probe then finds the library already loaded).
+pub fn library_available(name: &str) -> bool {
+    let names: &[&str] = match name {
+        "cuda" => &["libcuda.so.1", "libcuda.so", "nvcuda.dll"],
+        "nvrtc" => &[
+            "libnvrtc.so.13",
+            "libnvrtc.so.12",
+            "libnvrtc.so",
+            "nvrtc64_130_0.dll",
+            "nvrtc64_120_0.dll",
+        ],
+        "cublas" => &[
+            "libcublas.so.13",
+            "libcublas.so.12",
+            "libcublas.so",
+            "cublas64_13.dll",
+            "cublas64_12.dll",
+        ],
+        "nccl" => &["libnccl.so.2", "libnccl.so"],
+        _ => &[],
+    };
+    names.iter().any(|n| {
+        // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions;
+        // the handle is dropped (the library stays loaded if something else holds it).
+        unsafe { libloading::Library::new(*n) }.is_ok()
+    })
 }
 
 impl Runtime {
@@ -265,6 +297,32 @@ impl Runtime {
         Self::assemble(ctx, stream)
     }
 
+    /// A runtime on a candle device (feature `candle`): it captures and replays on candle's
+    /// own stream, so graphs run in order with candle's eager work, and a body whose context
+    /// parameter is `&Device` (or `&CudaDevice`) gets this device. See [`crate::candle`].
+    ///
+    /// `Device::new_cuda(ordinal)` uses CUDA's per-thread default stream, which captures
+    /// (unlike the legacy default stream): the graphs then launch on the calling thread's
+    /// default stream, as candle's own work does. A device made with
+    /// `Device::new_cuda_with_stream` has event tracking on; capturing on it is refused with
+    /// [`GraphError::EventTracking`] unless it was turned off before any tensor was made.
+    #[cfg(feature = "candle")]
+    pub fn from_candle(device: &candle_core::Device) -> Result<Self, GraphError> {
+        let cuda = crate::candle::cuda_device(device)?;
+        let stream = cuda.cuda_stream();
+        if stream.cu_stream().is_null() {
+            return Err(GraphError::DefaultStream);
+        }
+        let ctx = stream.context().clone();
+        Self::assemble_with(ctx, stream, Some(device.clone()))
+    }
+
+    /// The candle device of a runtime made by [`Runtime::from_candle`].
+    #[cfg(feature = "candle")]
+    pub fn candle_device(&self) -> Option<&candle_core::Device> {
+        self.inner.candle.as_ref()
+    }
+
     /// The runtime of `stream`, if one was made for it (by [`Runtime::new`],
     /// [`Runtime::from_context`] or [`Runtime::from_stream`]) and is still alive: how a body
     /// whose context parameter is the stream reaches the kernel cache (see [`function`]).
@@ -278,6 +336,17 @@ impl Runtime {
     }
 
     fn assemble(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, GraphError> {
+        #[cfg(feature = "candle")]
+        return Self::assemble_with(ctx, stream, None);
+        #[cfg(not(feature = "candle"))]
+        Self::assemble_with(ctx, stream)
+    }
+
+    fn assemble_with(
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        #[cfg(feature = "candle")] candle: Option<candle_core::Device>,
+    ) -> Result<Self, GraphError> {
         if !cublas_available() {
             return Err(GraphError::MissingLibrary { library: "cublas" });
         }
@@ -324,6 +393,8 @@ impl Runtime {
             ctx,
             compute_capability,
             multiprocessors,
+            #[cfg(feature = "candle")]
+            candle,
         });
         let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         registry.retain(|(s, i)| s.strong_count() > 0 && i.strong_count() > 0);

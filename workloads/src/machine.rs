@@ -73,8 +73,7 @@ pub fn gpu_facts(rt: &Runtime) -> Vec<(String, String)> {
     if cublas_ok {
         put("cuBLAS", format!("{}.{}.{}", parts[0], parts[1], parts[2]));
     }
-    // SAFETY: a dlopen probe without preconditions.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if graph_runtime::library_available("nvrtc") {
         let (mut major, mut minor) = (0i32, 0i32);
         // SAFETY: NVRTC is present (checked just above); the call writes two ints.
         let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };

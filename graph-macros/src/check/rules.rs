@@ -25,6 +25,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | `host-sync` | `.synchronize()`, `CudaStream::synchronize(s)` (any cudarc or runtime type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a `synchronize` method on a receiver the macro cannot classify (a field, a method chain) | a sync inside a helper fn; a user type that derefs to a stream, or a type alias of one (the runtime's own `Runtime::synchronize` is refused at run time with `GraphError::SyncInCapture`) |
 //! | `device-to-host` | `.clone_dtoh()`, `.memcpy_dtoh()`, `.memcpy_dtov()`, cudarc's older `dtoh_sync_copy*`, `sync_reclaim`; `result::memcpy_dtoh_async`, `sys::cuMemcpyDtoHAsync` | copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`) or 900 | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (caught at run time by the runtime's graph inspection) |
+//! | `candle-host-read` | candle's host reads of a tensor: `.to_scalar()`, `.to_vec0()`, `.to_vec1()`, `.to_vec2()`, `.to_vec3()`, `.to_device(…Cpu…)` (`&Device::Cpu`, `&candle_core::Device::Cpu`) | 900 (candle copies to the host and waits), or a value frozen at capture | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (candle's own capture check then fails the copy) |
 //! | `host-to-device` | `.clone_htod()`, `.memcpy_htod()`, `.memcpy_stod()`, older `htod_*copy*`, unless the source is a pinned buffer (a parameter declared as `PinnedHostSlice`); `result::memcpy_htod_async`, `sys::cuMemcpyHtoDAsync` | host address recorded (`GraphError::PageableCopyCaptured`) | a copy from a pinned buffer reached under another name (legal): move it into a helper fn | copies inside helper fns (caught at run time) |
 //! | `raw-sync-memory-op` | the synchronous memory calls of cudarc's raw layers: `result::memcpy_{htod,dtoh,dtod}_sync`, `memset_d8_sync`, `malloc_sync`, `free_sync`, `memory_free`; `sys::cuMemcpy{HtoD,DtoH,DtoD,,Peer,2D,3D}`, `cuMemsetD{8,16,32}`, `cuMemAlloc`, `cuMemFree` | nothing recorded, no replay repeats it: runs in the warmup runs, and while capturing is refused (900) or runs once outside the graph | functions of your own with these names | raw calls reached through other names |
 //! | `device-value-formatted` | a formatting macro (`println!`, `format!`, `dbg!`, `panic!`, `assert!`, the `log`/`tracing` macros, …) given a device buffer of the body: an input or output, a state parameter whose declared type is not host data (a collection, a scalar, a generator, a type of your own), a local bound to `alloc_zeros`/`alloc`/`clone_dtod`/`try_clone` or to another buffer | 900 if the values were read | — | buffers reached through fields or other names; a state of your own type whose `Debug` reads the device |
@@ -79,6 +80,9 @@ pub enum Matcher {
     Method(&'static str),
     /// The same with no arguments (cudarc's `CudaStream::fork`, not `Runtime::fork`).
     MethodNoArgs(&'static str),
+    /// `receiver.name(…)` whose arguments name a path through this segment: candle's
+    /// `.to_device(&Device::Cpu)`.
+    MethodWithArg(&'static str, &'static str),
     /// A path expression (a value or a called function) whose segments contain these,
     /// next to each other: `["Instant", "now"]` matches `std::time::Instant::now`.
     Path(&'static [&'static str]),
@@ -155,6 +159,10 @@ pub const DEVICE_READS: &[&str] = &[
     "sync_reclaim",
 ];
 
+/// candle's reads of a tensor's values on the host: the `candle-host-read` rule, and (like
+/// [`DEVICE_READS`]) what marks a binding as device data and a condition as reading it.
+pub const CANDLE_READS: &[&str] = &["to_scalar", "to_vec0", "to_vec1", "to_vec2", "to_vec3"];
+
 /// Calls whose result is a device buffer of the body (for `device-value-formatted`).
 pub const DEVICE_ALLOCS: &[&str] = &["alloc_zeros", "alloc", "clone_dtod", "try_clone"];
 
@@ -190,7 +198,7 @@ pub const FORMATTING_MACROS: &[&str] = &[
 
 use Matcher::{
     BareCall, BranchesOnDeviceData, CollectionParamMethod, Driver, FormatsDeviceBuffer, ItemOf,
-    Macro, Method, MethodNoArgs, NestedGraphCapture, Path, PinnedMethod,
+    Macro, Method, MethodNoArgs, MethodWithArg, NestedGraphCapture, Path, PinnedMethod,
 };
 
 /// Every rule, in the order of the module documentation's table.
@@ -231,6 +239,23 @@ pub const RULES: &[Rule] = &[
                   operation not permitted when stream is capturing); make the value an output parameter \
                   (`out: &mut CudaSlice<T>`) and read it after the replay: \
                   `stream.clone_dtoh(graph.replay(…)?.out)`",
+    },
+    Rule {
+        id: "candle-host-read",
+        matchers: &[
+            Method(CANDLE_READS[0]),
+            Method(CANDLE_READS[1]),
+            Method(CANDLE_READS[2]),
+            Method(CANDLE_READS[3]),
+            Method(CANDLE_READS[4]),
+            MethodWithArg("to_device", "Cpu"),
+        ],
+        host_effect: false,
+        message: "{what} copies a candle tensor's values to the host and waits for them, but while the body is \
+                  captured the GPU has not computed them yet: the wait fails with CUDA error 900 (operation not \
+                  permitted when stream is capturing), and a value read during the warmup would be frozen into \
+                  the graph; return the tensor instead (`-> Result<Tensor>`, lent by `replay(…)?.result`) and \
+                  read it after the replay: `graph.replay(…)?.result.to_vec1::<f32>()`",
     },
     Rule {
         id: "host-to-device",

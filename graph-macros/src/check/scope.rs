@@ -35,6 +35,12 @@ const CUDA_TYPES: &[&str] = &[
     "Graph",
     "EarlyLaunch",
     "LaunchArgs",
+    // candle's (feature `candle` of the runtime): a tensor's methods read or write the device.
+    "Tensor",
+    "Device",
+    "CudaDevice",
+    "CudaStorage",
+    "Var",
 ];
 
 /// Crates whose paths make a type CUDA's (`cudarc::driver::CudaStream`, `graph_runtime::X`).
@@ -45,6 +51,9 @@ const CUDA_CRATES: &[&str] = &[
     "nvrtc",
     "cublas",
     "cublaslt",
+    "candle",
+    "candle_core",
+    "candle_nn",
 ];
 
 /// Random generators and their traits: not the user's own types, their methods draw numbers.

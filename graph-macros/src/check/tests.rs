@@ -96,6 +96,10 @@ fn snippet(m: &Matcher) -> TokenStream {
             let n = ident(n);
             quote!(let _ = thing.#n();)
         }
+        Matcher::MethodWithArg(n, seg) => {
+            let (n, seg) = (ident(n), ident(seg));
+            quote!(let _ = thing.#n(&Device::#seg);)
+        }
         Matcher::Path(p) => {
             let segs: Vec<Ident> = p.iter().map(|s| ident(s)).collect();
             if segs.len() == 1 {
@@ -833,5 +837,42 @@ fn scopes_and_guards() {
     assert_eq!(
         one(quote!(let s = format!("{history:?}");)),
         Vec::<&str>::new()
+    );
+}
+
+/// candle's host reads of a tensor are refused; a tensor parameter is not the user's own type,
+/// and a copy to another GPU device is not a host read.
+#[test]
+fn candle_host_reads_are_refused() {
+    let params = quote!(x: &Tensor, #[state] model: &Mlp);
+    let with = |body| ids_with(quote!(), params.clone(), body);
+    assert_eq!(
+        with(quote!(let _v = x.to_vec1::<f32>()?;)),
+        vec!["candle-host-read"]
+    );
+    assert_eq!(
+        with(quote!(let _v = model.forward(x)?.to_vec2::<f32>()?;)),
+        vec!["candle-host-read"]
+    );
+    assert_eq!(
+        with(quote!(let _h = x.to_device(&candle_core::Device::Cpu)?;)),
+        vec!["candle-host-read"]
+    );
+    assert!(with(quote!(let _d = x.to_device(&gpu)?;)).is_empty());
+    // A condition on a read is also a branch on device data.
+    assert_eq!(
+        with(quote!(if x.sum_all()?.to_scalar::<f32>()? > 0.0 {
+            launch()?;
+        })),
+        vec!["host-branch-on-device-data", "candle-host-read"]
+    );
+    // Formatting a tensor reads it.
+    assert_eq!(
+        ids_with(
+            quote!(host_effects_not_replayed),
+            params.clone(),
+            quote!(println!("{}", x);)
+        ),
+        vec!["device-value-formatted"]
     );
 }

@@ -10,7 +10,8 @@ use syn::visit::{self, Visit};
 use syn::{Expr, Token};
 
 use super::rules::{
-    path_matches, rule, Matcher, Rule, DEVICE_ALLOCS, DEVICE_READS, FORMATTING_MACROS, RULES,
+    path_matches, rule, Matcher, Rule, CANDLE_READS, DEVICE_ALLOCS, DEVICE_READS,
+    FORMATTING_MACROS, RULES,
 };
 use super::scope::{annotated_type, bound_names, kind_of_type, unraw, Binding, Kind, Scope};
 use super::syntax::{
@@ -115,6 +116,9 @@ impl Walker {
                 let hit = r.has(|m| match m {
                     Matcher::Method(n) => *n == name,
                     Matcher::MethodNoArgs(n) => *n == name && args.is_empty(),
+                    Matcher::MethodWithArg(n, seg) => {
+                        *n == name && args.iter().any(|a| names_segment(a, seg))
+                    }
                     _ => false,
                 });
                 if hit && !already.contains(&r.id) && !(pinned_source && r.id == "host-to-device") {
@@ -526,7 +530,8 @@ struct Reads<'s> {
 impl<'ast> Visit<'ast> for Reads<'_> {
     fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
         let name = unraw(&m.method);
-        if DEVICE_READS.contains(&name.as_str()) && !self.scope.is_users_own(&m.receiver) {
+        let read = DEVICE_READS.contains(&name.as_str()) || CANDLE_READS.contains(&name.as_str());
+        if read && !self.scope.is_users_own(&m.receiver) {
             self.found.push(format!("the result of `.{name}()`"));
             self.direct = true;
         }
@@ -577,4 +582,18 @@ fn describe_read(name: &str, how: &str) -> String {
         Some(call) => format!("`{name}` (read back from the GPU by {call})"),
         None => format!("`{name}`, computed from {how}"),
     }
+}
+
+/// Whether `e` contains a path with the segment `seg` (`&Device::Cpu` names `Cpu`).
+fn names_segment(e: &Expr, seg: &str) -> bool {
+    struct Finder<'a>(&'a str, bool);
+    impl<'ast> Visit<'ast> for Finder<'_> {
+        fn visit_path(&mut self, p: &'ast syn::Path) {
+            self.1 |= p.segments.iter().any(|s| unraw(&s.ident) == self.0);
+            visit::visit_path(self, p);
+        }
+    }
+    let mut f = Finder(seg, false);
+    f.visit_expr(e);
+    f.1
 }

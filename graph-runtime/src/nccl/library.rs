@@ -70,9 +70,7 @@ impl std::fmt::Display for NcclVersion {
 /// process.
 pub fn nccl_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries to dlopen the candidate names and drops the
-    // handles; it has no preconditions and does not panic.
-    *PRESENT.get_or_init(|| unsafe { cudarc::nccl::sys::is_culib_present() })
+    *PRESENT.get_or_init(|| crate::runtime::library_available("nccl"))
 }
 
 /// The library's version, or the typed error that says how to make it loadable.
