@@ -13,23 +13,25 @@
 //!   variant or a type of the user's;
 //! * **a method of the user's own type is the user's**: a method rule is not applied when the
 //!   receiver is provably a value of a type the user declared (a parameter or a local whose
-//!   declared type is neither cudarc's, nor the runtime's, nor a random generator's, nor the
-//!   standard library's; a local bound to `Type { … }`, `Type::new(…)`, `Type::default()`,
+//!   declared type is neither cudarc's, nor the runtime's, nor candle's, nor a random
+//!   generator's, nor the standard library's; a local bound to `Type { … }`, `Type::new(…)`, `Type::default()`,
 //!   `Type::with_…(…)`, `Type::from…(…)`, or to a reference or `.clone()` of such a value).
 //!   A receiver the macro cannot classify (a field, a method chain, a closure parameter, a
 //!   local bound to a call of a function) is judged by the name alone, so a real CUDA call is
 //!   never let through because of what a helper might return. A call written as a path on a
-//!   cudarc or runtime type (`CudaStream::synchronize(s)`) is judged like the method call.
+//!   cudarc, runtime or candle type (`CudaStream::synchronize(s)`, `Tensor::to_scalar(&t)`) is
+//!   judged like the method call.
 //!
 //! | rule | what it matches | CUDA failure / consequence | known false positives | known false negatives |
 //! | --- | --- | --- | --- | --- |
-//! | `host-sync` | `.synchronize()`, `CudaStream::synchronize(s)` (any cudarc or runtime type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a `synchronize` method on a receiver the macro cannot classify (a field, a method chain) | a sync inside a helper fn; a user type that derefs to a stream, or a type alias of one (the runtime's own `Runtime::synchronize` is refused at run time with `GraphError::SyncInCapture`) |
+//! | `host-sync` | `.synchronize()` (candle's `Device::synchronize` too), `CudaStream::synchronize(s)` (any cudarc, runtime or candle type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a `synchronize` method on a receiver the macro cannot classify (a field, a method chain) | a sync inside a helper fn; a user type that derefs to a stream, or a type alias of one (the runtime's own `Runtime::synchronize` is refused at run time with `GraphError::SyncInCapture`) |
 //! | `device-to-host` | `.clone_dtoh()`, `.memcpy_dtoh()`, `.memcpy_dtov()`, cudarc's older `dtoh_sync_copy*`, `sync_reclaim`; `result::memcpy_dtoh_async`, `sys::cuMemcpyDtoHAsync` | copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`) or 900 | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (caught at run time by the runtime's graph inspection) |
-//! | `candle-host-read` | candle's host reads of a tensor: `.to_scalar()`, `.to_vec0()`, `.to_vec1()`, `.to_vec2()`, `.to_vec3()`, `.to_device(…Cpu…)` (`&Device::Cpu`, `&candle_core::Device::Cpu`) | 900 (candle copies to the host and waits), or a value frozen at capture | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (candle's own capture check then fails the copy) |
+//! | `candle-host-read` | candle's host reads (candle-core 0.11): `.to_scalar()`, `.to_vec0()`, `.to_vec1()`, `.to_vec2()`, `.to_vec3()`, `.to_cpu_storage()`; `.to_device(cpu)`, `.dequantize(cpu)`, `.dequantize_f16(cpu)` where `cpu` is `&Device::Cpu` (any path ending so) or a local bound to it; `.write_npy()`, `.save_safetensors()`, `Tensor::write_npz`, `safetensors::save` | candle refuses the copy while capturing; without its capture guard, copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`); warmup values frozen | methods of your own with these names on a receiver the macro cannot classify; a tensor made on the CPU in the body and read (the tokens do not say where a tensor lives); a type of your own named like candle's (`Tensor`, `Device`, …) | reads through generic names (`f32::try_from(&t)`, `t.try_into()`, `t.to_string()`, `t.write_bytes(w)`, `QTensor::data()`), `to_device` given a CPU device under another name (`Device::cuda_if_available`, a field), reads inside candle ops (`QTensor::quantize`, `dequantize` of types without a GPU kernel), reads in helper fns |
 //! | `host-to-device` | `.clone_htod()`, `.memcpy_htod()`, `.memcpy_stod()`, older `htod_*copy*`, unless the source is a pinned buffer (a parameter declared as `PinnedHostSlice`); `result::memcpy_htod_async`, `sys::cuMemcpyHtoDAsync` | host address recorded (`GraphError::PageableCopyCaptured`) | a copy from a pinned buffer reached under another name (legal): move it into a helper fn | copies inside helper fns (caught at run time) |
 //! | `raw-sync-memory-op` | the synchronous memory calls of cudarc's raw layers: `result::memcpy_{htod,dtoh,dtod}_sync`, `memset_d8_sync`, `malloc_sync`, `free_sync`, `memory_free`; `sys::cuMemcpy{HtoD,DtoH,DtoD,,Peer,2D,3D}`, `cuMemsetD{8,16,32}`, `cuMemAlloc`, `cuMemFree` | nothing recorded, no replay repeats it: runs in the warmup runs, and while capturing is refused (900) or runs once outside the graph | functions of your own with these names | raw calls reached through other names |
 //! | `device-value-formatted` | a formatting macro (`println!`, `format!`, `dbg!`, `panic!`, `assert!`, the `log`/`tracing` macros, …) given a device buffer of the body: an input or output, a state parameter whose declared type is not host data (a collection, a scalar, a generator, a type of your own), a local bound to `alloc_zeros`/`alloc`/`clone_dtod`/`try_clone` or to another buffer | 900 if the values were read | — | buffers reached through fields or other names; a state of your own type whose `Debug` reads the device |
 //! | `host-branch-on-device-data` | an `if`/`while`/`match`/`for`/`let … else` whose condition calls a device-to-host read or names a local bound to one (block-scoped: a shadowing `let`, closure parameter or pattern clears the mark) | the graph replays the path taken at capture | — | values read in helper fns, or through raw copies |
+//! | `candle-branch-on-device-data` | the same, where the data is a candle tensor's values (a `candle-host-read` value read, or a local bound to one) | the graph replays the path taken at capture | as `candle-host-read` | as `candle-host-read` |
 //! | `stream-or-event-query` | `.query()`, `.is_complete()`, `.try_is_complete()`, `.elapsed_ms()`; `result::event::{query,elapsed}`, `sys::cuEventQuery`, `cuStreamQuery`, `cuEventElapsedTime` | 900 / 907 | a `query` method on a receiver the macro cannot classify (a field of a database client) | queries inside helper fns |
 //! | `pinned-host-alloc` | `.alloc_pinned()`, `.alloc_pinned_with_flags()`, `result::malloc_host`, `sys::cuMemAllocHost`, `cuMemHostAlloc`, `cuMemHostRegister` (freeing is reported at the allocation) | 900 in `global` and `thread_local` modes | methods of your own with these names on a receiver the macro cannot classify | allocations in helper fns |
 //! | `pinned-host-read` | `.as_slice()`, `.as_mut_slice()`, `.as_ptr()`, `.as_mut_ptr()` on a parameter (or annotated local) declared as `PinnedHostSlice` | 900 (cudarc waits on the buffer's event) | — | pinned buffers reached through other names |
@@ -80,9 +82,6 @@ pub enum Matcher {
     Method(&'static str),
     /// The same with no arguments (cudarc's `CudaStream::fork`, not `Runtime::fork`).
     MethodNoArgs(&'static str),
-    /// `receiver.name(…)` whose arguments name a path through this segment: candle's
-    /// `.to_device(&Device::Cpu)`.
-    MethodWithArg(&'static str, &'static str),
     /// A path expression (a value or a called function) whose segments contain these,
     /// next to each other: `["Instant", "now"]` matches `std::time::Instant::now`.
     Path(&'static [&'static str]),
@@ -100,6 +99,13 @@ pub enum Matcher {
     FormatsDeviceBuffer,
     /// A condition (`if`, `while`, `match`, `for`, `let … else`) that reads device data.
     BranchesOnDeviceData,
+    /// The same, where the device data is a candle tensor's values ([`CANDLE_READS`]).
+    BranchesOnTensorData,
+    /// `receiver.name(cpu, …)` whose first argument is candle's CPU device: a path ending in
+    /// `Device::Cpu` (`&Device::Cpu`, `&candle_core::Device::Cpu`) or a local bound to one;
+    /// unless the receiver is provably the user's own, as for [`Matcher::Method`]. The same
+    /// method with any other device (a CUDA device: a copy between devices) is not matched.
+    ToCpu(&'static str),
     /// `FooGraph::capture(…)` inside the body.
     NestedGraphCapture,
     /// `p.name(…)` where `p` is declared as cudarc's `PinnedHostSlice` (the signature or an
@@ -159,9 +165,23 @@ pub const DEVICE_READS: &[&str] = &[
     "sync_reclaim",
 ];
 
-/// candle's reads of a tensor's values on the host: the `candle-host-read` rule, and (like
-/// [`DEVICE_READS`]) what marks a binding as device data and a condition as reading it.
-pub const CANDLE_READS: &[&str] = &["to_scalar", "to_vec0", "to_vec1", "to_vec2", "to_vec3"];
+/// candle's `Tensor` methods that copy a tensor's values to the host and return them (candle-core
+/// 0.11: each goes through the storage's `to_cpu_storage`, a `clone_dtoh` on candle's stream):
+/// the `candle-host-read` rule, the marks of `let` bindings and the
+/// `candle-branch-on-device-data` rule all use this list. `to_vec0` is an alias of `to_scalar`.
+pub const CANDLE_READS: &[&str] = &[
+    "to_scalar",
+    "to_vec0",
+    "to_vec1",
+    "to_vec2",
+    "to_vec3",
+    "to_cpu_storage",
+];
+
+/// candle methods that copy to the host when given the CPU device ([`Matcher::ToCpu`]):
+/// `Tensor::to_device`, and `QTensor::dequantize` / `dequantize_f16`, which end in
+/// `to_device`.
+pub const CANDLE_TO_CPU: &[&str] = &["to_device", "dequantize", "dequantize_f16"];
 
 /// Calls whose result is a device buffer of the body (for `device-value-formatted`).
 pub const DEVICE_ALLOCS: &[&str] = &["alloc_zeros", "alloc", "clone_dtod", "try_clone"];
@@ -197,8 +217,9 @@ pub const FORMATTING_MACROS: &[&str] = &[
 ];
 
 use Matcher::{
-    BareCall, BranchesOnDeviceData, CollectionParamMethod, Driver, FormatsDeviceBuffer, ItemOf,
-    Macro, Method, MethodNoArgs, MethodWithArg, NestedGraphCapture, Path, PinnedMethod,
+    BareCall, BranchesOnDeviceData, BranchesOnTensorData, CollectionParamMethod, Driver,
+    FormatsDeviceBuffer, ItemOf, Macro, Method, MethodNoArgs, NestedGraphCapture, Path,
+    PinnedMethod, ToCpu,
 };
 
 /// Every rule, in the order of the module documentation's table.
@@ -248,14 +269,24 @@ pub const RULES: &[Rule] = &[
             Method(CANDLE_READS[2]),
             Method(CANDLE_READS[3]),
             Method(CANDLE_READS[4]),
-            MethodWithArg("to_device", "Cpu"),
+            Method(CANDLE_READS[5]),
+            ToCpu(CANDLE_TO_CPU[0]),
+            ToCpu(CANDLE_TO_CPU[1]),
+            ToCpu(CANDLE_TO_CPU[2]),
+            Method("write_npy"),
+            Method("save_safetensors"),
+            Path(&["Tensor", "write_npz"]),
+            Path(&["safetensors", "save"]),
         ],
         host_effect: false,
-        message: "{what} copies a candle tensor's values to the host and waits for them, but while the body is \
-                  captured the GPU has not computed them yet: the wait fails with CUDA error 900 (operation not \
-                  permitted when stream is capturing), and a value read during the warmup would be frozen into \
-                  the graph; return the tensor instead (`-> Result<Tensor>`, lent by `replay(…)?.result`) and \
-                  read it after the replay: `graph.replay(…)?.result.to_vec1::<f32>()`",
+        message: "{what} copies a candle tensor from the GPU to the host: in the warmup runs it reads values \
+                  that no replay reads again, and while the body is captured the GPU has not run yet, so \
+                  candle refuses the copy (`to_cpu_storage during CUDA graph capture`; without candle's \
+                  capture guard the copy is recorded into the graph, which the runtime refuses with \
+                  `GraphError::PageableCopyCaptured`); return the tensor from the body \
+                  (`-> candle_core::Result<Tensor>`) and read it after the replay \
+                  (`graph.replay(…)?.result.to_vec1::<f32>()`), or keep it on the device and go on with \
+                  tensor ops",
     },
     Rule {
         id: "host-to-device",
@@ -330,6 +361,17 @@ pub const RULES: &[Rule] = &[
                   a kernel sets (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: \
                   conditional graph nodes), or a kernel that reads the flag from device memory and skips its \
                   work; or decide after `replay()` returns and capture one graph per path",
+    },
+    Rule {
+        id: "candle-branch-on-device-data",
+        matchers: &[BranchesOnTensorData],
+        host_effect: false,
+        message: "this condition decides on the host from {data}, a candle tensor's values: while the body is \
+                  captured they do not exist yet (candle refuses the read: `to_cpu_storage during CUDA graph \
+                  capture`), and a graph records only the path taken at capture and replays it whatever the \
+                  tensor holds; keep the decision on the GPU with tensor ops \
+                  (`mask.where_cond(&on_true, &on_false)?`, or multiply by a 0/1 mask), or decide after \
+                  `replay()` returns and capture one graph per path",
     },
     Rule {
         id: "stream-or-event-query",

@@ -35,13 +35,23 @@ const CUDA_TYPES: &[&str] = &[
     "Graph",
     "EarlyLaunch",
     "LaunchArgs",
-    // candle's (feature `candle` of the runtime): a tensor's methods read or write the device.
+];
+
+/// candle's types (candle-core 0.11) whose methods reach the device: a tensor's host reads
+/// (`to_vec1`, `to_device(&Device::Cpu)`), a device's `synchronize`. Treated like cudarc's, so
+/// that a `&Tensor` parameter or a `Tensor::new(…)` local is not taken for a type of the
+/// user's own.
+const CANDLE_TYPES: &[&str] = &[
     "Tensor",
+    "Var",
+    "QTensor",
     "Device",
     "CudaDevice",
     "CudaStorage",
-    "Var",
 ];
+
+/// candle's crates, under their names and the usual alias (`use candle_core as candle`).
+const CANDLE_CRATES: &[&str] = &["candle_core", "candle", "candle_nn", "candle_transformers"];
 
 /// Crates whose paths make a type CUDA's (`cudarc::driver::CudaStream`, `graph_runtime::X`).
 const CUDA_CRATES: &[&str] = &[
@@ -51,9 +61,6 @@ const CUDA_CRATES: &[&str] = &[
     "nvrtc",
     "cublas",
     "cublaslt",
-    "candle",
-    "candle_core",
-    "candle_nn",
 ];
 
 /// Random generators and their traits: not the user's own types, their methods draw numbers.
@@ -132,7 +139,8 @@ const STD_TYPES: &[&str] = &[
 pub enum Kind {
     /// Nothing is known: a method named like a CUDA operation on it is reported.
     Unknown,
-    /// A cudarc or runtime object (a stream, a context, a buffer, the runtime).
+    /// A cudarc, runtime or candle object (a stream, a context, a buffer, the runtime, a
+    /// tensor, a candle device).
     Cuda,
     /// cudarc's `PinnedHostSlice`.
     PinnedHost,
@@ -155,7 +163,19 @@ pub struct Binding {
     /// A device buffer of the body, which formatting macros must not be given.
     pub device_buffer: bool,
     /// Set when the value was read back from the device: how, for the message.
-    pub device_data: Option<String>,
+    pub device_data: Option<DeviceData>,
+    /// Bound to candle's CPU device (`let cpu = Device::Cpu;`).
+    pub cpu_device: bool,
+}
+
+/// Device data on the host: a value read back from the device, or computed from one.
+#[derive(Clone, Debug)]
+pub struct DeviceData {
+    /// How it was read, for the message: `` the result of `.clone_dtoh()` ``, or
+    /// `` `v` (read back from the GPU by `.to_vec1()`) ``.
+    pub how: String,
+    /// Read from a candle tensor (by one of `CANDLE_READS`), not by a cudarc copy.
+    pub tensor: bool,
 }
 
 impl Binding {
@@ -166,6 +186,7 @@ impl Binding {
             param: false,
             device_buffer: false,
             device_data: None,
+            cpu_device: false,
         }
     }
 }
@@ -197,6 +218,7 @@ impl Scope {
                     param: true,
                     device_buffer,
                     device_data: None,
+                    cpu_device: false,
                 },
             );
         }
@@ -240,8 +262,26 @@ impl Scope {
         self.get(name).is_some_and(|b| b.device_buffer)
     }
 
-    pub fn device_data(&self, name: &str) -> Option<&String> {
+    pub fn device_data(&self, name: &str) -> Option<&DeviceData> {
         self.get(name).and_then(|b| b.device_data.as_ref())
+    }
+
+    /// Whether `e` is candle's CPU device: a path ending in `Device::Cpu` (`Device::Cpu`,
+    /// `candle_core::Device::Cpu`), a local bound to one, or a reference to either.
+    pub fn is_cpu_device(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.is_cpu_device(&p.expr),
+            Expr::Reference(r) => self.is_cpu_device(&r.expr),
+            Expr::Path(p) if p.qself.is_none() => {
+                let segs: Vec<String> = p.path.segments.iter().map(|s| unraw(&s.ident)).collect();
+                match segs.as_slice() {
+                    [name] => self.get(name).is_some_and(|b| b.cpu_device),
+                    [.., ty, variant] => ty == "Device" && variant == "Cpu",
+                    [] => false,
+                }
+            }
+            _ => false,
+        }
     }
 
     /// Whether the value of `e` is provably of the user's own type, so that its methods are
@@ -339,7 +379,7 @@ fn kind_of_path(path: &syn::Path) -> Option<Kind> {
         Some(Kind::Unknown)
     } else if last == "PinnedHostSlice" {
         Some(Kind::PinnedHost)
-    } else if has(CUDA_TYPES) || has(CUDA_CRATES) {
+    } else if has(CUDA_TYPES) || has(CUDA_CRATES) || has(CANDLE_TYPES) || has(CANDLE_CRATES) {
         Some(Kind::Cuda)
     } else if has(RNG_TYPES) || has(RNG_CRATES) {
         Some(Kind::Rng)

@@ -112,3 +112,25 @@ pub fn root_name(e: &Expr) -> Option<String> {
         _ => None,
     }
 }
+
+/// A short text for an argument that is a path, or a reference to one: `&Device::Cpu`,
+/// `&cpu`; `…` for anything else.
+pub fn compact(e: &Expr) -> String {
+    match e {
+        Expr::Reference(r) => {
+            let m = if r.mutability.is_some() { "mut " } else { "" };
+            format!("&{m}{}", compact(&r.expr))
+        }
+        Expr::Paren(p) => format!("({})", compact(&p.expr)),
+        Expr::Path(p) if p.qself.is_none() => {
+            let segs: Vec<String> = p.path.segments.iter().map(|s| unraw(&s.ident)).collect();
+            let lead = if p.path.leading_colon.is_some() {
+                "::"
+            } else {
+                ""
+            };
+            format!("{lead}{}", segs.join("::"))
+        }
+        _ => "…".to_owned(),
+    }
+}

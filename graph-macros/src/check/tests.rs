@@ -3,7 +3,7 @@ use std::collections::HashSet;
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::quote;
 
-use super::rules::{rule, Matcher, DEVICE_READS, RULES};
+use super::rules::{rule, Matcher, CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, RULES};
 use super::*;
 use crate::expand;
 
@@ -96,10 +96,6 @@ fn snippet(m: &Matcher) -> TokenStream {
             let n = ident(n);
             quote!(let _ = thing.#n();)
         }
-        Matcher::MethodWithArg(n, seg) => {
-            let (n, seg) = (ident(n), ident(seg));
-            quote!(let _ = thing.#n(&Device::#seg);)
-        }
         Matcher::Path(p) => {
             let segs: Vec<Ident> = p.iter().map(|s| ident(s)).collect();
             if segs.len() == 1 {
@@ -129,6 +125,15 @@ fn snippet(m: &Matcher) -> TokenStream {
             quote!(if rt.stream().clone_dtoh(y)?[0] > 0.0 {
                 launch(rt)?;
             })
+        }
+        Matcher::BranchesOnTensorData => {
+            quote!(if loss.to_scalar::<f32>()? > 1.0 {
+                launch(rt)?;
+            })
+        }
+        Matcher::ToCpu(n) => {
+            let n = ident(n);
+            quote!(let _ = thing.#n(&Device::Cpu);)
         }
         Matcher::NestedGraphCapture => quote!(let _inner = InnerGraph::capture(rt, x, 16)?;),
         Matcher::PinnedMethod(n) => {
@@ -186,6 +191,22 @@ fn every_device_read_is_a_device_to_host_matcher() {
         assert!(
             rule("device-to-host").has(|m| *m == Matcher::Method(read)),
             "{read}"
+        );
+    }
+}
+
+#[test]
+fn every_candle_read_is_a_candle_host_read_matcher() {
+    for read in CANDLE_READS {
+        assert!(
+            rule("candle-host-read").has(|m| *m == Matcher::Method(read)),
+            "{read}"
+        );
+    }
+    for to_cpu in CANDLE_TO_CPU {
+        assert!(
+            rule("candle-host-read").has(|m| *m == Matcher::ToCpu(to_cpu)),
+            "{to_cpu}"
         );
     }
 }
@@ -840,39 +861,178 @@ fn scopes_and_guards() {
     );
 }
 
-/// candle's host reads of a tensor are refused; a tensor parameter is not the user's own type,
-/// and a copy to another GPU device is not a host read.
+/// The parameters of a candle body: a tensor and a candle model given as state, beside the
+/// cudarc buffers (the macro sees the declared types' names).
+fn candle(body: TokenStream) -> Vec<&'static str> {
+    ids_with(
+        quote!(warmup = 2),
+        quote! {
+            x: &CudaSlice<f32>,
+            y: &mut CudaSlice<f32>,
+            #[state] w: &Tensor,
+            #[state] q: &candle_core::quantized::QTensor,
+            #[state] stats: &Stats,
+        },
+        body,
+    )
+}
+
 #[test]
-fn candle_host_reads_are_refused() {
-    let params = quote!(x: &Tensor, #[state] model: &Mlp);
-    let with = |body| ids_with(quote!(), params.clone(), body);
+fn candle_host_reads() {
+    for body in [
+        quote!(let loss: f32 = w.sum_all()?.to_scalar()?;),
+        quote!(let loss = w.to_scalar::<f32>()?;),
+        quote!(let v = w.to_vec0::<f32>()?;),
+        quote!(let v = w.to_vec1::<f32>()?;),
+        quote!(let v = w.flatten_all()?.to_vec1::<f32>()?;),
+        quote!(let rows = w.to_vec2::<f32>()?;),
+        quote!(let cube = w.to_vec3::<f32>()?;),
+        quote!(let host = w.to_device(&Device::Cpu)?;),
+        quote!(let host = w.to_device(&candle_core::Device::Cpu)?;),
+        quote!(let host = w.to_device(&(candle::Device::Cpu))?;),
+        quote!(let host = w.matmul(&w.t()?)?.to_device(&Device::Cpu)?;),
+        quote!(let cpu = Device::Cpu; let host = w.to_device(&cpu)?;),
+        quote!(let cpu = &Device::Cpu; let host = w.to_device(cpu)?;),
+        quote!(let host = Tensor::to_device(w, &Device::Cpu)?;),
+        quote!(let v = Tensor::to_vec1::<f32>(w)?;),
+        quote!(let v = candle_core::Tensor::to_scalar::<f32>(w)?;),
+        quote!(let d = q.dequantize(&Device::Cpu)?;),
+        quote!(let d = q.dequantize_f16(&Device::Cpu)?;),
+        quote!(w.write_npy("w.npy")?;),
+        quote!(w.save_safetensors("w", "w.safetensors")?;),
+        quote!(Tensor::write_npz(&[("w", w)], "w.npz")?;),
+        quote!(candle_core::safetensors::save(&tensors, "m.safetensors")?;),
+        quote!(let s = match &*w.storage() { Storage::Cuda(c) => c.to_cpu_storage()?, _ => todo!() };),
+        // A field or a closure parameter: judged by the name.
+        quote!(let v = model.logits.to_vec1::<f32>()?;),
+        quote!(let vs: Vec<f32> = ts.iter().map(|t| t.to_scalar::<f32>().unwrap()).collect();),
+    ] {
+        assert_eq!(candle(body.clone()), ["candle-host-read"], "{body}");
+    }
+}
+
+#[test]
+fn candle_device_copies_and_the_users_own_methods_pass() {
+    for body in [
+        // A copy to a CUDA device (or to the tensor's own device) is not a host read.
+        quote!(let moved = w.to_device(w.device())?;),
+        quote!(let moved = w.to_device(&dev)?;),
+        quote!(let gpu = Device::new_cuda(0)?; let moved = w.to_device(&gpu)?;),
+        quote!(let moved = w.to_device(&Device::Cuda(cuda.clone()))?;),
+        quote!(let d = q.dequantize(w.device())?;),
+        // A CPU device that is re-bound to a CUDA one is no longer the CPU.
+        quote!(let mut d = Device::Cpu; d = gpu.clone(); let moved = w.to_device(&d)?;),
+        // Host metadata of a tensor.
+        quote!(let n = w.dims().len() + w.elem_count(); let r = w.rank();),
+        // Methods of the user's own types with candle's names.
+        quote!(let total = stats.to_scalar();),
+        quote!(let h = Histogram::new(8); let bins = h.to_vec1(); let grid = h.to_vec2();),
+        quote!(let plan = Plan::default(); let host_plan = plan.to_device(&Device::Cpu);),
+        quote!(let h = Histogram::new(8); if h.to_vec1().is_empty() { launch(rt)?; }),
+        // `Device::Cpu` alone is not a read (a tensor made on the host, host work).
+        quote!(let cpu = Device::Cpu; let n = x.len();),
+    ] {
+        assert_eq!(candle(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}
+
+#[test]
+fn candle_types_are_not_the_users_own() {
+    // A tensor made in the body with a constructor is candle's, not the user's.
     assert_eq!(
-        with(quote!(let _v = x.to_vec1::<f32>()?;)),
-        vec!["candle-host-read"]
+        candle(quote!(let t = Tensor::new(&[1.0f32, 2.0], &dev)?; let v = t.to_vec1::<f32>()?;)),
+        ["candle-host-read"]
     );
     assert_eq!(
-        with(quote!(let _v = model.forward(x)?.to_vec2::<f32>()?;)),
-        vec!["candle-host-read"]
+        candle(quote!(let t: candle::Tensor = make(); let v = t.to_scalar::<f32>()?;)),
+        ["candle-host-read"]
     );
+    // candle's device's `synchronize` is a host sync, as a method or a path call.
+    assert_eq!(candle(quote!(dev.synchronize()?;)), ["host-sync"]);
+    assert_eq!(candle(quote!(Device::synchronize(&dev)?;)), ["host-sync"]);
+    // A read inside a print is the read first, then the print.
     assert_eq!(
-        with(quote!(let _h = x.to_device(&candle_core::Device::Cpu)?;)),
-        vec!["candle-host-read"]
+        candle(quote!(println!("{}", w.to_scalar::<f32>()?);)),
+        ["candle-host-read", "host-print"]
     );
-    assert!(with(quote!(let _d = x.to_device(&gpu)?;)).is_empty());
-    // A condition on a read is also a branch on device data.
+    // A tensor given as state is a device buffer: formatting it reads the device.
     assert_eq!(
-        with(quote!(if x.sum_all()?.to_scalar::<f32>()? > 0.0 {
-            launch()?;
+        candle(quote!(let s = format!("{w}");)),
+        ["device-value-formatted"]
+    );
+}
+
+#[test]
+fn a_condition_on_a_candle_read_is_one_error_on_the_condition() {
+    for body in [
+        quote!(if w.sum_all()?.to_scalar::<f32>()? > 1.0 {
+            launch(rt)?;
+        }),
+        quote!(while w.to_vec1::<f32>()?[0] > 1.0 {
+            launch(rt)?;
+        }),
+        quote!(match w.argmax(0)?.to_scalar::<u32>()? {
+            0 => {}
+            _ => {}
+        }),
+        quote!(for v in w.to_vec1::<f32>()? {
+            let _ = v;
+        }),
+        quote!(let Some(first) = w.to_vec1::<f32>()?.first().copied() else { return Ok(()) };),
+        quote!(if w.to_device(&Device::Cpu)?.dims()[0] > 1 {
+            launch(rt)?;
+        }),
+        quote!(match n {
+            k if w.to_vec1::<f32>()?[k] > 0.0 => {}
+            _ => {}
+        }),
+    ] {
+        assert_eq!(
+            candle(body.clone()),
+            ["candle-branch-on-device-data"],
+            "{body}"
+        );
+    }
+    // Through a local: the read where it is, the branch where it decides.
+    assert_eq!(
+        candle(quote! {
+            let host = w.to_vec1::<f32>()?;
+            let worst = host.iter().fold(0.0f32, |a, b| a.max(*b));
+            if worst > 1.0 { launch(rt)?; }
+        }),
+        ["candle-host-read", "candle-branch-on-device-data"]
+    );
+    // A cudarc read keeps its own rule, also next to a candle read.
+    assert_eq!(
+        candle(quote!(
+            if rt.stream().clone_dtoh(y)?[0] > w.to_scalar::<f32>()? {}
+        )),
+        ["host-branch-on-device-data"]
+    );
+    // The user's own value with a candle name does not decide on device data.
+    assert_eq!(
+        candle(quote!(if stats.to_scalar() > 1.0 {
+            launch(rt)?;
         })),
-        vec!["host-branch-on-device-data", "candle-host-read"]
+        Vec::<&str>::new()
     );
-    // Formatting a tensor reads it.
-    assert_eq!(
-        ids_with(
-            quote!(host_effects_not_replayed),
-            params.clone(),
-            quote!(println!("{}", x);)
-        ),
-        vec!["device-value-formatted"]
+}
+
+#[test]
+fn a_candle_read_is_reported_at_the_call() {
+    let item = quote! {
+        fn f(rt: &Runtime, x: &CudaSlice<f32>, #[state] w: &Tensor) -> Result<(), GraphError> {
+            let host = w.to_device(&Device::Cpu)?;
+            Ok(())
+        }
+    };
+    let found = findings_of(quote!(warmup = 2), item);
+    assert_eq!(found.len(), 1);
+    assert!(
+        found[0]
+            .message
+            .starts_with("`.to_device(&Device::Cpu)` copies a candle tensor"),
+        "{}",
+        found[0].message
     );
 }

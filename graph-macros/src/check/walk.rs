@@ -10,12 +10,14 @@ use syn::visit::{self, Visit};
 use syn::{Expr, Token};
 
 use super::rules::{
-    path_matches, rule, Matcher, Rule, CANDLE_READS, DEVICE_ALLOCS, DEVICE_READS,
+    path_matches, rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS,
     FORMATTING_MACROS, RULES,
 };
-use super::scope::{annotated_type, bound_names, kind_of_type, unraw, Binding, Kind, Scope};
+use super::scope::{
+    annotated_type, bound_names, kind_of_type, unraw, Binding, DeviceData, Kind, Scope,
+};
 use super::syntax::{
-    calls_any, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
+    calls_any, compact, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
 };
 use super::Finding;
 
@@ -57,7 +59,7 @@ impl Walker {
         if rule.host_effect && self.host_effects {
             return;
         }
-        if rule.id == "device-to-host" && self.quiet_reads > 0 {
+        if (rule.id == "device-to-host" || rule.id == "candle-host-read") && self.quiet_reads > 0 {
             return;
         }
         self.findings.push(Finding {
@@ -111,17 +113,27 @@ impl Walker {
                 .get(&n)
                 .is_some_and(|b| b.kind == Kind::PinnedHost)
         });
+        // candle's CPU device as the first argument: the same call with a CUDA device is a
+        // copy between devices.
+        let to_cpu = args.first().filter(|a| self.scope.is_cpu_device(a));
         if !users_own {
             for r in RULES {
-                let hit = r.has(|m| match m {
-                    Matcher::Method(n) => *n == name,
-                    Matcher::MethodNoArgs(n) => *n == name && args.is_empty(),
-                    Matcher::MethodWithArg(n, seg) => {
-                        *n == name && args.iter().any(|a| names_segment(a, seg))
-                    }
-                    _ => false,
-                });
+                let by_cpu_arg =
+                    to_cpu.is_some() && r.has(|m| matches!(m, Matcher::ToCpu(n) if *n == name));
+                let hit = by_cpu_arg
+                    || r.has(|m| match m {
+                        Matcher::Method(n) => *n == name,
+                        Matcher::MethodNoArgs(n) => *n == name && args.is_empty(),
+                        _ => false,
+                    });
                 if hit && !already.contains(&r.id) && !(pinned_source && r.id == "host-to-device") {
+                    // `.to_device(&Device::Cpu)`: the argument is what makes it a read.
+                    let what = match to_cpu {
+                        Some(a) if by_cpu_arg && what == format!("`.{name}()`") => {
+                            format!("`.{name}({})`", compact(a))
+                        }
+                        _ => what.clone(),
+                    };
                     self.report(r, span, &what, "");
                 }
             }
@@ -149,8 +161,10 @@ impl Walker {
         if name == "memcpy_dtoh" && !users_own {
             if let Some(dst) = args.get(1).and_then(|a| root_name(a)) {
                 if let Some(b) = self.scope.assign(&dst) {
-                    b.device_data =
-                        Some(format!("`{dst}` (filled from the GPU by `.memcpy_dtoh()`)"));
+                    b.device_data = Some(DeviceData {
+                        how: format!("`{dst}` (filled from the GPU by `.memcpy_dtoh()`)"),
+                        tensor: false,
+                    });
                 }
             }
         }
@@ -172,12 +186,12 @@ impl Walker {
         let reads = self.reads(cond);
         let direct = reads.direct;
         if let Some(data) = reads.found.into_iter().next() {
-            self.report(
-                rule("host-branch-on-device-data"),
-                spans_of(cond),
-                "",
-                &data,
-            );
+            let id = if data.tensor {
+                "candle-branch-on-device-data"
+            } else {
+                "host-branch-on-device-data"
+            };
+            self.report(rule(id), spans_of(cond), "", &data.how);
         }
         if direct {
             self.quiet_reads += 1;
@@ -203,6 +217,7 @@ impl Walker {
             calls_any(e, DEVICE_ALLOCS)
                 || (single && plain_name(e).is_some_and(|n| self.scope.is_device_buffer(&n)))
         });
+        let cpu_device = single && init.is_some_and(|e| self.scope.is_cpu_device(e));
         for n in names {
             let device_data = read.as_ref().map(|how| describe_read(&n, how));
             self.scope.declare(
@@ -212,6 +227,7 @@ impl Walker {
                     param: false,
                     device_buffer,
                     device_data,
+                    cpu_device,
                 },
             );
         }
@@ -462,9 +478,11 @@ impl<'ast> Visit<'ast> for Walker {
             let read = self.reads(&a.right).found.into_iter().next();
             let alloc = calls_any(&a.right, DEVICE_ALLOCS);
             let kind = self.scope.kind_of_expr(&a.right);
+            let cpu_device = self.scope.is_cpu_device(&a.right);
             if let Some(b) = self.scope.assign(&name) {
                 b.device_data = read.map(|how| describe_read(&name, &how));
                 b.device_buffer |= alloc;
+                b.cpu_device = cpu_device;
                 if b.kind == Kind::Unknown {
                     b.kind = kind;
                 }
@@ -521,8 +539,8 @@ impl<'ast> Visit<'ast> for Walker {
 /// Finds device data in an expression: reads from the device, and locals bound to them.
 struct Reads<'s> {
     scope: &'s Scope,
-    /// A description of each, in order.
-    found: Vec<String>,
+    /// Each, in order.
+    found: Vec<DeviceData>,
     /// Whether one of them is a read written right there.
     direct: bool,
 }
@@ -530,9 +548,16 @@ struct Reads<'s> {
 impl<'ast> Visit<'ast> for Reads<'_> {
     fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
         let name = unraw(&m.method);
-        let read = DEVICE_READS.contains(&name.as_str()) || CANDLE_READS.contains(&name.as_str());
-        if read && !self.scope.is_users_own(&m.receiver) {
-            self.found.push(format!("the result of `.{name}()`"));
+        let known = !self.scope.is_users_own(&m.receiver);
+        let cudarc = DEVICE_READS.contains(&name.as_str());
+        let tensor = CANDLE_READS.contains(&name.as_str())
+            || (CANDLE_TO_CPU.contains(&name.as_str())
+                && m.args.first().is_some_and(|a| self.scope.is_cpu_device(a)));
+        if known && (cudarc || tensor) {
+            self.found.push(DeviceData {
+                how: format!("the result of `.{name}()`"),
+                tensor,
+            });
             self.direct = true;
         }
         visit::visit_expr_method_call(self, m);
@@ -540,8 +565,8 @@ impl<'ast> Visit<'ast> for Reads<'_> {
 
     fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
         if let Some(name) = p.path.get_ident().filter(|_| p.qself.is_none()) {
-            if let Some(how) = self.scope.device_data(&unraw(name)) {
-                self.found.push(how.clone());
+            if let Some(data) = self.scope.device_data(&unraw(name)) {
+                self.found.push(data.clone());
             }
         }
     }
@@ -577,23 +602,13 @@ fn type_of_path_call(p: &syn::ExprPath) -> Option<Kind> {
 }
 
 /// How a local holding device data is described in a message.
-fn describe_read(name: &str, how: &str) -> String {
-    match how.strip_prefix("the result of ") {
+fn describe_read(name: &str, data: &DeviceData) -> DeviceData {
+    let how = match data.how.strip_prefix("the result of ") {
         Some(call) => format!("`{name}` (read back from the GPU by {call})"),
-        None => format!("`{name}`, computed from {how}"),
+        None => format!("`{name}`, computed from {}", data.how),
+    };
+    DeviceData {
+        how,
+        tensor: data.tensor,
     }
-}
-
-/// Whether `e` contains a path with the segment `seg` (`&Device::Cpu` names `Cpu`).
-fn names_segment(e: &Expr, seg: &str) -> bool {
-    struct Finder<'a>(&'a str, bool);
-    impl<'ast> Visit<'ast> for Finder<'_> {
-        fn visit_path(&mut self, p: &'ast syn::Path) {
-            self.1 |= p.segments.iter().any(|s| unraw(&s.ident) == self.0);
-            visit::visit_path(self, p);
-        }
-    }
-    let mut f = Finder(seg, false);
-    f.visit_expr(e);
-    f.1
 }
