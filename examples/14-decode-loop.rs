@@ -560,7 +560,10 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     let dec = Decoder::random(spec, &mut seeded_rng(14));
     let w = Arc::new(upload(&s, &dec)?);
     let fresh = || -> Result<(CudaSlice<f32>, DecodeState), GraphError> {
-        Ok((s.alloc_zeros::<f32>(spec.kv_len())?, DecodeState::new(&s, &spec)?))
+        Ok((
+            s.alloc_zeros::<f32>(spec.kv_len())?,
+            DecodeState::new(&s, &spec)?,
+        ))
     };
 
     // a. A first eager run without stopping: the sequence, and the end token.
@@ -739,7 +742,12 @@ fn main() -> Result<(), BoxError> {
             "—".into(),
             m.gpu_us,
         );
-        row(&mut t, "on-device loop (`graph_while`), wall", "1".into(), m.loop_us);
+        row(
+            &mut t,
+            "on-device loop (`graph_while`), wall",
+            "1".into(),
+            m.loop_us,
+        );
         row(
             &mut t,
             "on-device loop, GPU time (events)",
