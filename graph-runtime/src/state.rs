@@ -481,6 +481,11 @@ struct Entry {
 
 /// The device addresses a graph was captured with, per parameter, so that they can be
 /// compared later without allocating.
+///
+/// Machinery of the code `#[cuda_graph]` generates, like `__private`: a book keeps no borrow
+/// of what it recorded, so only the generated graph types, which hold that state for their
+/// whole life, may use one.
+#[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct AddressBook {
     graph: &'static str,
