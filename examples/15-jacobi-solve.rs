@@ -409,7 +409,12 @@ fn main() -> Result<(), BoxError> {
         "—".into(),
         gpu * its / 1e3,
     );
-    row(&mut t, "on-device loop (`graph_while`), wall", "1".into(), l);
+    row(
+        &mut t,
+        "on-device loop (`graph_while`), wall",
+        "1".into(),
+        l,
+    );
     row(&mut t, "on-device loop, GPU time (events)", "1".into(), lg);
     row(
         &mut t,

@@ -157,9 +157,17 @@ fn while_loop_replays_match_eager(rt: Runtime) -> Result<(), GraphError> {
         halve_until_small(&rt, &s.clone_htod(&x)?, &mut ey, &mut ei)?;
         let (hy, hi) = halve_on_host(&x);
         assert_eq!(gi, hi, "replay {replay}: iterations, graph vs host");
-        assert_eq!(s.clone_dtoh(&ei)?[0], hi, "replay {replay}: iterations, eager vs host");
+        assert_eq!(
+            s.clone_dtoh(&ei)?[0],
+            hi,
+            "replay {replay}: iterations, eager vs host"
+        );
         assert_eq!(gy, hy, "replay {replay}: graph vs host, bitwise");
-        assert_eq!(s.clone_dtoh(&ey)?, hy, "replay {replay}: eager vs host, bitwise");
+        assert_eq!(
+            s.clone_dtoh(&ey)?,
+            hy,
+            "replay {replay}: eager vs host, bitwise"
+        );
         trips.push(gi);
     }
     trips.sort_unstable();
@@ -247,7 +255,11 @@ fn device_api_condition_and_iteration_bound(rt: Runtime) -> Result<(), GraphErro
         assert_eq!(s.clone_dtoh(&eager)?[0], want, "stop {stop}: bounded eager");
         if stop <= 2 * BOUND {
             let got = s.clone_dtoh(free.replay([stop].as_slice())?.count)?[0];
-            assert_eq!(got, stop.max(1), "replay {replay}, stop {stop}: unbounded graph");
+            assert_eq!(
+                got,
+                stop.max(1),
+                "replay {replay}, stop {stop}: unbounded graph"
+            );
         }
     }
     Ok(())
@@ -533,9 +545,16 @@ fn random_numbers_inside_a_loop_are_fresh_every_iteration(rt: Runtime) -> Result
         let (seed, offset) = rt.rng().state(&rt)?;
         let got = s.clone_dtoh(graph.replay([rows].as_slice())?.out)?;
         let want = draws_on_host(seed, offset, rows);
-        assert_eq!(got, want, "replay {replay}, {rows} rows: graph vs host Philox");
+        assert_eq!(
+            got, want,
+            "replay {replay}, {rows} rows: graph vs host Philox"
+        );
         let rows_of = |v: &[f32], r: usize| v[r * DRAW_N..(r + 1) * DRAW_N].to_vec();
-        assert_ne!(rows_of(&got, 0), rows_of(&got, 1), "fresh numbers per iteration");
+        assert_ne!(
+            rows_of(&got, 0),
+            rows_of(&got, 1),
+            "fresh numbers per iteration"
+        );
         if let Some(p) = &previous {
             assert_ne!(rows_of(p, 0), rows_of(&got, 0), "fresh numbers per replay");
         }
@@ -628,17 +647,21 @@ fn condition_tested_twice(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), Gr
 #[cuda_graph(warmup = 1)]
 fn loop_in_fork(rt: &Runtime, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
     let go = rt.condition(false)?;
-    rt.fork(|_side| {
-        rt.graph_while(&go, Some(1), |rt| Ok(rt.stream().memset_zeros(&mut *y)?))
-    })
+    rt.fork(|_side| rt.graph_while(&go, Some(1), |rt| Ok(rt.stream().memset_zeros(&mut *y)?)))
 }
 
 /// After a refused capture, the runtime captures and replays another graph correctly.
 fn still_usable(rt: &Runtime) -> Result<(), GraphError> {
     let s = rt.stream();
     let mut graph = CountToGraph::capture(rt, [4u32].as_slice(), 1)?;
-    assert_eq!(s.clone_dtoh(graph.replay([4u32].as_slice())?.count)?, vec![4]);
-    assert_eq!(s.clone_dtoh(graph.replay([6u32].as_slice())?.count)?, vec![6]);
+    assert_eq!(
+        s.clone_dtoh(graph.replay([4u32].as_slice())?.count)?,
+        vec![4]
+    );
+    assert_eq!(
+        s.clone_dtoh(graph.replay([6u32].as_slice())?.count)?,
+        vec![6]
+    );
     Ok(())
 }
 
@@ -658,7 +681,10 @@ fn refused_allocation_in_a_loop_body(rt: Runtime) -> Result<(), GraphError> {
         } => assert!(what.contains("allocation"), "{err}"),
         other => panic!("expected ForbiddenInConditional, got {other:?}: {other}"),
     }
-    assert!(err.to_string().contains("before the `graph_while` call"), "{err}");
+    assert!(
+        err.to_string().contains("before the `graph_while` call"),
+        "{err}"
+    );
     still_usable(&rt)
 }
 
@@ -684,7 +710,10 @@ fn refused_sync_in_a_loop_body(rt: Runtime) -> Result<(), GraphError> {
             construct: "graph_if",
             source,
             ..
-        } => assert!(source.capture_code().is_some(), "a capture error: {source:?}"),
+        } => assert!(
+            source.capture_code().is_some(),
+            "a capture error: {source:?}"
+        ),
         other => panic!("expected ConditionalBody, got {other:?}: {other}"),
     }
     eprintln!("a raw sync in a graph_if body: {err}");

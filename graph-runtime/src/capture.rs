@@ -145,7 +145,9 @@ impl<'r> ActiveCapture<'r> {
             // A conditional body's recording failed inside its node: the graph must not be
             // used or destroyed (see `crate::conditional`); it is leaked.
             return (
-                Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)),
+                Err(DriverError(
+                    sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                )),
                 record,
             );
         }
@@ -401,9 +403,15 @@ pub(crate) fn capture_graph(
     if site.determinism {
         let copy = input_copy.as_ref().map(|c| (inputs, c));
         let first = (raw, &record);
-        if let Err(e) =
-            check_determinism(rt, site, body, first, copy, &warmup_lookups, capture_lookups)
-        {
+        if let Err(e) = check_determinism(
+            rt,
+            site,
+            body,
+            first,
+            copy,
+            &warmup_lookups,
+            capture_lookups,
+        ) {
             // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
             let _ = unsafe { driver::graph_destroy(raw) };
             return Err(e);

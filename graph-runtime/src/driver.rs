@@ -596,7 +596,9 @@ pub(crate) unsafe fn capture_point(
     // SAFETY: initialised by the successful call above.
     let status = unsafe { status.assume_init() };
     if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
-        return Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        return Err(DriverError(
+            sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        ));
     }
     let deps = if count == 0 || deps.is_null() {
         Vec::new()
@@ -697,8 +699,17 @@ pub(crate) unsafe fn add_conditional_node(
     };
     // SAFETY: `params` and `deps` live across the call; CUDA writes the node and points
     // `phGraph_out` at an array of `size` body graphs it owns.
-    unsafe { sys::cuGraphAddNode_v2(&mut node, graph, ptr, std::ptr::null(), deps.len(), &mut params) }
-        .result()?;
+    unsafe {
+        sys::cuGraphAddNode_v2(
+            &mut node,
+            graph,
+            ptr,
+            std::ptr::null(),
+            deps.len(),
+            &mut params,
+        )
+    }
+    .result()?;
     // SAFETY: the conditional variant is the one just written, and CUDA filled its output.
     let out = unsafe { params.__bindgen_anon_1.conditional.phGraph_out };
     if out.is_null() {

@@ -385,11 +385,10 @@ fn describe(a: &Node, b: &Node) -> String {
         (Node::Conditional { bodies, .. }, Node::Conditional { bodies: b2, .. })
             if bodies.len() == b2.len() =>
         {
-            let inner = bodies
-                .iter()
-                .zip(b2)
-                .enumerate()
-                .find_map(|(i, (x, y))| x.first_difference(y).map(|d| format!("body {i}: {d}")));
+            let inner =
+                bodies.iter().zip(b2).enumerate().find_map(|(i, (x, y))| {
+                    x.first_difference(y).map(|d| format!("body {i}: {d}"))
+                });
             match inner {
                 Some(d) => format!("a conditional node whose {d}"),
                 None => "a conditional node of another kind".to_owned(),
@@ -412,7 +411,10 @@ mod tests {
             grid: (1, 1, 1),
             block: (32, 1, 1),
             shared: 0,
-            args: vec![Arg::Bytes(vec![arg; 4]), Arg::Words(vec![Word::Temp(0, 16)])],
+            args: vec![
+                Arg::Bytes(vec![arg; 4]),
+                Arg::Words(vec![Word::Temp(0, 16)]),
+            ],
         }
     }
 
