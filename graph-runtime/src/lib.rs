@@ -166,8 +166,8 @@ mod buffer;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod capture;
-mod constant;
 pub mod conditional;
+mod constant;
 mod driver;
 mod error;
 mod fingerprint;
@@ -196,8 +196,8 @@ pub mod coverage {}
 pub use buckets::Buckets;
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use capture::{CaptureMode, GraphSite};
-pub use constant::GraphConstant;
 pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
+pub use constant::GraphConstant;
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
 pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};
