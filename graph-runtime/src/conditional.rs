@@ -111,9 +111,12 @@
 //! * Kernels set the condition from the same context that captured the graph.
 //!
 //! # Costs
-//! One WHILE iteration costs the body's own GPU time plus the driver's relaunch of the body
-//! graph on the device (no host involvement); `examples/14-decode-loop.rs` measures both
-//! against the GPU time of the same kernels in a straight-line graph.
+//! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
+//! the device, with no host involvement: about 4 µs on an H100 with driver 580
+//! (`examples/14-decode-loop.rs`: a 13-kernel decode step of 30.1 µs takes 34.2 µs per
+//! iteration). A body of several steps pays it once per iteration (8 steps: 31.3 µs per step);
+//! a `max_iterations` bound adds a one-thread kernel, about 0.8 µs. One replay per step with a
+//! host read of the condition costs about 13 µs more per step on the same machine.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -284,7 +287,9 @@ impl ConditionValue for u32 {
 /// owns 8 bytes of device memory (the eager flag and the loop counter; a graph allocation
 /// node while captured) and, while captured, the graph's conditional handle. Set it with
 /// [`Condition::set`], [`Condition::set_from`], or from a kernel of yours through
-/// [`Condition::kernel_arg`].
+/// [`Condition::kernel_arg`]. One construct tests it: CUDA ties a conditional handle to one
+/// conditional node, so a second `graph_while` / `graph_if` / `graph_if_else` call site
+/// testing the same condition is [`GraphError::ConditionMisuse`].
 pub struct Condition {
     /// `[flag, iteration count]`.
     mem: CudaSlice<u32>,
@@ -1147,9 +1152,9 @@ impl Site<'_> {
         for (i, &body) in bodies.iter().enumerate() {
             // SAFETY: the stream is not capturing (paused above); `body` is the node's live
             // body graph, on the runtime's context.
-            if let Err(e) =
-                unsafe { driver::begin_capture_to_graph(self.stream, body, &[], self.mode) }
-            {
+            let begun =
+                unsafe { driver::begin_capture_to_graph(self.stream, body, &[], self.mode) };
+            if let Err(e) = begun {
                 self.resume(parent, &[node])?;
                 return Err(self.driver_error("beginning a body's recording", e));
             }
