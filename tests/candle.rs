@@ -35,7 +35,7 @@ fn decode(
 fn grow_cache(
     dev: &Device,
     x: &Tensor,
-    #[state] cache: &mut Vec<Tensor>,
+    #[state] cache: &mut [Tensor; 1],
 ) -> candle::Result<Tensor> {
     let _ = dev;
     let grown = Tensor::cat(&[&cache[0], x], 0)?;
@@ -160,7 +160,7 @@ fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
 fn replacing_a_pre_capture_tensor_is_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
     let (dev, rt) = candle_runtime()?;
     let x = Tensor::ones((1, 8), DType::F32, &dev).map_err(c)?;
-    let mut cache = vec![Tensor::zeros((4, 8), DType::F32, &dev).map_err(c)?];
+    let mut cache = [Tensor::zeros((4, 8), DType::F32, &dev).map_err(c)?];
     let err = GrowCacheGraph::capture(&rt, &x, &mut cache).unwrap_err();
     assert!(
         matches!(

@@ -4,7 +4,11 @@
 
 fn main() {
     match candle_core::Device::new_cuda(0) {
-        Err(e) => println!("beside-candle: built; no usable GPU here ({e})"),
+        Err(e) => {
+            let why = e.to_string();
+            let why = why.lines().next().unwrap_or_default();
+            println!("beside-candle: built; no usable GPU here ({why})");
+        }
         Ok(device) => {
             let cuda = device.as_cuda_device().expect("a CUDA device");
             let rt = graph_runtime::Runtime::from_stream(cuda.cuda_stream());
