@@ -14,7 +14,7 @@ pub(crate) struct StreamGate {
     pub(super) state: AtomicU64,
 }
 
-pub(super) const CAPTURING: u64 = 1 << 63;
+const CAPTURING: u64 = 1 << 63;
 
 impl StreamGate {
     /// Runs `launch` unless the stream is capturing.
