@@ -46,6 +46,9 @@
 //! 44.8 µs (1.43× slower than the unrolled loop); PyTorch's replay + `.item()` 103 µs.
 //! `example05`: 424 µs of kernels, on-device loop +1.2%.
 //!
+//! The model on the GPU (weights, state, one step's kernels, the stopping argmax) is
+//! `workloads::decode_loop`; this file holds the three graphs over it and the measurements.
+//!
 //! Run: `cargo run --release --example 14-decode-loop` (`-- --json` adds one JSON line per
 //! size; `-- --sizes tiny,small` picks sizes).
 
@@ -56,13 +59,12 @@ use bench_report::record::{Record, Side};
 use bench_report::table::{us, Table};
 use clap::{Parser, ValueEnum};
 use graph_runtime::cudarc::driver::sys::CUevent_flags;
-use graph_runtime::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
+use workloads::decode_loop::{
+    check_against_host, generated, max_tokens, restart, step, upload, DecodeState, Last, Weights,
 };
-use graph_runtime::{cuda_graph, BoxError, Condition, DeviceState, GraphError, Runtime};
-use workloads::kernels::DECODE;
-use workloads::ops::blas::matvec;
-use workloads::reference::{argmax, Decoder, DecoderLayer, DecoderSpec, HostKvCache};
+use workloads::reference::{Decoder, DecoderSpec};
 use workloads::testing::{runtime_or_skip, seeded_rng};
 use workloads::timing::median;
 
@@ -127,302 +129,10 @@ impl Size {
     }
 }
 
-/// The first token.
-const BOS: i32 = 1;
 /// Steps per launch of the unrolled graph that measures the kernels' GPU time.
 const UNROLL: usize = 8;
 /// Tokens checked against the host model.
 const CPU_TOKENS: usize = 8;
-
-/// The weights on the device, each kind stacked over the blocks (as in `05-decode-step`).
-#[derive(DeviceState)]
-struct Weights {
-    embed: CudaSlice<f32>,
-    attn_norm: CudaSlice<f32>,
-    wqkv: CudaSlice<f32>,
-    wo: CudaSlice<f32>,
-    ffn_norm: CudaSlice<f32>,
-    w13: CudaSlice<f32>,
-    w2: CudaSlice<f32>,
-    final_norm: CudaSlice<f32>,
-    lm_head: CudaSlice<f32>,
-}
-
-/// The current token and position (device values), the generated tokens, the activations.
-#[derive(DeviceState)]
-struct DecodeState {
-    token: CudaSlice<i32>,
-    pos: CudaSlice<i32>,
-    /// 1 once the end token or the length limit is reached (the stopping steps only).
-    done: CudaSlice<i32>,
-    tokens: CudaSlice<i32>,
-    x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
-    qkv: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
-    gu: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    logits: CudaSlice<f32>,
-}
-
-impl DecodeState {
-    fn new(s: &Arc<CudaStream>, spec: &DecoderSpec) -> Result<Self, GraphError> {
-        let d = spec.dim;
-        Ok(DecodeState {
-            token: s.clone_htod(&[BOS])?,
-            pos: s.alloc_zeros(1)?,
-            done: s.alloc_zeros(1)?,
-            tokens: s.alloc_zeros(max_tokens(spec))?,
-            x: s.alloc_zeros(d)?,
-            xn: s.alloc_zeros(d)?,
-            qkv: s.alloc_zeros(3 * d)?,
-            attn: s.alloc_zeros(d)?,
-            gu: s.alloc_zeros(2 * spec.ffn)?,
-            h: s.alloc_zeros(spec.ffn)?,
-            logits: s.alloc_zeros(spec.vocab)?,
-        })
-    }
-}
-
-/// Tokens a sequence may have: the cache's positions but the slack row.
-fn max_tokens(spec: &DecoderSpec) -> usize {
-    spec.max_seq - 1
-}
-
-/// Back to the start: BOS at position 0, cache and output cleared (host-side, between runs).
-fn restart(
-    s: &Arc<CudaStream>,
-    kv: &mut impl DevicePtrMut<f32>,
-    st: &mut DecodeState,
-) -> Result<(), GraphError> {
-    s.memset_zeros(kv)?;
-    s.memset_zeros(&mut st.pos)?;
-    s.memset_zeros(&mut st.done)?;
-    s.memset_zeros(&mut st.tokens)?;
-    s.memcpy_htod([BOS].as_slice(), &mut st.token)?;
-    Ok(())
-}
-
-/// The step's last kernel when the loop runs on the device: greedy argmax as in `DECODE`'s
-/// `argmax_advance`, then the loop's condition: go on while the token is not the end token
-/// and the output has room. Once that is no longer so, `done` is set and later calls (the
-/// rest of an unrolled iteration) change nothing.
-const STOP: &str = concat!(
-    graph_runtime::condition_device_api!(),
-    r#"
-extern "C" __global__ void argmax_advance_stop(const float *logits, int vocab, int *token, int *pos,
-                                               int *done, int *tokens, int max_tokens, int end_token,
-                                               GraphCondition go) {
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
-    float bv = __int_as_float(0xff800000);
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = logits[i];
-        if (v > bv) { bv = v; bi = i; }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            float ov = best_v[threadIdx.x + stride];
-            int oi = best_i[threadIdx.x + stride];
-            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        if (*done) {
-            graph_condition_set(go, false);
-        } else {
-            int p = *pos;
-            int next = best_i[0];
-            *token = next;
-            if (p >= 0 && p < max_tokens) tokens[p] = next;
-            *pos = p + 1;
-            bool more = next != end_token && p + 1 < max_tokens;
-            if (!more) *done = 1;
-            graph_condition_set(go, more);
-        }
-    }
-}
-"#
-);
-
-fn one_block(threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// How a step ends: the plain argmax, or the argmax that also sets the loop's condition.
-#[derive(Clone, Copy)]
-enum Last<'a> {
-    Argmax,
-    ArgmaxStop { go: &'a Condition, end: i32 },
-}
-
-/// One decode step's kernels (as in `05-decode-step`, for any size).
-fn step(
-    rt: &Runtime,
-    w: &Weights,
-    kv: &mut CudaSlice<f32>,
-    st: &mut DecodeState,
-    spec: &DecoderSpec,
-    last: Last<'_>,
-) -> Result<(), GraphError> {
-    let s = rt.stream();
-    let embed = rt.function(DECODE, "embed")?;
-    let rmsnorm = rt.function(DECODE, "rmsnorm")?;
-    let rope_kv = rt.function(DECODE, "rope_kv")?;
-    let attention = rt.function(DECODE, "attention")?;
-    let silu_mul = rt.function(DECODE, "silu_mul")?;
-    let (d, ffn) = (spec.dim, spec.ffn);
-    let (di, hd, ms, fi, vi) = (
-        d as i32,
-        spec.head_dim() as i32,
-        spec.max_seq as i32,
-        ffn as i32,
-        spec.vocab as i32,
-    );
-    let (eps, theta, tokens) = (spec.eps, spec.theta, max_tokens(spec) as i32);
-    let heads = LaunchConfig {
-        grid_dim: (spec.heads as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: `embed` reads row *token (< vocab: the argmax writes indices below vocab,
-    // restart writes BOS) of the [vocab, dim] table and writes dim floats of `x`.
-    unsafe {
-        s.launch_builder(&embed)
-            .arg(&w.embed)
-            .arg(&st.token)
-            .arg(&mut st.x)
-            .arg(&di)
-            .launch(LaunchConfig::for_num_elems(d as u32))?;
-    }
-    for l in 0..spec.layers {
-        let li = l as i32;
-        let attn_norm = w.attn_norm.slice(l * d..(l + 1) * d);
-        let ffn_norm = w.ffn_norm.slice(l * d..(l + 1) * d);
-        let wqkv = w.wqkv.slice(l * 3 * d * d..(l + 1) * 3 * d * d);
-        let wo = w.wo.slice(l * d * d..(l + 1) * d * d);
-        let w13 = w.w13.slice(l * 2 * ffn * d..(l + 1) * 2 * ffn * d);
-        let w2 = w.w2.slice(l * d * ffn..(l + 1) * d * ffn);
-        // SAFETY: rmsnorm reads dim floats of `x` and the norm weight, writes dim of `xn`.
-        unsafe {
-            s.launch_builder(&rmsnorm)
-                .arg(&st.x)
-                .arg(&attn_norm)
-                .arg(&mut st.xn)
-                .arg(&di)
-                .arg(&eps)
-                .launch(one_block(512))?;
-        }
-        matvec(rt, &wqkv, &st.xn, &mut st.qkv, 3 * d, d, 0.0)?;
-        // SAFETY: one thread per element of dim rotates q and k of `qkv` (3·dim floats) and
-        // writes row *pos of layer l's cache: *pos <= max_tokens < max_seq (the loops stop at
-        // max_tokens tokens, and the stopping argmax freezes *pos once done).
-        unsafe {
-            s.launch_builder(&rope_kv)
-                .arg(&mut st.qkv)
-                .arg(&mut *kv)
-                .arg(&st.pos)
-                .arg(&li)
-                .arg(&di)
-                .arg(&hd)
-                .arg(&ms)
-                .arg(&theta)
-                .launch(LaunchConfig::for_num_elems(d as u32))?;
-        }
-        // SAFETY: one block per head reads q, rows 0..=*pos (clamped to max_seq <= 1024, the
-        // kernel's MAX_SEQ) of layer l's cache, and writes head_dim floats of `attn` per head.
-        unsafe {
-            s.launch_builder(&attention)
-                .arg(&st.qkv)
-                .arg(&*kv)
-                .arg(&mut st.attn)
-                .arg(&st.pos)
-                .arg(&li)
-                .arg(&di)
-                .arg(&hd)
-                .arg(&ms)
-                .launch(heads)?;
-        }
-        matvec(rt, &wo, &st.attn, &mut st.x, d, d, 1.0)?;
-        // SAFETY: as above.
-        unsafe {
-            s.launch_builder(&rmsnorm)
-                .arg(&st.x)
-                .arg(&ffn_norm)
-                .arg(&mut st.xn)
-                .arg(&di)
-                .arg(&eps)
-                .launch(one_block(512))?;
-        }
-        matvec(rt, &w13, &st.xn, &mut st.gu, 2 * ffn, d, 0.0)?;
-        // SAFETY: reads 2·ffn floats of `gu`, writes ffn of `h`.
-        unsafe {
-            s.launch_builder(&silu_mul)
-                .arg(&st.gu)
-                .arg(&mut st.h)
-                .arg(&fi)
-                .launch(LaunchConfig::for_num_elems(ffn as u32))?;
-        }
-        matvec(rt, &w2, &st.h, &mut st.x, d, ffn, 1.0)?;
-    }
-    // SAFETY: as the block norms.
-    unsafe {
-        s.launch_builder(&rmsnorm)
-            .arg(&st.x)
-            .arg(&w.final_norm)
-            .arg(&mut st.xn)
-            .arg(&di)
-            .arg(&eps)
-            .launch(one_block(512))?;
-    }
-    matvec(rt, &w.lm_head, &st.xn, &mut st.logits, spec.vocab, d, 0.0)?;
-    // SAFETY: one block of 1024 threads (the kernels' shared arrays hold 1024) reads vocab
-    // logits, writes one int each of `token`, `pos` (and `done`), and tokens[*pos] only while
-    // *pos < max_tokens, the buffer's length; the stopping variant also sets the condition.
-    unsafe {
-        match last {
-            Last::Argmax => {
-                let f = rt.function(DECODE, "argmax_advance")?;
-                s.launch_builder(&f)
-                    .arg(&st.logits)
-                    .arg(&vi)
-                    .arg(&mut st.token)
-                    .arg(&mut st.pos)
-                    .arg(&mut st.tokens)
-                    .arg(&tokens)
-                    .launch(one_block(1024))?;
-            }
-            Last::ArgmaxStop { go, end } => {
-                let f = rt.function(STOP, "argmax_advance_stop")?;
-                let go = go.kernel_arg(rt);
-                s.launch_builder(&f)
-                    .arg(&st.logits)
-                    .arg(&vi)
-                    .arg(&mut st.token)
-                    .arg(&mut st.pos)
-                    .arg(&mut st.done)
-                    .arg(&mut st.tokens)
-                    .arg(&tokens)
-                    .arg(&end)
-                    .arg(&go)
-                    .launch(one_block(1024))?;
-            }
-        }
-    }
-    Ok(())
-}
 
 // 1. One step, for the replay-per-token loop and the first eager run.
 #[cuda_graph(warmup = 2)]
@@ -477,26 +187,6 @@ fn decode_unrolled(
     Ok(())
 }
 
-fn upload(s: &Arc<CudaStream>, dec: &Decoder) -> Result<Weights, GraphError> {
-    let stack = |f: &dyn Fn(&DecoderLayer) -> &Vec<f32>| {
-        dec.layers
-            .iter()
-            .flat_map(|l| f(l).iter().copied())
-            .collect::<Vec<f32>>()
-    };
-    Ok(Weights {
-        embed: s.clone_htod(&dec.embed)?,
-        attn_norm: s.clone_htod(&stack(&|l| &l.attn_norm))?,
-        wqkv: s.clone_htod(&stack(&|l| &l.wqkv))?,
-        wo: s.clone_htod(&stack(&|l| &l.wo))?,
-        ffn_norm: s.clone_htod(&stack(&|l| &l.ffn_norm))?,
-        w13: s.clone_htod(&stack(&|l| &l.w13))?,
-        w2: s.clone_htod(&stack(&|l| &l.w2))?,
-        final_norm: s.clone_htod(&dec.final_norm)?,
-        lm_head: s.clone_htod(&dec.lm_head)?,
-    })
-}
-
 /// The end token: the one whose first appearance in `full` comes last, with the number of
 /// tokens a generation stopping at it produces; or none (-1) when that would be under a
 /// quarter of the sequence.
@@ -514,33 +204,6 @@ fn pick_end(full: &[i32]) -> (i32, usize) {
     } else {
         best
     }
-}
-
-/// The first `n` tokens against the host model, teacher-forced (near-ties within rounding
-/// are forgiven, as in `05-decode-step`).
-fn check_against_host(dec: &Decoder, tokens: &[i32], n: usize) -> Result<(), String> {
-    let mut cache = HostKvCache::new(&dec.spec);
-    for p in 0..n.min(tokens.len()) {
-        let input = if p == 0 { BOS } else { tokens[p - 1] } as usize;
-        let logits = dec.step(&mut cache, input, p);
-        let (want, got) = (argmax(&logits), tokens[p] as usize);
-        if want != got {
-            let gap = logits[want] - logits[got];
-            if gap > 1e-3 * logits[want].abs().max(1.0) {
-                return Err(format!(
-                    "position {p}: the GPU chose token {got}, the host {want} (logit gap {gap})"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The tokens a generation left in `st`: `tokens[..pos]`.
-fn generated(s: &Arc<CudaStream>, st: &DecodeState) -> Result<Vec<i32>, GraphError> {
-    let pos = s.clone_dtoh(&st.pos)?[0].max(0) as usize;
-    let all = s.clone_dtoh(&st.tokens)?;
-    Ok(all[..pos.min(all.len())].to_vec())
 }
 
 /// What one size measured.

@@ -4,11 +4,23 @@
 //! here whose message says what happened in the captured body and what to write instead.
 //! [`GraphError::from_driver`] does the mapping; the capture procedure calls it with the
 //! name of the graph being captured so the message names the user's function.
+//!
+//! This file holds the error types ([`GraphError`], [`When`], [`BoxError`]) and what a body
+//! may return ([`BodyResult`], `BodyValue`); `error/convert.rs` turns other errors into a
+//! [`GraphError`] and classifies one.
 
 use std::panic::Location;
 
 use cudarc::cublas::result::CublasError;
-use cudarc::driver::{sys::CUresult, DriverError};
+use cudarc::driver::DriverError;
+
+mod convert;
+#[cfg(test)]
+mod tests;
+
+#[cfg(feature = "candle")]
+pub(crate) use convert::from_candle;
+use convert::into_graph_error;
 
 /// Boxed error returned by a captured body whose error type is not one of ours.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -621,144 +633,6 @@ fn code_text(e: &DriverError) -> String {
         .unwrap_or_else(|_| "unknown error".to_owned())
 }
 
-impl From<DriverError> for GraphError {
-    fn from(e: DriverError) -> Self {
-        match e.0 {
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
-                during: "running a CUDA call".to_owned(),
-                requested_bytes: None,
-                free_bytes: None,
-            },
-            _ => GraphError::Driver(e),
-        }
-    }
-}
-
-impl From<CublasError> for GraphError {
-    fn from(e: CublasError) -> Self {
-        GraphError::Cublas(e)
-    }
-}
-
-impl GraphError {
-    /// Whether this is an out-of-memory error.
-    pub fn is_out_of_memory(&self) -> bool {
-        match self {
-            GraphError::OutOfMemory { .. } => true,
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::ConditionalBody { source, .. }
-            | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
-            _ => false,
-        }
-    }
-
-    /// The size an out-of-memory error asked for, where it is known (also inside a
-    /// warmup, body or bucket error).
-    pub fn requested_bytes(&self) -> Option<usize> {
-        match self {
-            GraphError::OutOfMemory {
-                requested_bytes, ..
-            } => *requested_bytes,
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::Bucket { source, .. } => source.requested_bytes(),
-            _ => None,
-        }
-    }
-
-    /// The CUDA capture error code this error stands for (900–908), if it is one.
-    pub fn capture_code(&self) -> Option<u32> {
-        Some(match self {
-            GraphError::CaptureUnsupported { .. } => 900,
-            GraphError::CaptureInvalidated { .. } => 901,
-            GraphError::CaptureMerge { .. } => 902,
-            GraphError::CaptureUnmatched { .. } => 903,
-            GraphError::CaptureUnjoined { .. } => 904,
-            GraphError::CaptureIsolation { .. } => 905,
-            GraphError::CaptureImplicit { .. } => 906,
-            GraphError::CapturedEvent { .. } => 907,
-            GraphError::CaptureWrongThread { .. } => 908,
-            GraphError::SyncInCapture { .. } | GraphError::SideStreamInCapture { .. } => 900,
-            GraphError::Body { source, .. }
-            | GraphError::Warmup { source, .. }
-            | GraphError::ConditionalBody { source, .. }
-            | GraphError::Bucket { source, .. } => return source.capture_code(),
-            _ => return None,
-        })
-    }
-
-    /// Maps a driver error seen while capturing `graph` to its variant.
-    ///
-    /// Capture codes 900–908 get their own variants; any other code stays
-    /// [`GraphError::Driver`] (or [`GraphError::OutOfMemory`]).
-    pub fn from_driver(graph: &'static str, e: DriverError) -> Self {
-        match e.0 {
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => {
-                GraphError::CaptureUnsupported { graph }
-            }
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
-                GraphError::CaptureInvalidated { graph }
-            }
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE => GraphError::CaptureMerge { graph },
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => GraphError::CaptureUnmatched { graph },
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => GraphError::CaptureUnjoined { graph },
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => GraphError::CaptureIsolation { graph },
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => GraphError::CaptureImplicit { graph },
-            CUresult::CUDA_ERROR_CAPTURED_EVENT => GraphError::CapturedEvent { graph },
-            CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => {
-                GraphError::CaptureWrongThread { graph }
-            }
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY => GraphError::OutOfMemory {
-                during: format!("capturing `{graph}`"),
-                requested_bytes: None,
-                free_bytes: None,
-            },
-            _ => GraphError::Driver(e),
-        }
-    }
-
-    /// Re-reads an error that came out of a captured body: driver errors with a capture code
-    /// become their capture variant (naming `graph`), anything else is wrapped in
-    /// [`GraphError::Body`].
-    pub(crate) fn in_capture(graph: &'static str, e: GraphError) -> Self {
-        match e {
-            GraphError::Driver(d) => match GraphError::from_driver(graph, d) {
-                GraphError::Driver(d) => GraphError::Body {
-                    graph,
-                    source: Box::new(GraphError::Driver(d)),
-                },
-                mapped => mapped,
-            },
-            GraphError::OutOfMemory {
-                requested_bytes,
-                free_bytes,
-                ..
-            } => GraphError::OutOfMemory {
-                during: format!("capturing `{graph}`"),
-                requested_bytes,
-                free_bytes,
-            },
-            e if e.capture_code().is_some() => e,
-            // Already about this capture, in the user's terms: pass them through unwrapped.
-            e @ (GraphError::NestedCapture { .. }
-            | GraphError::EmptyGraph { .. }
-            | GraphError::PageableCopyCaptured { .. }
-            | GraphError::RngHostStateInCapture { .. }
-            | GraphError::GeneratorInCapture { .. }
-            | GraphError::ConditionalUnsupported { .. }
-            | GraphError::ForbiddenInConditional { .. }
-            | GraphError::ConditionalBody { .. }
-            | GraphError::ConditionMisuse { .. }
-            | GraphError::UnusedCondition { .. }) => e,
-            other => GraphError::Body {
-                graph,
-                source: Box::new(other),
-            },
-        }
-    }
-}
-
 /// When an address check ran (see [`GraphError::StateMoved`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum When {
@@ -820,76 +694,5 @@ impl<T, E: Into<BoxError>> BodyValue<T> for Result<T, E> {
     #[inline]
     fn into_graph_value(self) -> Result<T, GraphError> {
         self.map_err(|e| into_graph_error(e.into()))
-    }
-}
-
-fn into_graph_error(e: BoxError) -> GraphError {
-    let e = match e.downcast::<GraphError>() {
-        Ok(g) => return *g,
-        Err(e) => e,
-    };
-    #[cfg(feature = "candle")]
-    let e = match e.downcast::<candle_core::Error>() {
-        Ok(c) => return from_candle(*c),
-        Err(e) => e,
-    };
-    let e = match e.downcast::<DriverError>() {
-        Ok(d) => return GraphError::from(*d),
-        Err(e) => e,
-    };
-    match e.downcast::<CublasError>() {
-        Ok(c) => GraphError::from(*c),
-        Err(e) => GraphError::User(e),
-    }
-}
-
-/// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
-/// body's would be, or the candle error itself as [`GraphError::User`].
-#[cfg(feature = "candle")]
-pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
-    match crate::candle::cuda_error_of(&e) {
-        Some(typed) => typed,
-        None => GraphError::User(Box::new(e)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn body_errors_keep_their_kind() {
-        use cudarc::driver::sys::CUresult;
-        let r: Result<(), DriverError> =
-            Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
-        let e = r.into_graph_result().unwrap_err();
-        assert!(matches!(e, GraphError::Driver(_)));
-        let mapped = GraphError::in_capture("f", e);
-        assert!(matches!(
-            mapped,
-            GraphError::CaptureUnsupported { graph: "f" }
-        ));
-
-        let r: Result<(), GraphError> = Err(GraphError::EmptyGraph { graph: "g" });
-        assert!(matches!(
-            r.into_graph_result(),
-            Err(GraphError::EmptyGraph { graph: "g" })
-        ));
-
-        #[derive(Debug)]
-        struct Mine;
-        impl std::fmt::Display for Mine {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("my error")
-            }
-        }
-        impl std::error::Error for Mine {}
-        let r: Result<(), Mine> = Err(Mine);
-        let e = GraphError::in_capture("f", r.into_graph_result().unwrap_err());
-        assert_eq!(
-            e.to_string(),
-            "capturing `f` failed inside the body: my error"
-        );
-        assert!(().into_graph_result().is_ok());
     }
 }

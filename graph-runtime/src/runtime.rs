@@ -1,18 +1,28 @@
 //! [`Runtime`]: the CUDA context, the capture stream, cuBLAS and the kernel cache.
+//!
+//! This file holds the runtime, its constructors and methods, and the library probes;
+//! `runtime/kernels.rs` holds the kernel cache and NVRTC compilation, `runtime/gate.rs` the
+//! gate that keeps replays out of a capturing stream.
 
-use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::nvrtc::Ptx;
 
 use crate::driver;
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
 use crate::rng::{Generator, GeneratorInner, DEFAULT_SEED};
+
+mod gate;
+mod kernels;
+#[cfg(test)]
+mod tests;
+
+use gate::StreamGate;
+use kernels::{compile_cached, KernelCache, ModuleSource};
 
 /// Bytes of cuBLAS workspace the runtime sets up front. cuBLAS otherwise allocates its
 /// workspace lazily, which is not allowed while a stream is capturing; NVIDIA recommends
@@ -74,92 +84,6 @@ impl std::fmt::Debug for Runtime {
             .field("ordinal", &self.inner.ctx.ordinal())
             .field("compute_capability", &self.inner.compute_capability)
             .finish_non_exhaustive()
-    }
-}
-
-/// Where a module comes from: CUDA C++ for NVRTC, or PTX text.
-#[derive(Clone, Copy)]
-enum ModuleSource<'a> {
-    Cuda(&'a str),
-    Ptx(&'a str),
-}
-
-impl ModuleSource<'_> {
-    fn text(&self) -> &str {
-        match self {
-            ModuleSource::Cuda(t) | ModuleSource::Ptx(t) => t,
-        }
-    }
-
-    fn is_ptx(&self) -> bool {
-        matches!(self, ModuleSource::Ptx(_))
-    }
-}
-
-/// The modules one runtime has loaded, each with the functions looked up so far.
-#[derive(Default)]
-struct KernelCache {
-    /// The address and length of a source text last seen for a module: the fast path for
-    /// sources passed again from the same place (a `const`); confirmed by comparing text.
-    by_address: HashMap<(usize, usize), usize>,
-    modules: Vec<CachedModule>,
-}
-
-struct CachedModule {
-    source: String,
-    ptx: bool,
-    options: Vec<String>,
-    module: Arc<CudaModule>,
-    functions: HashMap<String, CudaFunction>,
-}
-
-impl CachedModule {
-    fn matches(&self, source: ModuleSource<'_>, options: &[&str]) -> bool {
-        self.ptx == source.is_ptx()
-            && self.source == source.text()
-            && self
-                .options
-                .iter()
-                .map(String::as_str)
-                .eq(options.iter().copied())
-    }
-}
-
-impl KernelCache {
-    fn find(&mut self, source: ModuleSource<'_>, options: &[&str]) -> Option<usize> {
-        let text = source.text();
-        let key = (text.as_ptr() as usize, text.len());
-        if let Some(&i) = self.by_address.get(&key) {
-            if self.modules[i].matches(source, options) {
-                return Some(i);
-            }
-        }
-        let i = self
-            .modules
-            .iter()
-            .position(|m| m.matches(source, options))?;
-        self.by_address.insert(key, i);
-        Some(i)
-    }
-
-    fn insert(
-        &mut self,
-        source: ModuleSource<'_>,
-        options: &[&str],
-        module: Arc<CudaModule>,
-    ) -> usize {
-        let text = source.text();
-        self.modules.push(CachedModule {
-            source: text.to_owned(),
-            ptx: source.is_ptx(),
-            options: options.iter().map(|o| (*o).to_owned()).collect(),
-            module,
-            functions: HashMap::new(),
-        });
-        let i = self.modules.len() - 1;
-        self.by_address
-            .insert((text.as_ptr() as usize, text.len()), i);
-        i
     }
 }
 
@@ -663,56 +587,6 @@ impl Runtime {
     }
 }
 
-/// NVRTC output shared by every runtime of the process, keyed by source text and target.
-fn compile_cached(source: &str, options: &[&str], cc: (i32, i32)) -> Result<Ptx, GraphError> {
-    type PtxCache = Mutex<HashMap<(String, Vec<String>, (i32, i32)), Ptx>>;
-    static CACHE: OnceLock<PtxCache> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let options: Vec<String> = options.iter().map(|o| (*o).to_owned()).collect();
-    let key = (source.to_owned(), options.clone(), cc);
-    if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(ptx.clone());
-    }
-    if !nvrtc_available() {
-        return Err(GraphError::MissingLibrary { library: "nvrtc" });
-    }
-    let name = kernel_label(source);
-    let started = std::time::Instant::now();
-    let mut flags = vec![format!("--gpu-architecture=sm_{}{}", cc.0, cc.1)];
-    flags.extend(options);
-    let opts = CompileOptions {
-        options: flags,
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => GraphError::Compile {
-            name: name.clone(),
-            log: log.to_string_lossy().into_owned(),
-        },
-        other => GraphError::Compile {
-            name: name.clone(),
-            log: format!("{other:?}"),
-        },
-    })?;
-    tracing::debug!(kernel = %name, ms = started.elapsed().as_secs_f64() * 1e3, "compiled with NVRTC");
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
-    Ok(ptx)
-}
-
-/// A readable name for a kernel source: its first `__global__` function.
-fn kernel_label(source: &str) -> String {
-    source
-        .split("__global__")
-        .nth(1)
-        .and_then(|rest| rest.split('(').next())
-        .and_then(|decl| decl.split_whitespace().last())
-        .map(str::to_owned)
-        .unwrap_or_else(|| "<unnamed source>".to_owned())
-}
-
 /// The device's graph memory pool, in bytes (see [`Runtime::graph_memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GraphMemory {
@@ -724,85 +598,4 @@ pub struct GraphMemory {
     pub reserved: usize,
     /// The most `reserved` has been.
     pub reserved_high: usize,
-}
-
-/// Keeps replays out of a stream while it is capturing.
-///
-/// Bit 63 is set while a capture records; the low bits count launches in flight. A replay
-/// adds one, checks the bit, launches, and subtracts one: two uncontended atomic operations.
-/// A capture sets the bit only when no launch is in flight.
-#[derive(Default)]
-pub(crate) struct StreamGate {
-    state: AtomicU64,
-}
-
-const CAPTURING: u64 = 1 << 63;
-
-impl StreamGate {
-    /// Runs `launch` unless the stream is capturing.
-    #[inline]
-    pub(crate) fn launch<R>(
-        &self,
-        graph: &'static str,
-        launch: impl FnOnce() -> Result<R, GraphError>,
-    ) -> Result<R, GraphError> {
-        let prev = self.state.fetch_add(1, Ordering::Acquire);
-        let result = if prev & CAPTURING != 0 {
-            Err(GraphError::StreamCapturing { graph })
-        } else {
-            launch()
-        };
-        self.state.fetch_sub(1, Ordering::Release);
-        result
-    }
-
-    /// Marks the stream as capturing once no launch is in flight.
-    pub(crate) fn begin_capture(&self) {
-        while self
-            .state
-            .compare_exchange_weak(0, CAPTURING, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
-    }
-
-    pub(crate) fn end_capture(&self) {
-        self.state.fetch_and(!CAPTURING, Ordering::Release);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_label_finds_the_first_kernel() {
-        let src = r#"extern "C" __global__ void add_one(float *x, int n) { }"#;
-        assert_eq!(kernel_label(src), "add_one");
-        assert_eq!(kernel_label("int x;"), "<unnamed source>");
-    }
-
-    #[test]
-    fn gate_refuses_launches_while_capturing() {
-        let gate = StreamGate::default();
-        assert!(gate.launch("g", || Ok(())).is_ok());
-        gate.begin_capture();
-        let err = gate.launch("g", || Ok(())).unwrap_err();
-        assert!(matches!(err, GraphError::StreamCapturing { graph: "g" }));
-        gate.end_capture();
-        assert!(gate.launch("g", || Ok(())).is_ok());
-        assert_eq!(gate.state.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn no_driver_is_a_typed_error() {
-        if driver_available() {
-            eprintln!("skipped: a CUDA driver is present, the no-driver path cannot be seen here");
-            return;
-        }
-        let err = Runtime::new(0).unwrap_err();
-        assert!(matches!(err, GraphError::NoDriver));
-        assert!(err.to_string().contains("no CUDA driver"));
-    }
 }

@@ -540,3 +540,54 @@ extern "C" __global__ void argmax_advance(const float *logits, int vocab, int *t
     }
 }
 "#;
+
+/// Kernel of the on-device decode loop (`14-decode-loop`, [`crate::decode_loop`]): the step's
+/// last kernel when the loop runs on the device: greedy argmax as in [`DECODE`]'s
+/// `argmax_advance`, then the loop's condition: go on while the token is not the end token
+/// and the output has room. Once that is no longer so, `done` is set and later calls (the
+/// rest of an unrolled iteration) change nothing.
+pub const DECODE_STOP: &str = concat!(
+    graph_runtime::condition_device_api!(),
+    r#"
+extern "C" __global__ void argmax_advance_stop(const float *logits, int vocab, int *token, int *pos,
+                                               int *done, int *tokens, int max_tokens, int end_token,
+                                               GraphCondition go) {
+    __shared__ float best_v[1024];
+    __shared__ int best_i[1024];
+    float bv = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = logits[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            float ov = best_v[threadIdx.x + stride];
+            int oi = best_i[threadIdx.x + stride];
+            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (*done) {
+            graph_condition_set(go, false);
+        } else {
+            int p = *pos;
+            int next = best_i[0];
+            *token = next;
+            if (p >= 0 && p < max_tokens) tokens[p] = next;
+            *pos = p + 1;
+            bool more = next != end_token && p + 1 < max_tokens;
+            if (!more) *done = 1;
+            graph_condition_set(go, more);
+        }
+    }
+}
+"#
+);

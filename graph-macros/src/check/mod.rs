@@ -13,11 +13,13 @@
 //! | file | what |
 //! | --- | --- |
 //! | `rules.rs` | the rule table ([`RULES`](rules::RULES)), its matchers and messages, and the documentation of every rule with its known false positives and negatives |
+//! | `names.rs` | the name lists several rules and the walker share (device reads, candle's host reads, allocations, formatting macros) |
 //! | `scope.rs` | what the walker knows about the body's names: kinds of declared types, the user's own values |
 //! | `walk.rs` | the [`syn::visit`] walker that applies the table |
 //! | `syntax.rs` | helpers on tokens and expressions (spans, format strings, macro arguments) |
 //! | `tests.rs` | unit tests, end to end through the expansion |
 
+mod names;
 mod rules;
 mod scope;
 mod syntax;

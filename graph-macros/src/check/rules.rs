@@ -1,6 +1,7 @@
 //! The rule table: every mistake `#[cuda_graph]` rejects in a body, one row each, with its
-//! message. This is the only place that knows a name; the walker (`walk.rs`) only asks the
-//! table whether a construct matches.
+//! message. This is the only place that knows a name (with `names.rs`, the name lists it
+//! shares with the walker, re-exported here); the walker (`walk.rs`) only asks the table
+//! whether a construct matches.
 //!
 //! The macro sees tokens, not types, so every rule matches **names** (of methods, paths and
 //! macros), helped by what the signature says about the parameters (their roles and declared
@@ -154,67 +155,9 @@ fn opt_in() -> String {
     )
 }
 
-/// The device-to-host reads: the `device-to-host` rule, the marks of `let` bindings and the
-/// `host-branch-on-device-data` rule all use this list.
-pub const DEVICE_READS: &[&str] = &[
-    "clone_dtoh",
-    "memcpy_dtoh",
-    "memcpy_dtov",
-    "dtoh_sync_copy",
-    "dtoh_sync_copy_into",
-    "sync_reclaim",
-];
-
-/// candle's `Tensor` methods that copy a tensor's values to the host and return them (candle-core
-/// 0.11: each goes through the storage's `to_cpu_storage`, a `clone_dtoh` on candle's stream):
-/// the `candle-host-read` rule, the marks of `let` bindings and the
-/// `candle-branch-on-device-data` rule all use this list. `to_vec0` is an alias of `to_scalar`.
-pub const CANDLE_READS: &[&str] = &[
-    "to_scalar",
-    "to_vec0",
-    "to_vec1",
-    "to_vec2",
-    "to_vec3",
-    "to_cpu_storage",
-];
-
-/// candle methods that copy to the host when given the CPU device ([`Matcher::ToCpu`]):
-/// `Tensor::to_device`, and `QTensor::dequantize` / `dequantize_f16`, which end in
-/// `to_device`.
-pub const CANDLE_TO_CPU: &[&str] = &["to_device", "dequantize", "dequantize_f16"];
-
-/// Calls whose result is a device buffer of the body (for `device-value-formatted`).
-pub const DEVICE_ALLOCS: &[&str] = &["alloc_zeros", "alloc", "clone_dtod", "try_clone"];
-
-/// Macros whose arguments are formatted.
-pub const FORMATTING_MACROS: &[&str] = &[
-    "println",
-    "print",
-    "eprintln",
-    "eprint",
-    "format",
-    "format_args",
-    "write",
-    "writeln",
-    "panic",
-    "dbg",
-    "assert",
-    "assert_eq",
-    "assert_ne",
-    "debug_assert",
-    "debug_assert_eq",
-    "debug_assert_ne",
-    "unreachable",
-    "todo",
-    "unimplemented",
-    "info",
-    "debug",
-    "warn",
-    "error",
-    "trace",
-    "event",
-    "log",
-];
+pub use super::names::{
+    CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS, FORMATTING_MACROS,
+};
 
 use Matcher::{
     BareCall, BranchesOnDeviceData, BranchesOnTensorData, CollectionParamMethod, Driver,

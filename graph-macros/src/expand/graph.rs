@@ -1,0 +1,623 @@
+//! The graph type of a function without buckets: `FooGraph` with its `capture`, `replay`,
+//! `verify` and state access, and the `FooInputs` / `FooOutputs` / `FooState` views.
+
+use proc_macro2::{Ident, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use super::{inner_vis, is_cuda_slice, local, recorded_kind, relocated, verify_schedule_tokens};
+use crate::args::GraphArgs;
+use crate::model::{GraphFn, Param, Role};
+
+/// The graph type of `model` and its views, as the items of the generated module, and the
+/// names to re-export from it.
+pub(super) fn expand_graph(
+    model: &GraphFn,
+    args: &GraphArgs,
+    krate: &syn::Path,
+    site: TokenStream,
+    base: &str,
+) -> (TokenStream, Vec<Ident>) {
+    let pr = quote!(#krate::__private);
+    let item = &model.item;
+    let vis = inner_vis(&item.vis);
+    let fn_ident = &item.sig.ident;
+    let fn_name = fn_ident.to_string();
+    let graph_ty = format_ident!("{}Graph", base, span = fn_ident.span());
+    let inputs_ty = format_ident!("{}Inputs", base, span = fn_ident.span());
+    let outputs_ty = format_ident!("{}Outputs", base, span = fn_ident.span());
+    let state_ty = format_ident!("{}State", base, span = fn_ident.span());
+    let warmup = args.warmup();
+    let ctx_ty = relocated(&model.context.as_ref().expect("checked by analyze").ty);
+    let ty = |p: &Param| relocated(&p.ty);
+
+    let inputs: Vec<_> = model.of(|r| r == Role::Input).collect();
+    let outputs: Vec<_> = model.of(|r| r == Role::Output).collect();
+    let states: Vec<_> = model.of(|r| matches!(r, Role::State { .. })).collect();
+
+    // Struct fields: static buffers and held state, all private to the generated module.
+    let static_fields = model
+        .of(|r| matches!(r, Role::Input | Role::Output))
+        .map(|p| {
+            let (i, t) = (&p.ident, ty(p));
+            quote!(#i: #t)
+        });
+    let state_fields = states.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        match p.role {
+            Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
+            _ => quote!(#i: #pr::Held<'s, #t>),
+        }
+    });
+    let const_fields = model.of(|r| r == Role::Constant).map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        quote!(#i: #t)
+    });
+    // A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
+    let result_ty = model.result.as_ref().map(relocated);
+    let result_field = result_ty.iter().map(|t| quote!(result: #t));
+
+    // `capture`: generics and parameters, in the function's order.
+    let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let t = ty(p);
+        let g = format_ident!("__S{}", n);
+        match p.role {
+            Role::Input => Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
+            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
+            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
+            _ => None,
+        }
+    });
+    let capture_params = model.params.iter().enumerate().map(|(n, p)| {
+        let (i, t) = (&p.ident, ty(p));
+        let g = format_ident!("__S{}", n);
+        match p.role {
+            Role::Input => quote!(#i: &#g),
+            // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
+            Role::Output if is_cuda_slice(&p.ty) => quote!(#i: usize),
+            Role::Output => quote!(#i: <#t as #pr::StaticBuffer>::Shape),
+            Role::State { .. } => quote!(#i: #g),
+            Role::Constant | Role::Bucket => quote!(#i: #t),
+        }
+    });
+    let hold_states = states.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::State { mutable: true } => {
+                quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
+            }
+            _ => quote!(let #i = #pr::StateArg::into_held(#i);),
+        }
+    });
+    let stage = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let (i, t) = (&p.ident, ty(p));
+        let local = local(n);
+        let name = i.to_string();
+        match p.role {
+            Role::Input => Some(quote_spanned!(p.ty.span()=>
+                let #local: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
+            )),
+            Role::Output => Some(quote_spanned!(p.ty.span()=>
+                let mut #local: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
+            )),
+            _ => None,
+        }
+    });
+    let static_locals: Vec<Ident> = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.role, Role::Input | Role::Output))
+        .map(|(n, _)| local(n))
+        .collect();
+    // The address book: state first (indices 0.. are what replays check), then outputs.
+    let checked: Vec<(Ident, TokenStream, TokenStream)> = states
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            (i.clone(), quote!(&*#i), recorded_kind(p, &pr))
+        })
+        .chain(model.params.iter().enumerate().filter_map(|(n, p)| {
+            let local = local(n);
+            (p.role == Role::Output).then(|| {
+                (
+                    p.ident.clone(),
+                    quote!(&#local),
+                    quote!(#pr::Recorded::Output),
+                )
+            })
+        }))
+        .collect();
+    let records = checked.iter().enumerate().map(|(k, (i, value, restore))| {
+        let name = i.to_string();
+        let index = format_ident!("__index{}", k);
+        quote!(let #index = __book.record(#name, #value, #restore);)
+    });
+    let capture_checks = checked.iter().enumerate().map(|(k, (_, value, _))| {
+        let index = format_ident!("__index{}", k);
+        quote!(__book.check(#index, #value, __when)?;)
+    });
+    let call_args = model.params.iter().enumerate().map(|(n, p)| {
+        let i = &p.ident;
+        let local = local(n);
+        match p.role {
+            Role::Input => quote!(&#local),
+            Role::Output => quote!(&mut #local),
+            Role::State { mutable: true } => quote!(&mut *#i),
+            Role::State { mutable: false } => quote!(&*#i),
+            Role::Constant | Role::Bucket => {
+                quote_spanned!(p.ty.span()=> #pr::constant(&#i))
+            }
+        }
+    });
+    let result_init = result_ty.iter().map(|_| quote!(result: __result_value));
+    let init_fields = model.params.iter().enumerate().filter_map(|(n, p)| {
+        let i = &p.ident;
+        let local = local(n);
+        match p.role {
+            Role::Input | Role::Output => Some(quote!(#i: #local)),
+            Role::State { .. } | Role::Constant => Some(quote!(#i)),
+            Role::Bucket => None,
+        }
+    });
+
+    // `verify`: the eager call on copies of the inputs into shadow outputs.
+    let verify_inputs = inputs.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        let copy = format_ident!("__copy_{}", i);
+        let name = i.to_string();
+        quote!(let #copy: #t = #pr::stage_input::<#t, _>(&__rt, __site, #name, #i)?;)
+    });
+    let verify_shadows = outputs.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        let shadow = format_ident!("__shadow_{}", i);
+        let name = i.to_string();
+        quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
+    });
+    let verify_call_args = model.params.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::Input => {
+                let copy = format_ident!("__copy_{}", i);
+                quote!(&#copy)
+            }
+            Role::Output => {
+                let shadow = format_ident!("__shadow_{}", i);
+                quote!(&mut #shadow)
+            }
+            Role::State { mutable: true } => quote!(&mut *self.#i),
+            Role::State { mutable: false } => quote!(&*self.#i),
+            Role::Constant | Role::Bucket => {
+                quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
+            }
+        }
+    });
+    let verify_eager_outputs = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let shadow = format_ident!("__shadow_{}", i);
+            let name = i.to_string();
+            quote!(__verifier.eager_output(#name, &#shadow)?;)
+        })
+        .chain(
+            result_ty
+                .iter()
+                .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
+        );
+    let verify_replay_outputs = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let name = i.to_string();
+            quote!(__verifier.replay_output(#name, &self.#i)?;)
+        })
+        .chain(
+            result_ty
+                .iter()
+                .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
+        );
+    let replay_args: Vec<&Ident> = inputs.iter().map(|p| &p.ident).collect();
+    let verify_schedule = verify_schedule_tokens(args, &pr);
+
+    // Replays check every state's addresses (their indices are 0..) before launching.
+    let replay_checks: Vec<TokenStream> = states
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
+        })
+        .collect();
+    let replay_generics: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let g = format_ident!("__R{}", n);
+            let t = ty(p);
+            quote!(#g: ?Sized + #pr::InputSource<#t>)
+        })
+        .collect();
+    let replay_params: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let g = format_ident!("__R{}", n);
+            let i = &p.ident;
+            quote!(#i: &#g)
+        })
+        .collect();
+    let shape_checks: Vec<TokenStream> = inputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let name = i.to_string();
+            quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
+        })
+        .collect();
+    let copies: Vec<TokenStream> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut self.#i))?;)
+        })
+        .collect();
+    let register_inputs = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role == Role::Input)
+        .map(|(n, _)| {
+            let local = local(n);
+            quote!(__inputs.add(&#local);)
+        });
+    let (replay_generics2, replay_params2, shape_checks2, copies2) = (
+        replay_generics.clone(),
+        replay_params.clone(),
+        shape_checks.clone(),
+        copies.clone(),
+    );
+
+    let input_view_fields = inputs.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        let doc =
+            format!("The static buffer of input `{i}`: write here, then [`{graph_ty}::launch`].");
+        quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+    });
+    let input_view_init = inputs.iter().map(|p| {
+        let i = &p.ident;
+        quote!(#i: #pr::DeviceState::lend(&mut self.#i))
+    });
+    let output_view_fields = outputs
+        .iter()
+        .map(|p| {
+            let (i, t) = (&p.ident, ty(p));
+            let doc = format!("Output `{i}`, as the last replay left it.");
+            quote!(#[doc = #doc] pub #i: &'g #t)
+        })
+        .chain(result_ty.iter().map(|t| {
+            let doc = format!(
+                "What `{fn_name}` returned, copied into the graph's static buffer by the last replay."
+            );
+            quote!(#[doc = #doc] pub result: &'g #t)
+        }));
+    let output_view_init = outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            quote!(#i: &self.#i)
+        })
+        .chain(result_ty.iter().map(|_| quote!(result: &self.result)));
+    let state_view_fields = states.iter().map(|p| {
+        let (i, t) = (&p.ident, ty(p));
+        match p.role {
+            Role::State { mutable: true } => {
+                let doc = format!(
+                    "State `{i}`, lent back between replays (a `CudaSlice` as a `CudaViewMut`): \
+                     write into it in place; the graph reads it by address."
+                );
+                quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+            }
+            _ => {
+                let doc = format!("State `{i}` (read-only while the graph lives).");
+                quote!(#[doc = #doc] pub #i: &'g #t)
+            }
+        }
+    });
+    let state_view_init = states.iter().map(|p| {
+        let i = &p.ident;
+        match p.role {
+            Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
+            _ => quote!(#i: &*self.#i),
+        }
+    });
+
+    let ctx_call =
+        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(rt)?);
+    let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
+    // The body's call during warmup and capture, and in `verify`'s eager run.
+    let call_args: Vec<TokenStream> = call_args.collect();
+    let run_body = match &result_ty {
+        None => quote!(#body_result(super::#fn_ident(__ctx, #(#call_args),*))),
+        Some(t) => {
+            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
+            quote!({
+                let __value = #value(super::#fn_ident(__ctx, #(#call_args),*))?;
+                #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
+            })
+        }
+    };
+    let verify_verb = match &result_ty {
+        None => quote!(#body_result(super::#fn_ident(__ctx, #(#verify_call_args),*))?;),
+        Some(t) => {
+            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
+            quote!(
+                let __value = #value(super::#fn_ident(__ctx, #(#verify_call_args),*))?;
+                __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
+            )
+        }
+    };
+    let result_slot = result_ty
+        .iter()
+        .map(|t| quote!(let mut __result_slot: ::core::option::Option<#t> = ::core::option::Option::None;));
+    let result_take = result_ty.iter().map(|_| {
+        quote!(let __result_value = __result_slot.ok_or(#krate::GraphError::EmptyGraph { graph: __site.name })?;)
+    });
+    let shadow_result_decl = result_ty.iter().map(|t| quote!(let __shadow_result: #t;));
+
+    let times = match warmup {
+        1 => "once".to_string(),
+        2 => "twice".to_string(),
+        n => format!("{n} times"),
+    };
+    let runs = if warmup == 1 {
+        "1 eager run".to_string()
+    } else {
+        format!("{warmup} eager runs")
+    };
+    let struct_doc = format!(
+        "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`.\n\n\
+         [`{graph_ty}::capture`] runs `{fn_name}` {times} eagerly on the runtime's stream, records it \
+         once and instantiates the graph; [`{graph_ty}::replay`] copies new inputs into the graph's static \
+         buffers and launches it. The outputs are lent out until the next replay.\n\n\
+         The graph keeps its runtime alive and holds its state for its whole life: borrowed (the graph is \
+         `{graph_ty}<'s>`), shared through an `Arc`, or owned (a `{graph_ty}<'static>` can live in a struct \
+         of yours). Before every replay it checks that the state still holds the buffers it was captured \
+         with."
+    );
+    let capture_doc = format!(
+        "Warms up `{fn_name}` ({runs} on the runtime's stream), captures it and instantiates \
+         the graph.\n\nInputs are copied into static buffers of the same shape (the warmup and capture run \
+         on those values); outputs are given by shape (a length for a `CudaSlice`) and start zeroed; state is given as `&T` / `&mut T` \
+         (borrowed for the graph's lifetime), as an `Arc<T>` (read-only state) or by value (the graph owns \
+         it); `&mut` state is snapshotted before the warmup and restored after it unless marked \
+         `#[state(no_restore)]`; constants are frozen into the graph."
+    );
+    let replay_doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
+                      runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape and \
+                      every state's addresses are checked before anything is queued: a mismatch is \
+                      [`GraphError::InputShape`] or [`GraphError::StateMoved`] and launches \
+                      nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape\n\
+                      [`GraphError::StateMoved`]: graph_runtime::GraphError::StateMoved";
+    let verify_doc = "Checks one replay against the eager function on the same inputs: runs the \
+                      function eagerly on copies of the inputs into shadow outputs, undoes what that \
+                      run did to the `&mut` state and the random generators, replays the graph, and \
+                      compares every output and every `&mut` state element by element \
+                      (`Tolerance::BITWISE`, or within a tolerance). Afterwards everything is as a \
+                      plain `replay` leaves it; the outputs hold the replay's values.";
+    let graph_name = graph_ty.to_string();
+
+    let body = quote! {
+        #[doc = #struct_doc]
+        #[must_use = "a captured graph does nothing until it is replayed"]
+        #vis struct #graph_ty<'s> {
+            __graph: #pr::Graph,
+            __book: #pr::AddressBook,
+            __verify: #pr::VerifySchedule,
+            #(#static_fields,)*
+            #(#result_field,)*
+            #(#state_fields,)*
+            #(#const_fields,)*
+            __state: ::core::marker::PhantomData<&'s ()>,
+        }
+
+        /// The static input buffers of the graph, lent as views to fill in place before a
+        /// `launch` (no copy at replay); a view can be written into, not replaced.
+        #vis struct #inputs_ty<'g> {
+            #(#input_view_fields,)*
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
+        }
+
+        /// The graph's outputs, borrowed from the graph: they stay valid
+        /// until the next replay, which cannot start while they are held.
+        #vis struct #outputs_ty<'g> {
+            #(#output_view_fields,)*
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g ()>,
+        }
+
+        /// The state the graph reads by address, lent back between replays.
+        #vis struct #state_ty<'g> {
+            #(#state_view_fields,)*
+            #[doc(hidden)]
+            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
+        }
+
+        impl ::core::fmt::Debug for #graph_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(#graph_name)
+                    .field("info", self.__graph.info())
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #outputs_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#outputs_ty)).finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #inputs_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#inputs_ty)).finish_non_exhaustive()
+            }
+        }
+
+        impl ::core::fmt::Debug for #state_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#state_ty)).finish_non_exhaustive()
+            }
+        }
+
+        /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
+        impl ::core::fmt::Display for #graph_ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                ::core::fmt::Display::fmt(&self.__graph, f)
+            }
+        }
+
+        #[allow(dead_code)]
+        impl<'s> #graph_ty<'s> {
+            /// Eager runs before the capture.
+            pub const WARMUP: u32 = #warmup;
+
+            fn __site() -> &'static #pr::GraphSite {
+                static SITE: #pr::GraphSite = #site;
+                &SITE
+            }
+
+            #[doc = #capture_doc]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn capture<#(#capture_generics),*>(
+                rt: &#krate::Runtime,
+                #(#capture_params),*
+            ) -> ::core::result::Result<Self, #krate::GraphError> {
+                let __site = Self::__site();
+                #(#hold_states)*
+                #(#stage)*
+                let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
+                let mut __book = #pr::AddressBook::new(__site.name);
+                #(#records)*
+                let mut __inputs = #pr::InputNodes::new();
+                #(#register_inputs)*
+                #(#result_slot)*
+                let __graph = {
+                    let __ctx = #ctx_call;
+                    let __book = &__book;
+                    let mut __body = |__step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
+                        match __step {
+                            #pr::Step::Run(_) => #run_body,
+                            #pr::Step::Check(__when) => {
+                                let _ = __when;
+                                #(#capture_checks)*
+                                ::core::result::Result::Ok(())
+                            }
+                        }
+                    };
+                    #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
+                };
+                #(#result_take)*
+                ::core::result::Result::Ok(Self {
+                    __graph,
+                    __book,
+                    __verify: #verify_schedule,
+                    #(#result_init,)*
+                    #(#init_fields,)*
+                    __state: ::core::marker::PhantomData,
+                })
+            }
+
+            #[doc = #replay_doc]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn replay<#(#replay_generics),*>(
+                &mut self,
+                #(#replay_params),*
+            ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+                if let ::core::option::Option::Some(__tolerance) = self.__verify.due() {
+                    self.verify(#(#replay_args,)* __tolerance)?.into_result()?;
+                    return ::core::result::Result::Ok(self.outputs());
+                }
+                let __site = Self::__site();
+                #(#shape_checks)*
+                #(#replay_checks)*
+                #pr::replay(&self.__graph, |__staging| {
+                    #(#copies)*
+                    ::core::result::Result::Ok(())
+                })?;
+                ::core::result::Result::Ok(self.outputs())
+            }
+
+            #[doc = #verify_doc]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn verify<#(#replay_generics2),*>(
+                &mut self,
+                #(#replay_params2,)*
+                tolerance: #krate::Tolerance,
+            ) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
+                let __site = Self::__site();
+                #(#shape_checks2)*
+                #(#replay_checks)*
+                let __rt = ::core::clone::Clone::clone(self.__graph.runtime());
+                let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
+                #(#verify_inputs)*
+                #(#verify_shadows)*
+                #(#shadow_result_decl)*
+                {
+                    let __ctx = <#ctx_ty as #pr::FromRuntime>::try_from_runtime(&__rt)?;
+                    #verify_verb
+                }
+                #(#verify_eager_outputs)*
+                __verifier.rewind()?;
+                #pr::replay(&self.__graph, |__staging| {
+                    #(#copies2)*
+                    ::core::result::Result::Ok(())
+                })?;
+                #(#verify_replay_outputs)*
+                __verifier.finish()
+            }
+
+            /// Launches the graph with the inputs as they are in its static buffers
+            /// (see `inputs_mut`): a replay without copies. The state's addresses are
+            /// checked first, as in `replay`.
+            #[inline]
+            #vis fn launch(&mut self) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+                #(#replay_checks)*
+                #pr::launch_as_is(&self.__graph)?;
+                ::core::result::Result::Ok(self.outputs())
+            }
+
+            /// The static input buffers, lent as views to write the next inputs in place.
+            #vis fn inputs_mut(&mut self) -> #inputs_ty<'_> {
+                #inputs_ty { #(#input_view_init,)* __marker: ::core::marker::PhantomData }
+            }
+
+            /// The outputs as the last replay left them.
+            #vis fn outputs(&self) -> #outputs_ty<'_> {
+                #outputs_ty { #(#output_view_init,)* __marker: ::core::marker::PhantomData }
+            }
+
+            /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent`
+            /// form (a `CudaSlice` as a `CudaViewMut`), read-only state as `&T`. When some
+            /// state lives on a stream other than the runtime's, this first waits for the
+            /// replays in flight (`Graph::settle`).
+            #vis fn state_mut(&mut self) -> #state_ty<'_> {
+                self.__graph.settle();
+                #state_ty { #(#state_view_init,)* __marker: ::core::marker::PhantomData }
+            }
+
+            /// Node count, memory and timings of the capture.
+            #vis fn info(&self) -> &#krate::GraphInfo {
+                self.__graph.info()
+            }
+
+            /// The instantiated graph (its facts and raw handles).
+            #vis fn graph(&self) -> &#krate::Graph {
+                &self.__graph
+            }
+        }
+    };
+    (body, vec![graph_ty, inputs_ty, outputs_ty, state_ty])
+}

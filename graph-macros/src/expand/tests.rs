@@ -1,0 +1,133 @@
+//! Unit tests of the expansion, on the pretty-printed output.
+
+use super::*;
+
+fn expand_str(args: TokenStream, item: TokenStream) -> String {
+    let out = cuda_graph(args, item);
+    match syn::parse2::<syn::File>(out.clone()) {
+        Ok(file) => prettyplease::unparse(&file),
+        Err(_) => out.to_string(),
+    }
+}
+
+#[test]
+fn camel_case_names() {
+    assert_eq!(camel(&format_ident!("scale_add")), "ScaleAdd");
+    assert_eq!(camel(&format_ident!("mlp")), "Mlp");
+    assert_eq!(camel(&format_ident!("decode_step_2")), "DecodeStep2");
+}
+
+#[test]
+fn expands_to_function_and_graph_type() {
+    let out = expand_str(
+        quote!(warmup = 2),
+        quote! {
+            pub fn step(rt: &Runtime, x: &CudaSlice<f32>, #[state] w: &CudaSlice<f32>,
+                        #[state] kv: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>,
+                        #[constant] n: u32) -> Result<(), GraphError> { body(rt) }
+        },
+    );
+    // The user's function survives, without the role attributes.
+    assert!(
+        out.contains(
+            "pub fn step(\n    rt: &Runtime,\n    x: &CudaSlice<f32>,\n    w: &CudaSlice<f32>,"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("#[state]"));
+    for needle in [
+        "mod __cuda_graph_step {",
+        "use super::*;",
+        "pub struct StepGraph<'s>",
+        "w: ::graph_runtime::__private::Held<'s, CudaSlice<f32>>",
+        "kv: ::graph_runtime::__private::HeldMut<'s, CudaSlice<f32>>",
+        ".record(\"w\", &*w, ::graph_runtime::__private::Recorded::State);",
+        "::graph_runtime::__private::Recorded::StateMut {",
+        "restore: true",
+        "fn verify<",
+        "self.verify(x, __tolerance)?.into_result()?;",
+        ".check(1usize, &*self.kv, ::graph_runtime::__private::When::Replay)?;",
+        "super::step(",
+        "pub use self::__cuda_graph_step::{StepGraph, StepInputs, StepOutputs, StepState};",
+        "pub struct StepOutputs<'g>",
+        "pub y: &'g CudaSlice<f32>",
+        "pub const WARMUP: u32 = 2u32;",
+        "name: \"step\"",
+        "mode: ::graph_runtime::__private::CaptureMode::ThreadLocal",
+        "y: usize",
+        "n: u32",
+        "::graph_runtime::__private::check_shape(__site, \"x\", &self.x, x)?;",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
+    }
+}
+
+#[test]
+fn items_of_the_generated_module_see_the_users_paths() {
+    let out = expand_str(
+        quote!(),
+        quote! {
+            fn f(rt: &Runtime, x: &self::buf::Buf, #[state(no_restore)] s: &mut super::St) {}
+        },
+    );
+    assert!(out.contains("x: super::buf::Buf"), "{out}");
+    assert!(
+        out.contains("s: ::graph_runtime::__private::HeldMut<'s, super::super::St>"),
+        "{out}"
+    );
+    assert!(out.contains("restore: false,"), "no_restore: {out}");
+    assert!(
+        out.contains("pub(super) struct FGraph<'s>"),
+        "private fn: {out}"
+    );
+    assert!(out.contains("use self::__cuda_graph_f::{FGraph"), "{out}");
+}
+
+#[test]
+fn visibility_is_mapped_one_module_deeper() {
+    let vis = |v: TokenStream| inner_vis(&syn::parse2(v).unwrap()).to_string();
+    assert_eq!(vis(quote!(pub)), "pub");
+    assert_eq!(vis(quote!()), "pub (super)");
+    assert_eq!(vis(quote!(pub(crate))), "pub (crate)");
+    assert_eq!(vis(quote!(pub(self))), "pub (super)");
+    assert_eq!(vis(quote!(pub(super))), "pub (in super :: super)");
+    assert_eq!(vis(quote!(pub(in crate::a))), "pub (in crate :: a)");
+    assert_eq!(
+        vis(quote!(pub(in super::a))),
+        "pub (in super :: super :: a)"
+    );
+    assert_eq!(
+        relocated(&quote!(Vec<self::A, ::x::self_::B, super::super::C>)).to_string(),
+        "Vec < super :: A , :: x :: self_ :: B , super :: super :: super :: C >"
+    );
+}
+
+#[test]
+fn crate_override_and_mode() {
+    let out = expand_str(
+        quote!(crate = "my_rt", mode = "global"),
+        quote!(
+            fn f(s: &Arc<CudaStream>, x: &CudaSlice<u8>) {}
+        ),
+    );
+    assert!(
+        out.contains("::my_rt::__private::CaptureMode::Global"),
+        "{out}"
+    );
+    assert!(out.contains("pub const WARMUP: u32 = 3u32;"), "{out}");
+}
+
+#[test]
+fn errors_keep_the_function() {
+    let out = cuda_graph(
+        quote!(warmup = 0),
+        quote!(
+            async fn f<T>(rt: &Runtime, #[state] n: u32) {}
+        ),
+    )
+    .to_string();
+    assert!(out.contains("async fn f"), "{out}");
+    let errors = out.matches("compile_error").count();
+    assert_eq!(errors, 4, "warmup, async, generics, by-value state: {out}");
+    assert!(!out.contains("struct"), "no graph type on error: {out}");
+}

@@ -1,0 +1,39 @@
+//! Unit tests of the error conversions.
+
+use super::*;
+
+#[test]
+fn body_errors_keep_their_kind() {
+    use cudarc::driver::sys::CUresult;
+    let r: Result<(), DriverError> =
+        Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+    let e = r.into_graph_result().unwrap_err();
+    assert!(matches!(e, GraphError::Driver(_)));
+    let mapped = GraphError::in_capture("f", e);
+    assert!(matches!(
+        mapped,
+        GraphError::CaptureUnsupported { graph: "f" }
+    ));
+
+    let r: Result<(), GraphError> = Err(GraphError::EmptyGraph { graph: "g" });
+    assert!(matches!(
+        r.into_graph_result(),
+        Err(GraphError::EmptyGraph { graph: "g" })
+    ));
+
+    #[derive(Debug)]
+    struct Mine;
+    impl std::fmt::Display for Mine {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("my error")
+        }
+    }
+    impl std::error::Error for Mine {}
+    let r: Result<(), Mine> = Err(Mine);
+    let e = GraphError::in_capture("f", r.into_graph_result().unwrap_err());
+    assert_eq!(
+        e.to_string(),
+        "capturing `f` failed inside the body: my error"
+    );
+    assert!(().into_graph_result().is_ok());
+}

@@ -1,0 +1,36 @@
+//! Unit tests of the kernel labels, the stream gate and the no-driver path.
+
+use std::sync::atomic::Ordering;
+
+use super::kernels::kernel_label;
+use super::*;
+
+#[test]
+fn kernel_label_finds_the_first_kernel() {
+    let src = r#"extern "C" __global__ void add_one(float *x, int n) { }"#;
+    assert_eq!(kernel_label(src), "add_one");
+    assert_eq!(kernel_label("int x;"), "<unnamed source>");
+}
+
+#[test]
+fn gate_refuses_launches_while_capturing() {
+    let gate = StreamGate::default();
+    assert!(gate.launch("g", || Ok(())).is_ok());
+    gate.begin_capture();
+    let err = gate.launch("g", || Ok(())).unwrap_err();
+    assert!(matches!(err, GraphError::StreamCapturing { graph: "g" }));
+    gate.end_capture();
+    assert!(gate.launch("g", || Ok(())).is_ok());
+    assert_eq!(gate.state.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn no_driver_is_a_typed_error() {
+    if driver_available() {
+        eprintln!("skipped: a CUDA driver is present, the no-driver path cannot be seen here");
+        return;
+    }
+    let err = Runtime::new(0).unwrap_err();
+    assert!(matches!(err, GraphError::NoDriver));
+    assert!(err.to_string().contains("no CUDA driver"));
+}
