@@ -12,7 +12,8 @@
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
-# A clean run takes about 12 minutes on 2 cores, most of it candle's kernels.
+# A clean run took 42 minutes on 2 cores shared with other builds, most of it nvcc compiling
+# candle's kernels (twice: `--workspace` and `-p` resolve their build dependencies differently).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
