@@ -9,12 +9,13 @@ pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
     InputSource, ResultBuffer, StaticBuffer,
 };
-pub use crate::capture::{capture, CaptureMode, GraphSite, Step};
+pub use crate::capture::capture;
 pub use crate::constant::constant;
 pub use crate::error::{BodyResult, BodyValue, BoxError, GraphError, When};
 pub use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 pub use crate::inputs::InputNodes;
 pub use crate::runtime::Runtime;
+pub use crate::site::{CaptureMode, GraphSite, Step};
 pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
 pub use crate::verify::{shadow_of, Tolerance, Verifier, VerifySchedule};
 pub use crate::FromRuntime;

@@ -25,10 +25,10 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
 use crate::buffer::{InputSource, Staging};
-use crate::capture::{GraphSite, Step};
 use crate::error::GraphError;
 use crate::graph::Graph;
 use crate::runtime::Runtime;
+use crate::site::{GraphSite, Step};
 use crate::state::AddressBook;
 
 /// A `CudaSlice` over rows of a [`BatchedSlot`]'s buffer, lent to the body of a bucket
@@ -354,7 +354,7 @@ impl std::fmt::Debug for Buckets {
 impl Buckets {
     /// Captures one graph per bucket of `sizes` (ascending, as the attribute lists them),
     /// largest first. `body(b, step)` runs the function with batch `b` on the bucket's
-    /// buffers, or checks the state's addresses (`book`, see [`crate::capture::Step`]).
+    /// buffers, or checks the state's addresses (`book`, see [`Step`]).
     /// Reports each bucket and a summary through `tracing`.
     #[doc(hidden)]
     pub fn capture(

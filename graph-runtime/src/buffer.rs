@@ -15,11 +15,10 @@ use cudarc::driver::{
     DeviceSlice, ValidAsZeroBits,
 };
 
-use crate::inputs::InputNode;
-
-use crate::capture::GraphSite;
 use crate::error::GraphError;
+use crate::inputs::{InputNode, InputNodes};
 use crate::runtime::Runtime;
+use crate::site::GraphSite;
 use crate::state::DeviceState;
 
 /// A device buffer type a graph can own as a static input or output.
@@ -64,6 +63,14 @@ impl<T: DeviceRepr + ValidAsZeroBits + 'static> StaticBuffer for CudaSlice<T> {
     fn device_range(&self) -> (sys::CUdeviceptr, usize) {
         let (ptr, _sync) = self.device_ptr(self.stream());
         (ptr, self.num_bytes())
+    }
+}
+
+impl InputNodes {
+    /// Registers the static buffer of the next input, in parameter order. (It lives here,
+    /// with the buffers, so that the input nodes need not know the buffer types.)
+    pub fn add<B: StaticBuffer>(&mut self, buffer: &B) {
+        self.push_range(buffer.device_range());
     }
 }
 
@@ -393,10 +400,7 @@ pub fn stage_input<B: StaticBuffer, S: InputSource<B> + ?Sized>(
     src: &S,
 ) -> Result<B, GraphError> {
     let mut dst = alloc_static::<B>(rt, site, name, src.shape())?;
-    let (before, after) = (
-        crate::graph::timing_free_event(rt)?,
-        crate::graph::timing_free_event(rt)?,
-    );
+    let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
     src.copy_into(dst.lend(), &Staging::new(rt.stream(), &before, &after))?;
     Ok(dst)
 }

@@ -332,6 +332,27 @@ pub(crate) fn device_of(rt: &Runtime) -> Result<&Device, GraphError> {
     rt.candle_device().ok_or(GraphError::NoCandleDevice)
 }
 
+impl Runtime {
+    /// A runtime on a candle device (feature `candle`): it captures and replays on candle's
+    /// own stream, so graphs run in order with candle's eager work, and a body whose context
+    /// parameter is `&Device` (or `&CudaDevice`) gets this device. See the [module docs](self).
+    ///
+    /// `Device::new_cuda(ordinal)` uses CUDA's per-thread default stream, which captures
+    /// (unlike the legacy default stream): the graphs then launch on the calling thread's
+    /// default stream, as candle's own work does. A device made with
+    /// `Device::new_cuda_with_stream` has event tracking on; capturing on it is refused with
+    /// [`GraphError::EventTracking`] unless it was turned off before any tensor was made.
+    pub fn from_candle(device: &candle_core::Device) -> Result<Self, GraphError> {
+        let cuda = cuda_device(device)?;
+        let stream = cuda.cuda_stream();
+        if stream.cu_stream().is_null() {
+            return Err(GraphError::DefaultStream);
+        }
+        let ctx = stream.context().clone();
+        Self::assemble_with(ctx, stream, Some(device.clone()))
+    }
+}
+
 /// The CUDA device of a candle `Device`, or the error that says it is not one.
 pub(crate) fn cuda_device(device: &Device) -> Result<&CudaDevice, GraphError> {
     match device {
@@ -353,35 +374,6 @@ pub(crate) fn hold_htod_cache(rt: &Runtime) -> Option<impl Sized> {
     match rt.candle_device()? {
         Device::Cuda(cuda) => Some(cuda.enable_cuda_graph_htod_cache()),
         _ => None,
-    }
-}
-
-/// The CUDA or cuBLAS error a candle error carries, typed as a cudarc body's would be.
-pub(crate) fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
-    use candle_core::cuda_backend::CudaError;
-    let mut cur = e;
-    loop {
-        match cur {
-            candle_core::Error::Context { inner, .. }
-            | candle_core::Error::WithPath { inner, .. }
-            | candle_core::Error::WithBacktrace { inner, .. } => cur = inner,
-            candle_core::Error::Cuda(inner) => {
-                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**inner);
-                while let Some(err) = source {
-                    if let Some(d) = err.downcast_ref::<cudarc::driver::DriverError>() {
-                        return Some(GraphError::Driver(*d));
-                    }
-                    match err.downcast_ref::<CudaError>() {
-                        Some(CudaError::Cuda(d)) => return Some(GraphError::Driver(*d)),
-                        Some(CudaError::Cublas(c)) => return Some(GraphError::Cublas(*c)),
-                        _ => {}
-                    }
-                    source = err.source();
-                }
-                return None;
-            }
-            _ => return None,
-        }
     }
 }
 

@@ -139,6 +139,7 @@ use crate::error::GraphError;
 use crate::phase::{self, DepthScope, Phase};
 use crate::runtime::Runtime;
 
+mod api;
 mod construct;
 mod record;
 mod site;

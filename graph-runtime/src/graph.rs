@@ -10,6 +10,7 @@ use crate::conditional::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
 use crate::inputs::InputNode;
+use crate::rng::generator::RngAdvance;
 use crate::runtime::Runtime;
 
 /// Facts about one captured graph, for logs and reports.
@@ -55,15 +56,6 @@ impl GraphInfo {
     pub fn nodes(&self) -> usize {
         self.kinds.total()
     }
-}
-
-/// How far one replay moves one generator, in Philox counters (4 values each).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RngAdvance {
-    /// [`Generator::id`](crate::Generator::id) of the generator.
-    pub generator: u64,
-    /// Counters consumed per replay.
-    pub counters_per_replay: u64,
 }
 
 /// How many nodes of each kind a captured graph holds.
@@ -152,7 +144,7 @@ impl Graph {
             info.temp_bytes = inspected.temp_bytes;
             info.early_edges = inspected.early_edges;
             refuse_temporaries_that_cannot_fit(rt, &info)?;
-            let (before, after) = (timing_free_event(rt)?, timing_free_event(rt)?);
+            let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
             // SAFETY: `raw` is a live graph of the runtime's context, which the capture bound
             // to this thread; instantiation does not take ownership of it.
             let exec = unsafe { driver::instantiate(raw, flags) }
@@ -617,10 +609,4 @@ fn is_pageable(kind: sys::CUmemorytype, host: usize, device: sys::CUdeviceptr) -
         }
     };
     driver::pointer_memory_type(ptr).is_none()
-}
-
-pub(crate) fn timing_free_event(rt: &Runtime) -> Result<CudaEvent, GraphError> {
-    Ok(rt
-        .context()
-        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?)
 }

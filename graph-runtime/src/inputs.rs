@@ -27,7 +27,6 @@ use std::cell::Cell;
 
 use cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
 
-use crate::buffer::StaticBuffer;
 use crate::error::GraphError;
 use crate::runtime::Runtime;
 
@@ -64,9 +63,10 @@ impl InputNodes {
         Self::default()
     }
 
-    /// Registers the static buffer of the next input, in parameter order.
-    pub fn add<B: StaticBuffer>(&mut self, buffer: &B) {
-        self.inputs.push(buffer.device_range());
+    /// Registers the device range (address, bytes) of the next input, in parameter order
+    /// (`InputNodes::add` in `buffer.rs` takes the static buffer itself).
+    pub(crate) fn push_range(&mut self, range: (u64, usize)) {
+        self.inputs.push(range);
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -183,6 +183,7 @@ mod phase;
 mod region;
 pub mod rng;
 mod runtime;
+mod site;
 pub mod state;
 mod timer;
 pub mod verify;
@@ -197,19 +198,19 @@ pub mod coverage {}
 
 pub use buckets::Buckets;
 pub use buffer::{InputSource, Staging, StaticBuffer};
-pub use capture::{CaptureMode, GraphSite};
 pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use constant::GraphConstant;
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
-pub use graph::{Graph, GraphInfo, NodeKinds, RngAdvance};
+pub use graph::{Graph, GraphInfo, NodeKinds};
 pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
-pub use rng::{Generator, RngKernelArg, RngState};
+pub use rng::{Generator, RngAdvance, RngKernelArg, RngState};
 pub use runtime::{
     driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
 };
+pub use site::{CaptureMode, GraphSite};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
 pub use verify::{Tolerance, VerifyReport};

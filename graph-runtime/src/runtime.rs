@@ -5,24 +5,27 @@
 //! gate that keeps replays out of a capturing stream.
 
 use std::panic::Location;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use crate::driver;
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
-use crate::rng::{Generator, GeneratorInner, DEFAULT_SEED};
+use crate::rng::generator::{Generator, GeneratorInner, DEFAULT_SEED};
 
 mod gate;
 mod kernels;
+mod probe;
 #[cfg(test)]
 mod tests;
 
 use gate::StreamGate;
 use kernels::{compile_cached, KernelCache, ModuleSource};
+use probe::cublas_available;
+pub use probe::{driver_available, library_available};
 
 /// Bytes of cuBLAS workspace the runtime sets up front. cuBLAS otherwise allocates its
 /// workspace lazily, which is not allowed while a stream is capturing; NVIDIA recommends
@@ -106,56 +109,6 @@ pub fn function(
         .function(source, name)
 }
 
-/// Whether a CUDA driver library is on this machine. cudarc panics on first use without
-/// one, so the runtime asks this before touching the driver.
-pub fn driver_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| library_available("cuda"))
-}
-
-fn nvrtc_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| library_available("nvrtc"))
-}
-
-fn cublas_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| library_available("cublas"))
-}
-
-/// Whether the CUDA library `name` (`"cuda"`, `"nvrtc"`, `"cublas"`, `"nccl"`) can be
-/// loaded on this machine: a `dlopen` probe of its usual file names, without touching CUDA.
-///
-/// It answers the same whichever way cudarc was built to reach the libraries: loaded at run
-/// time (`dynamic-loading`, this crate's default), or linked (`dynamic-linking`, what
-/// candle-core's `cuda` feature picks; the probe then finds the library already loaded).
-pub fn library_available(name: &str) -> bool {
-    let names: &[&str] = match name {
-        "cuda" => &["libcuda.so.1", "libcuda.so", "nvcuda.dll"],
-        "nvrtc" => &[
-            "libnvrtc.so.13",
-            "libnvrtc.so.12",
-            "libnvrtc.so",
-            "nvrtc64_130_0.dll",
-            "nvrtc64_120_0.dll",
-        ],
-        "cublas" => &[
-            "libcublas.so.13",
-            "libcublas.so.12",
-            "libcublas.so",
-            "cublas64_13.dll",
-            "cublas64_12.dll",
-        ],
-        "nccl" => &["libnccl.so.2", "libnccl.so"],
-        _ => &[],
-    };
-    names.iter().any(|n| {
-        // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions;
-        // the handle is dropped (the library stays loaded if something else holds it).
-        unsafe { libloading::Library::new(*n) }.is_ok()
-    })
-}
-
 impl Runtime {
     /// Opens device `ordinal`: retains its primary context (event tracking off), creates the
     /// capture stream, a cuBLAS handle bound to it with its workspace set, and an empty
@@ -221,26 +174,6 @@ impl Runtime {
         Self::assemble(ctx, stream)
     }
 
-    /// A runtime on a candle device (feature `candle`): it captures and replays on candle's
-    /// own stream, so graphs run in order with candle's eager work, and a body whose context
-    /// parameter is `&Device` (or `&CudaDevice`) gets this device. See [`crate::candle`].
-    ///
-    /// `Device::new_cuda(ordinal)` uses CUDA's per-thread default stream, which captures
-    /// (unlike the legacy default stream): the graphs then launch on the calling thread's
-    /// default stream, as candle's own work does. A device made with
-    /// `Device::new_cuda_with_stream` has event tracking on; capturing on it is refused with
-    /// [`GraphError::EventTracking`] unless it was turned off before any tensor was made.
-    #[cfg(feature = "candle")]
-    pub fn from_candle(device: &candle_core::Device) -> Result<Self, GraphError> {
-        let cuda = crate::candle::cuda_device(device)?;
-        let stream = cuda.cuda_stream();
-        if stream.cu_stream().is_null() {
-            return Err(GraphError::DefaultStream);
-        }
-        let ctx = stream.context().clone();
-        Self::assemble_with(ctx, stream, Some(device.clone()))
-    }
-
     /// The candle device of a runtime made by [`Runtime::from_candle`].
     #[cfg(feature = "candle")]
     pub fn candle_device(&self) -> Option<&candle_core::Device> {
@@ -266,7 +199,7 @@ impl Runtime {
         Self::assemble_with(ctx, stream)
     }
 
-    fn assemble_with(
+    pub(crate) fn assemble_with(
         ctx: Arc<CudaContext>,
         stream: Arc<CudaStream>,
         #[cfg(feature = "candle")] candle: Option<candle_core::Device>,
@@ -355,8 +288,8 @@ impl Runtime {
     /// while the kernel before it finishes, and a capture records that as a programmatic
     /// graph edge. The kernel must wait with `griddepcontrol.wait` before reading what
     /// earlier kernels wrote; see [`crate::launch`].
-    pub fn launch_early<'a>(&'a self, func: &'a CudaFunction) -> crate::EarlyLaunch<'a> {
-        crate::EarlyLaunch::new(&self.inner.stream, func)
+    pub fn launch_early<'a>(&'a self, func: &'a CudaFunction) -> crate::launch::EarlyLaunch<'a> {
+        crate::launch::EarlyLaunch::new(&self.inner.stream, func)
     }
 
     /// The device's compute capability, e.g. `(9, 0)` on an H100.
@@ -444,6 +377,14 @@ impl Runtime {
     /// Streaming multiprocessors on the device.
     pub fn multiprocessors(&self) -> u32 {
         self.inner.multiprocessors
+    }
+
+    /// A new event without timing (the cheap kind), for ordering work across streams.
+    pub(crate) fn untimed_event(&self) -> Result<CudaEvent, GraphError> {
+        Ok(self
+            .inner
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?)
     }
 
     /// The runtime's default random generator (seed [`DEFAULT_SEED`](crate::rng::DEFAULT_SEED)).

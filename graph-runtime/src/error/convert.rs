@@ -5,7 +5,9 @@
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::{sys::CUresult, DriverError};
 
-use super::{BoxError, GraphError};
+use super::variants::{BoxError, GraphError};
+#[cfg(feature = "nccl")]
+use crate::nccl::error::CollectiveError;
 
 impl From<DriverError> for GraphError {
     fn from(e: DriverError) -> Self {
@@ -169,8 +171,60 @@ pub(super) fn into_graph_error(e: BoxError) -> GraphError {
 /// body's would be, or the candle error itself as [`GraphError::User`].
 #[cfg(feature = "candle")]
 pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
-    match crate::candle::cuda_error_of(&e) {
+    match cuda_error_of(&e) {
         Some(typed) => typed,
         None => GraphError::User(Box::new(e)),
+    }
+}
+
+/// The CUDA or cuBLAS error a candle error carries, typed as a cudarc body's would be.
+#[cfg(feature = "candle")]
+fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
+    use candle_core::cuda_backend::CudaError;
+    let mut cur = e;
+    loop {
+        match cur {
+            candle_core::Error::Context { inner, .. }
+            | candle_core::Error::WithPath { inner, .. }
+            | candle_core::Error::WithBacktrace { inner, .. } => cur = inner,
+            candle_core::Error::Cuda(inner) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**inner);
+                while let Some(err) = source {
+                    if let Some(d) = err.downcast_ref::<cudarc::driver::DriverError>() {
+                        return Some(GraphError::Driver(*d));
+                    }
+                    match err.downcast_ref::<CudaError>() {
+                        Some(CudaError::Cuda(d)) => return Some(GraphError::Driver(*d)),
+                        Some(CudaError::Cublas(c)) => return Some(GraphError::Cublas(*c)),
+                        _ => {}
+                    }
+                    source = err.source();
+                }
+                return None;
+            }
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl From<CollectiveError> for GraphError {
+    fn from(e: CollectiveError) -> Self {
+        GraphError::Collective(Box::new(e))
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl GraphError {
+    /// The collective error in this error, also when it is wrapped in a warmup, body or
+    /// bucket error.
+    pub fn collective(&self) -> Option<&CollectiveError> {
+        match self {
+            GraphError::Collective(c) => Some(c),
+            GraphError::Warmup { source, .. }
+            | GraphError::Body { source, .. }
+            | GraphError::Bucket { source, .. } => source.collective(),
+            _ => None,
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Unit tests of the error conversions.
 
 use super::*;
+use cudarc::driver::DriverError;
 
 #[test]
 fn body_errors_keep_their_kind() {

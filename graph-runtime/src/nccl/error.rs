@@ -4,12 +4,11 @@ use std::panic::Location;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::GraphError;
-
 /// Everything that can go wrong with NCCL collectives: setting up a group, issuing a
 /// collective, and capturing collectives on every rank. Reached as
-/// [`GraphError::Collective`]; [`GraphError::collective`] finds one inside a warmup or body
-/// error.
+/// [`GraphError::Collective`](crate::GraphError::Collective);
+/// [`GraphError::collective`](crate::GraphError::collective) finds one inside a warmup or
+/// body error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
@@ -361,29 +360,10 @@ fn missing_fix(found: &[PathBuf]) -> String {
     )
 }
 
-impl From<CollectiveError> for GraphError {
-    fn from(e: CollectiveError) -> Self {
-        GraphError::Collective(Box::new(e))
-    }
-}
-
-impl GraphError {
-    /// The collective error in this error, also when it is wrapped in a warmup, body or
-    /// bucket error.
-    pub fn collective(&self) -> Option<&CollectiveError> {
-        match self {
-            GraphError::Collective(c) => Some(c),
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::Bucket { source, .. } => source.collective(),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::GraphError;
 
     #[test]
     fn a_missing_library_names_the_search_the_copy_found_and_the_fix() {

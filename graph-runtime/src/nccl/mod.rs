@@ -188,7 +188,7 @@
 
 mod collective;
 mod comm;
-mod error;
+pub(crate) mod error;
 mod library;
 mod raw;
 mod rendezvous;

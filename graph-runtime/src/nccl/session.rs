@@ -26,9 +26,9 @@ use std::time::Duration;
 use super::error::CollectiveError;
 use super::rendezvous::{Rendezvous, WaitError};
 use super::sequence::{compare, Checkpoint, CollectiveCall};
-use crate::capture::{CaptureMode, GraphSite};
 use crate::error::GraphError;
 use crate::phase::{phase, Phase};
+use crate::site::{CaptureMode, GraphSite};
 
 /// What a communicator hands to a new session.
 #[derive(Debug)]

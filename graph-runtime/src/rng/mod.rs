@@ -136,61 +136,28 @@
 
 use std::marker::PhantomData;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::GraphError;
-use crate::graph::RngAdvance;
 use crate::phase::refuse_while_capturing;
 use crate::runtime::Runtime;
 use crate::state::{DeviceRegion, DeviceState};
 
 mod device;
 mod draws;
+pub(crate) mod generator;
 mod host;
 mod types;
 
 pub use device::{PHILOX_DEVICE_API, RNG_KERNELS};
+pub use generator::{Generator, RngAdvance, DEFAULT_SEED};
 pub use host::{
     philox4x32_10, reference_bernoulli, reference_bits, reference_exponential, reference_group,
     reference_integer, reference_normal, reference_uniform, reference_uniform_in,
     EXPONENTIAL_MAX_ULPS, NORMAL_TOLERANCE,
 };
 pub use types::{BernoulliOutput, RandomFloat, RandomInt};
-
-/// The seed of [`Runtime::rng`], the runtime's default generator.
-pub const DEFAULT_SEED: u64 = 0x5eed_c0de_2026;
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) struct GeneratorInner {
-    /// `[seed, offset, arrivals (low 32 bits), 0]`.
-    state: CudaSlice<u64>,
-    id: u64,
-}
-
-/// A Philox4x32-10 random generator whose seed and offset live in device memory.
-///
-/// Create one with [`Runtime::generator`], or use the runtime's default one,
-/// [`Runtime::rng`]. Draws take `&self`: the state changes on the device, in stream order.
-/// Clones share the same state.
-///
-/// Every draw is graph-safe with no registration, and so is a kernel of yours that draws
-/// through [`Generator::kernel_arg`]: see the [module docs](crate::rng).
-#[derive(Clone)]
-pub struct Generator {
-    inner: Arc<GeneratorInner>,
-}
-
-impl std::fmt::Debug for Generator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generator")
-            .field("id", &self.inner.id)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A generator's device state as a kernel argument: the `unsigned long long *state` that
 /// `philox_begin` and `philox_end` of [`PHILOX_DEVICE_API`] take.
@@ -292,29 +259,6 @@ unsafe impl DeviceState for RngState {
 }
 
 impl Generator {
-    pub(crate) fn create(stream: &Arc<CudaStream>, seed: u64) -> Result<Self, GraphError> {
-        let state = stream.clone_htod(&[seed, 0, 0, 0])?;
-        Ok(Generator {
-            inner: Arc::new(GeneratorInner {
-                state,
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            }),
-        })
-    }
-
-    pub(crate) fn downgrade(&self) -> Weak<GeneratorInner> {
-        Arc::downgrade(&self.inner)
-    }
-
-    pub(crate) fn from_inner(inner: Arc<GeneratorInner>) -> Self {
-        Generator { inner }
-    }
-
-    /// A number identifying this generator (and its clones) in logs and graph reports.
-    pub fn id(&self) -> u64 {
-        self.inner.id
-    }
-
     fn state_ptr(&self, rt: &Runtime) -> u64 {
         let (ptr, _sync) = self.inner.state.device_ptr(rt.stream());
         ptr

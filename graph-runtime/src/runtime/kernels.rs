@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaModule};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use super::nvrtc_available;
+use super::probe::nvrtc_available;
 use crate::error::GraphError;
 
 /// Where a module comes from: CUDA C++ for NVRTC, or PTX text.

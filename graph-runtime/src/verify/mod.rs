@@ -25,7 +25,7 @@ use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
 use crate::state::{AddressBook, DeviceRegion, DeviceState, StateSnapshot};
 
-mod report;
+pub(crate) mod report;
 
 pub(crate) use report::compare;
 use report::Observed;
