@@ -33,7 +33,8 @@ use crate::phase::{Phase, PhaseScope, ProcedureScope};
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
-use crate::state::{AddressBook, StateSnapshot};
+use crate::state::snapshot::StateSnapshot;
+use crate::state::AddressBook;
 
 /// A capture in progress on the runtime's stream. Dropping it without [`ActiveCapture::end`]
 /// (an error or a panic in the body) ends and discards the capture.

@@ -185,13 +185,13 @@ __device__ __forceinline__ void graph_condition_set(GraphCondition c, bool value
 }
 
 /// [`condition_device_api!`] as a constant.
-pub const CONDITION_DEVICE_API: &str = crate::condition_device_api!();
+pub const CONDITION_DEVICE_API: &str = condition_device_api!();
 
 /// The library's kernels: the device API, a setter, the comparisons of
 /// [`Condition::set_from`] and the iteration bound of [`Runtime::graph_while`]. Each runs on
 /// one thread.
 pub const CONDITION_KERNELS: &str = concat!(
-    crate::condition_device_api!(),
+    condition_device_api!(),
     r#"
 template <typename T> __device__ __forceinline__ bool cg_compare(T a, int op, T b) {
     switch (op) {

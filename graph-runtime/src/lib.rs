@@ -130,8 +130,8 @@
 //! capture is a `cuda_graph_capture` span at `debug` level with a `trace` event when the
 //! warmup is done and a `debug` summary (nodes, memory, warmup, capture and instantiate
 //! times); each replay is a `cuda_graph_replay` span at `trace` level; bucket families log
-//! each bucket's capture at `info` level, so a long family shows its progress. Install any subscriber, for example `tracing-subscriber` with
-//! `RUST_LOG=graph_runtime=debug`.
+//! each bucket's capture at `info` level, so a long family shows its progress. Install any
+//! subscriber, for example `tracing-subscriber` with `RUST_LOG=graph_runtime=debug`.
 //!
 //! # Memory
 //! A graph holds three kinds of memory, all reported in [`GraphInfo`]: its static inputs and
@@ -155,6 +155,23 @@
 //! * A replay attempted while another thread captures on the same stream is refused
 //!   ([`GraphError::StreamCapturing`]) instead of being recorded into that graph; the check
 //!   costs two uncontended atomic operations per replay.
+//!
+//! # How the crate is laid out
+//! Imports run one way, from the top of this list to the bottom; no file imports a file
+//! above it, and no files import each other in a circle. A parent module file either only
+//! names and re-exports its parts (`error.rs`) or its parts never import it.
+//!
+//! | layer | files | may import |
+//! |---|---|---|
+//! | entry | `lib.rs` (this page, re-exports), `__private.rs` (re-exports for generated code) | everything |
+//! | families | `buckets.rs` | the capture and below |
+//! | capture | `capture.rs` (warmup, capture, the guard) | the graph and below |
+//! | graphs | `graph.rs`, `candle.rs` | buffers and below |
+//! | buffers | `buffer.rs` (static buffers, sources, `Staging`), `fingerprint.rs` | input nodes, constructs and below |
+//! | work in a body | `inputs.rs`, `fork.rs`, `timer.rs`, `conditional/`, `verify/`, `nccl/`, `state/snapshot.rs`, `rng/` draws | one another (never in a circle), the runtime and below |
+//! | runtime | `runtime/` (context, streams, cuBLAS, kernel cache, library probes) | the generator core and below |
+//! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs` | errors and driver calls |
+//! | ground | `error/`, `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | nothing of the crate (`error/` only the report and NCCL error it carries) |
 
 #![warn(missing_docs)]
 

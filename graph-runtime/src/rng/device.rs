@@ -217,14 +217,14 @@ __device__ __forceinline__ unsigned short philox_uniform_bf16(unsigned int x, fl
 ///
 /// The whole text is guarded by `#ifndef GRAPH_RUNTIME_PHILOX_DEVICE_API`, so including it
 /// twice is harmless. The contract a kernel keeps is in the [module docs](crate::rng).
-pub const PHILOX_DEVICE_API: &str = crate::philox_device_api!();
+pub const PHILOX_DEVICE_API: &str = philox_device_api!();
 
 /// CUDA source of the library's random kernels: [`PHILOX_DEVICE_API`] followed by one kernel
 /// per draw (`rng_uniform_f32`, `rng_normal_bf16`, `rng_integers_i64`, …). Each takes the
 /// generator state first and uses a grid-stride loop, so its result does not depend on the
 /// launch configuration.
 pub const RNG_KERNELS: &str = concat!(
-    crate::philox_device_api!(),
+    philox_device_api!(),
     r#"
 // ---- the kernels of graph_runtime::rng::Generator ----
 

@@ -23,7 +23,8 @@ use cudarc::driver::CudaSlice;
 use crate::error::GraphError;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
-use crate::state::{AddressBook, DeviceRegion, DeviceState, StateSnapshot};
+use crate::state::snapshot::StateSnapshot;
+use crate::state::{AddressBook, DeviceRegion, DeviceState};
 
 pub(crate) mod report;
 
