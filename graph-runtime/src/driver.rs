@@ -350,6 +350,23 @@ pub(crate) unsafe fn copy_htod<T>(
     unsafe { result::memcpy_htod_async(dst, src, stream) }
 }
 
+/// Queues a copy into host memory; the bytes are there once `stream` has reached the copy.
+///
+/// [`cuMemcpyDtoHAsync`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html)
+///
+/// # Safety
+/// `src .. src + size_of_val(dst)` is allocated device memory that stays allocated until the
+/// copy has run, `stream` is a live stream of its context, and `dst` is not read before the
+/// stream is synchronised past the copy.
+pub(crate) unsafe fn copy_dtoh<T>(
+    dst: &mut [T],
+    src: sys::CUdeviceptr,
+    stream: sys::CUstream,
+) -> Result<(), DriverError> {
+    // SAFETY: forwarded from the caller.
+    unsafe { result::memcpy_dtoh_async(dst, src, stream) }
+}
+
 /// Records `event` on `stream`. While `stream` captures, `external` makes it an event record
 /// node of the graph (which every replay records) instead of a dependency marker.
 ///

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaSlice;
 
+use crate::driver;
 use crate::error::GraphError;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
@@ -176,9 +177,7 @@ fn read_regions(rt: &Runtime, regions: &[DeviceRegion]) -> Result<Vec<u8>, Graph
         // shadow output owned by the caller, or state checked unchanged by the address
         // book), alive for this call; the copy is ordered on the runtime's stream, after the
         // work that wrote it, and synchronised just below before the bytes are read.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut out[start..], r.ptr, stream.cu_stream())
-        }?;
+        unsafe { driver::copy_dtoh(&mut out[start..], r.ptr, stream.cu_stream()) }?;
     }
     stream.synchronize()?;
     Ok(out)
