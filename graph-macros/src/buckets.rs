@@ -11,8 +11,9 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Lit, Meta, Token};
 
 use crate::ctxt::Ctxt;
-use crate::expand::{inner_vis, recorded_kind, relocated};
+use crate::expand::recorded_kind;
 use crate::model::{GraphFn, Param, Role};
+use crate::tokens::{inner_vis, relocated};
 
 /// The parsed `buckets(…)` argument.
 pub struct BucketArgs {

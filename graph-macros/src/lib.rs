@@ -14,6 +14,7 @@ mod ctxt;
 mod derive;
 mod expand;
 mod model;
+mod tokens;
 
 use proc_macro::TokenStream;
 

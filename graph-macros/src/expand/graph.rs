@@ -5,9 +5,10 @@ use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::{inner_vis, is_cuda_slice, local, recorded_kind, relocated, verify_schedule_tokens};
+use super::{is_cuda_slice, local, recorded_kind, verify_schedule_tokens};
 use crate::args::GraphArgs;
 use crate::model::{GraphFn, Param, Role};
+use crate::tokens::{inner_vis, relocated};
 
 /// The graph type of `model` and its views, as the items of the generated module, and the
 /// names to re-export from it.

@@ -84,25 +84,6 @@ fn items_of_the_generated_module_see_the_users_paths() {
 }
 
 #[test]
-fn visibility_is_mapped_one_module_deeper() {
-    let vis = |v: TokenStream| inner_vis(&syn::parse2(v).unwrap()).to_string();
-    assert_eq!(vis(quote!(pub)), "pub");
-    assert_eq!(vis(quote!()), "pub (super)");
-    assert_eq!(vis(quote!(pub(crate))), "pub (crate)");
-    assert_eq!(vis(quote!(pub(self))), "pub (super)");
-    assert_eq!(vis(quote!(pub(super))), "pub (in super :: super)");
-    assert_eq!(vis(quote!(pub(in crate::a))), "pub (in crate :: a)");
-    assert_eq!(
-        vis(quote!(pub(in super::a))),
-        "pub (in super :: super :: a)"
-    );
-    assert_eq!(
-        relocated(&quote!(Vec<self::A, ::x::self_::B, super::super::C>)).to_string(),
-        "Vec < super :: A , :: x :: self_ :: B , super :: super :: super :: C >"
-    );
-}
-
-#[test]
 fn crate_override_and_mode() {
     let out = expand_str(
         quote!(crate = "my_rt", mode = "global"),
