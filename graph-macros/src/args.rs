@@ -8,6 +8,8 @@ use syn::{Expr, ExprLit, Lit, Meta, Token};
 
 use crate::ctxt::Ctxt;
 
+pub mod buckets;
+
 /// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
 /// consequence: those effects run in the warmup runs and the capture, never on replay.
 pub const HOST_EFFECTS_KEY: &str = "host_effects_not_replayed";
@@ -43,7 +45,7 @@ pub struct GraphArgs {
     /// `host_effects_not_replayed` was given (and not `= false`).
     pub host_effects: bool,
     /// `buckets(batch = [...])`: one graph per batch size.
-    pub buckets: Option<crate::buckets::BucketArgs>,
+    pub buckets: Option<buckets::BucketArgs>,
     /// `verify = "never" | "first" | "every"` / `verify_every = N`: which replays verify
     /// themselves (`None`: the first in debug builds, none in release builds).
     pub verify: Option<VerifyEvery>,
@@ -164,7 +166,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         }
         if key == "buckets" {
             match &meta {
-                Meta::List(list) => args.buckets = crate::buckets::parse(list, cx),
+                Meta::List(list) => args.buckets = buckets::parse(list, cx),
                 _ => cx.error_spanned_by(
                     &meta,
                     "`buckets` takes a list: `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter",

@@ -17,10 +17,12 @@ use crate::ctxt::Ctxt;
 use crate::model::{self, GraphFn, Param, Role};
 use crate::tokens::relocated_path;
 
+mod buckets;
 mod graph;
 #[cfg(test)]
 mod tests;
 
+use buckets::expand_buckets;
 use graph::expand_graph;
 
 /// Entry point: `#[cuda_graph(args)] item`.
@@ -106,7 +108,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let module = format_ident!("__cuda_graph_{}", snake(fn_ident), span = fn_ident.span());
     let site = site_tokens(model, args, &krate);
     let (body, names) = match &args.buckets {
-        Some(buckets) => crate::buckets::expand(model, &krate, site, buckets, &base),
+        Some(buckets) => expand_buckets(model, &krate, site, buckets, &base),
         None => expand_graph(model, args, &krate, site, &base),
     };
     let outer_vis = &item.vis;

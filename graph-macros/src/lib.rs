@@ -8,7 +8,6 @@
 //! next to every error at once (`ctxt` collects them).
 
 mod args;
-mod buckets;
 mod check;
 mod ctxt;
 mod derive;

@@ -112,3 +112,18 @@ fn errors_keep_the_function() {
     assert_eq!(errors, 4, "warmup, async, generics, by-value state: {out}");
     assert!(!out.contains("struct"), "no graph type on error: {out}");
 }
+
+#[test]
+fn a_family_is_expanded_for_a_valid_function() {
+    let out = cuda_graph(
+        quote!(buckets(batch = [1, 2, 4])),
+        quote! {
+            fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, batch: usize)
+                -> Result<(), GraphError> { Ok(()) }
+        },
+    );
+    let text = out.to_string();
+    assert!(!text.contains("compile_error"), "{text}");
+    assert!(text.contains("StepBuckets"), "{text}");
+    syn::parse2::<syn::File>(out).expect("the expansion parses");
+}
