@@ -3,22 +3,24 @@
 //! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
 //! moves buffers into place and calls `__private::capture` and `Graph::replay_with`.
 //!
-//! This file holds the entry point and the helpers every expansion shares;
-//! `expand/graph.rs` generates the graph type of a function without buckets (`buckets.rs`
-//! the one with them).
+//! This file holds the entry point (parse → model → check → expand) and the module that
+//! wraps the generated items; `expand/graph.rs` generates the graph type of a function
+//! without buckets, `expand/buckets.rs` the family of one with them, and `expand/parts.rs`
+//! the pieces both contain.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
 use syn::ItemFn;
 
 use crate::args::{self, GraphArgs};
-use crate::check;
+use crate::check::check_body;
 use crate::ctxt::Ctxt;
-use crate::model::{self, GraphFn, Param, Role};
+use crate::model::{self, GraphFn};
 use crate::tokens::relocated_path;
 
 mod buckets;
 mod graph;
+mod parts;
 #[cfg(test)]
 mod tests;
 
@@ -46,7 +48,7 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
     let signature_ok = cx.count() == before;
-    check::check_body(&model, &args, &mut cx);
+    check_body(&model, &args, &mut cx);
     if !cx.has_errors() {
         return expand(&model, &args);
     }
@@ -129,56 +131,8 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     }
 }
 
-/// How the address book records state parameter `p`.
-pub fn recorded_kind(p: &Param, pr: &TokenStream) -> TokenStream {
-    match p.role {
-        Role::State { mutable: true } => {
-            let restore = !p.no_restore;
-            quote!(#pr::Recorded::StateMut { restore: #restore })
-        }
-        _ => quote!(#pr::Recorded::State),
-    }
-}
-
-/// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with
-/// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
-fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
-    let every = match args.verify {
-        None => quote!(if ::core::cfg!(debug_assertions) {
-            #pr::VerifySchedule::FIRST
-        } else {
-            #pr::VerifySchedule::NEVER
-        }),
-        Some(args::VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
-        Some(args::VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
-        Some(args::VerifyEvery::Every(n)) => quote!(#n),
-    };
-    let tolerance = match args.verify_tolerance {
-        None => quote!(#pr::Tolerance::BITWISE),
-        Some(t) => quote!(#pr::Tolerance::new(#t, #t)),
-    };
-    quote!(#pr::VerifySchedule::new(#every, #tolerance))
-}
-
 /// `scale_add` → `scale_add` (without a raw-identifier prefix), for the module name.
 fn snake(ident: &Ident) -> String {
     let name = ident.to_string();
     name.strip_prefix("r#").unwrap_or(&name).to_owned()
-}
-
-/// The capture-time local holding parameter `n`'s static buffer.
-/// Whether `t` is written as a `CudaSlice<…>` (any path ending in it), whose shape is a length.
-fn is_cuda_slice(t: &syn::Type) -> bool {
-    match t {
-        syn::Type::Path(p) if p.qself.is_none() => p
-            .path
-            .segments
-            .last()
-            .is_some_and(|s| s.ident == "CudaSlice"),
-        _ => false,
-    }
-}
-
-fn local(n: usize) -> Ident {
-    format_ident!("__static{}", n)
 }

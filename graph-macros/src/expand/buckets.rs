@@ -8,10 +8,9 @@ use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
+use super::parts::{debug_view, Parts};
 use crate::args::buckets::BucketArgs;
-use crate::expand::recorded_kind;
 use crate::model::{GraphFn, Param, Role};
-use crate::tokens::{inner_vis, relocated};
 
 /// The bucket family type of `model` (`{Name}Buckets<'s>`) and its outputs view, as items of
 /// the generated module, and the names to re-export from it.
@@ -22,18 +21,22 @@ pub(super) fn expand_buckets(
     buckets: &BucketArgs,
     base: &str,
 ) -> (TokenStream, Vec<Ident>) {
-    let pr = quote!(#krate::__private);
-    let item = &model.item;
-    let vis = inner_vis(&item.vis);
-    let fn_ident = &item.sig.ident;
-    let fn_name = fn_ident.to_string();
-    let family = format_ident!("{}Buckets", base, span = fn_ident.span());
-    let outputs_ty = format_ident!("{}BucketOutputs", base, span = fn_ident.span());
-    let ctx_ty = relocated(&model.context.as_ref().expect("checked by analyze").ty);
+    let parts = Parts::new(model, krate);
+    let Parts {
+        pr,
+        vis,
+        fn_name,
+        ctx_ty,
+        inputs,
+        outputs,
+        ..
+    } = &parts;
+    let family = parts.type_name(base, "Buckets");
+    let outputs_ty = parts.type_name(base, "BucketOutputs");
     let sizes = &buckets.sizes;
     let fallback = buckets.eager_fallback;
     let batch_ident = &buckets.param;
-    let ty = |p: &Param| relocated(&p.ty);
+    let ty = |p: &Param| parts.ty(p);
 
     let slot_ty = |p: &Param| {
         let t = ty(p);
@@ -42,37 +45,21 @@ pub(super) fn expand_buckets(
     let batched: Vec<_> = model
         .of(|r| matches!(r, Role::Input | Role::Output))
         .collect();
-    let inputs: Vec<_> = model.of(|r| r == Role::Input).collect();
-    let outputs: Vec<_> = model.of(|r| r == Role::Output).collect();
-    let states: Vec<_> = model.of(|r| matches!(r, Role::State { .. })).collect();
-    let constants: Vec<_> = model.of(|r| r == Role::Constant).collect();
 
     let slot_fields = batched.iter().map(|p| {
         let (i, st) = (&p.ident, slot_ty(p));
         quote!(#i: #st)
     });
-    let state_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        match p.role {
-            Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
-            _ => quote!(#i: #pr::Held<'s, #t>),
-        }
-    });
-    let const_fields = constants.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        quote!(#i: #t)
-    });
+    let state_fields = parts.state_fields();
+    let const_fields = parts.const_fields();
 
-    let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
-        let t = ty(p);
-        let g = format_ident!("__S{}", n);
-        match p.role {
-            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
-            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
-            _ => None,
-        }
-    });
-    let capture_params = model
+    let capture_generics: Vec<TokenStream> = model
+        .params
+        .iter()
+        .enumerate()
+        .filter_map(|(n, p)| parts.state_generic(n, p))
+        .collect();
+    let capture_params: Vec<TokenStream> = model
         .params
         .iter()
         .enumerate()
@@ -85,16 +72,9 @@ pub(super) fn expand_buckets(
                 Role::State { .. } => quote!(#i: #g),
                 _ => quote!(#i: #t),
             }
-        });
-    let hold_states = states.iter().map(|p| {
-        let i = &p.ident;
-        match p.role {
-            Role::State { mutable: true } => {
-                quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
-            }
-            _ => quote!(let #i = #pr::StateArg::into_held(#i);),
-        }
-    });
+        })
+        .collect();
+    let hold_states = parts.hold_states();
     let make_slots = batched.iter().map(|p| {
         let i = &p.ident;
         let name = i.to_string();
@@ -102,24 +82,22 @@ pub(super) fn expand_buckets(
         quote!(let mut #i: #st = #pr::BatchedSlot::new(rt, __site, #name, #i, __largest)?;)
     });
     let slot_idents: Vec<&Ident> = batched.iter().map(|p| &p.ident).collect();
-    let records = states.iter().map(|p| {
+    let records = parts.states.iter().map(|p| {
         let i = &p.ident;
         let name = i.to_string();
-        let kind = recorded_kind(p, &pr);
+        let kind = parts.recorded_kind(p);
         quote!(__book.record(#name, &*#i, #kind);)
     });
-    let capture_checks = states.iter().enumerate().map(|(k, p)| {
-        let i = &p.ident;
-        quote!(__book.check(#k, &*#i, __when)?;)
-    });
-    let replay_checks: Vec<TokenStream> = states
+    let capture_checks: Vec<TokenStream> = parts
+        .states
         .iter()
         .enumerate()
         .map(|(k, p)| {
             let i = &p.ident;
-            quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
+            quote!(__book.check(#k, &*#i, __when)?;)
         })
         .collect();
+    let replay_checks = parts.replay_checks();
 
     // Arguments of the call inside capture (`__b` rows) and of the eager fallback.
     let alias_lets = batched.iter().map(|p| {
@@ -155,21 +133,17 @@ pub(super) fn expand_buckets(
                 match p.role {
                     Role::Input => quote!(&*#a),
                     Role::Output => quote!(&mut *#a),
-                    Role::State { mutable: true } => quote!(&mut *#owner),
-                    Role::State { mutable: false } => quote!(&*#owner),
-                    Role::Constant => {
-                        quote_spanned!(p.ty.span()=> #pr::constant(&#owner))
-                    }
                     Role::Bucket => {
                         let t = ty(p);
                         quote!(__b as #t)
                     }
+                    _ => parts.held_arg(p, owner),
                 }
             })
             .collect()
     };
-    let capture_call = call_args(false);
-    let eager_call = call_args(true);
+    let capture_call = parts.call(&call_args(false));
+    let eager_call = parts.call(&call_args(true));
 
     let first_input = inputs.first().map(|p| &p.ident);
     let rows_checks = inputs.iter().enumerate().map(|(k, p)| {
@@ -195,16 +169,8 @@ pub(super) fn expand_buckets(
         let a = format_ident!("__alias_{}", i);
         quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
     });
-    let replay_generics = inputs.iter().enumerate().map(|(n, p)| {
-        let g = format_ident!("__R{}", n);
-        let t = ty(p);
-        quote!(#g: ?Sized + #pr::InputSource<#t>)
-    });
-    let replay_params = inputs.iter().enumerate().map(|(n, p)| {
-        let g = format_ident!("__R{}", n);
-        let i = &p.ident;
-        quote!(#i: &#g)
-    });
+    let replay_generics = parts.replay_generics();
+    let replay_params = parts.replay_params();
     let output_fields = outputs.iter().map(|p| {
         let (i, t) = (&p.ident, ty(p));
         let doc = format!("The valid rows of output `{i}`.");
@@ -222,7 +188,7 @@ pub(super) fn expand_buckets(
     let ctx_call = quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(rt));
     let ctx_call_eager =
         quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(&self.__rt));
-    let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
+    let body_result = parts.body_result();
     let no_inputs = first_input.is_none();
     let rows_when_no_input = if no_inputs {
         quote!(let __rows = #batch_ident;)
@@ -250,6 +216,51 @@ pub(super) fn expand_buckets(
          constants are frozen."
     );
 
+    let outputs_debug = debug_view(&outputs_ty);
+    // `capture`: one capture of the body per bucket, on slots sized for the largest.
+    let closure = parts.body_closure(
+        ctx_call,
+        quote!(__b: usize, __step: #pr::Step),
+        quote! {
+                            #pr::Step::Run(__when) => {
+                #(#alias_lets)*
+                let __result = #body_result(#capture_call);
+                let _ = __when;
+                #(#capture_finish)*
+                __result
+            }
+        },
+        &capture_checks,
+    );
+    let capture = parts.site_and_capture(
+        site,
+        &capture_doc,
+        &capture_generics,
+        &capture_params,
+        quote! {
+        let __largest = *Self::BUCKETS.last().expect("at least one bucket");
+        #(#hold_states)*
+        #(#make_slots)*
+        let __static_bytes = 0 #(+ #slot_idents.bytes())*;
+        let mut __book = #pr::AddressBook::new(__site.name);
+        #(#records)*
+        let __buckets = {
+            #closure
+            #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
+        };
+        ::core::result::Result::Ok(Self {
+            __buckets,
+            __book,
+            __rt: ::core::clone::Clone::clone(rt),
+            __rows: 0,
+            __eager: false,
+            #(#init_fields,)*
+            __state: ::core::marker::PhantomData,
+        })
+
+        },
+    );
+
     let body = quote! {
         #[doc = #doc]
         #[must_use = "a captured bucket family does nothing until it is replayed"]
@@ -274,11 +285,7 @@ pub(super) fn expand_buckets(
             pub __marker: ::core::marker::PhantomData<&'g ()>,
         }
 
-        impl ::core::fmt::Debug for #outputs_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#outputs_ty)).finish_non_exhaustive()
-            }
-        }
+        #outputs_debug
 
         impl ::core::fmt::Debug for #family<'_> {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
@@ -293,55 +300,7 @@ pub(super) fn expand_buckets(
             /// The bucket sizes, ascending.
             pub const BUCKETS: &'static [usize] = &[#(#sizes),*];
 
-            fn __site() -> &'static #pr::GraphSite {
-                static SITE: #pr::GraphSite = #site;
-                &SITE
-            }
-
-            #[doc = #capture_doc]
-            #[allow(clippy::too_many_arguments)]
-            #vis fn capture<#(#capture_generics),*>(
-                rt: &#krate::Runtime,
-                #(#capture_params),*
-            ) -> ::core::result::Result<Self, #krate::GraphError> {
-                let __site = Self::__site();
-                let __largest = *Self::BUCKETS.last().expect("at least one bucket");
-                #(#hold_states)*
-                #(#make_slots)*
-                let __static_bytes = 0 #(+ #slot_idents.bytes())*;
-                let mut __book = #pr::AddressBook::new(__site.name);
-                #(#records)*
-                let __buckets = {
-                    let __ctx = #ctx_call;
-                    let __book = &__book;
-                    let mut __body = |__b: usize, __step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
-                        match __step {
-                            #pr::Step::Run(__when) => {
-                                #(#alias_lets)*
-                                let __result = #body_result(super::#fn_ident(__ctx, #(#capture_call),*));
-                                let _ = __when;
-                                #(#capture_finish)*
-                                __result
-                            }
-                            #pr::Step::Check(__when) => {
-                                let _ = __when;
-                                #(#capture_checks)*
-                                ::core::result::Result::Ok(())
-                            }
-                        }
-                    };
-                    #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
-                };
-                ::core::result::Result::Ok(Self {
-                    __buckets,
-                    __book,
-                    __rt: ::core::clone::Clone::clone(rt),
-                    __rows: 0,
-                    __eager: false,
-                    #(#init_fields,)*
-                    __state: ::core::marker::PhantomData,
-                })
-            }
+            #capture
 
             /// Runs the bucket that holds the batch of the inputs (their rows), after copying
             /// them in; returns the valid rows of the outputs. A batch above the largest
@@ -373,7 +332,7 @@ pub(super) fn expand_buckets(
                         let __staging = self.__buckets.graph(0).staging();
                         #(#eager_inputs)*
                         #(#eager_outputs)*
-                        let __result = #body_result(super::#fn_ident(__ctx, #(#eager_call),*));
+                        let __result = #body_result(#eager_call);
                         #(#eager_finish)*
                         __result?;
                         self.__eager = true;
