@@ -9,6 +9,7 @@ use syn::punctuated::Punctuated;
 use syn::visit::{self, Visit};
 use syn::{Expr, Token};
 
+use super::finding::Finding;
 use super::rules::{
     path_matches, rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS,
     FORMATTING_MACROS, RULES,
@@ -19,7 +20,6 @@ use super::scope::{
 use super::syntax::{
     calls_any, compact, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
 };
-use super::Finding;
 
 pub struct Walker {
     host_effects: bool,
