@@ -120,8 +120,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #[doc(hidden)]
         #[allow(non_snake_case, clippy::needless_lifetimes)]
         mod #module {
-            #[allow(unused_imports)]
-            use super::*;
+            #[allow(unused_imports)] use super::*;
 
             #body
         }
