@@ -26,6 +26,7 @@ mod tests;
 
 use buckets::expand_buckets;
 use graph::expand_graph;
+use parts::Parts;
 
 /// Entry point: `#[cuda_graph(args)] item`.
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -87,31 +88,15 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStr
     })
 }
 
-/// `scale_add` → `ScaleAdd`.
-pub fn camel(ident: &Ident) -> String {
-    let name = ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    name.split('_')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            let mut c = s.chars();
-            c.next()
-                .map(|f| f.to_uppercase().chain(c).collect::<String>())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let krate = relocated_path(&args.krate());
     let item = &model.item;
     let fn_ident = &item.sig.ident;
-    let base = camel(fn_ident);
     let module = format_ident!("__cuda_graph_{}", snake(fn_ident), span = fn_ident.span());
-    let site = site_tokens(model, args, &krate);
+    let parts = Parts::new(model, &krate, site_tokens(model, args, &krate));
     let (body, names) = match &args.buckets {
-        Some(buckets) => expand_buckets(model, &krate, site, buckets, &base),
-        None => expand_graph(model, args, &krate, site, &base),
+        Some(buckets) => expand_buckets(&parts, buckets),
+        None => expand_graph(&parts, args),
     };
     let outer_vis = &item.vis;
     quote! {

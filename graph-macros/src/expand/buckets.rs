@@ -10,29 +10,16 @@ use syn::spanned::Spanned;
 
 use super::parts::{debug_view, Parts};
 use crate::args::buckets::BucketArgs;
-use crate::model::{GraphFn, Param, Role};
+use crate::model::{Param, Role};
 
-/// The bucket family type of `model` (`{Name}Buckets<'s>`) and its outputs view, as items of
-/// the generated module, and the names to re-export from it.
-pub(super) fn expand_buckets(
-    model: &GraphFn,
-    krate: &syn::Path,
-    site: TokenStream,
-    buckets: &BucketArgs,
-    base: &str,
-) -> (TokenStream, Vec<Ident>) {
-    let parts = Parts::new(model, krate);
-    let Parts {
-        pr,
-        vis,
-        fn_name,
-        ctx_ty,
-        inputs,
-        outputs,
-        ..
-    } = &parts;
-    let family = parts.type_name(base, "Buckets");
-    let outputs_ty = parts.type_name(base, "BucketOutputs");
+/// The bucket family type of the function (`{Name}Buckets<'s>`) and its outputs view, as
+/// items of the generated module, and the names to re-export from it.
+pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStream, Vec<Ident>) {
+    let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
+    let (fn_name, ctx_ty) = (&parts.fn_name, &parts.ctx_ty);
+    let (inputs, outputs) = (&parts.inputs, &parts.outputs);
+    let family = parts.type_name("Buckets");
+    let outputs_ty = parts.type_name("BucketOutputs");
     let sizes = &buckets.sizes;
     let fallback = buckets.eager_fallback;
     let batch_ident = &buckets.param;
@@ -222,7 +209,7 @@ pub(super) fn expand_buckets(
         ctx_call,
         quote!(__b: usize, __step: #pr::Step),
         quote! {
-                            #pr::Step::Run(__when) => {
+            #pr::Step::Run(__when) => {
                 #(#alias_lets)*
                 let __result = #body_result(#capture_call);
                 let _ = __when;
@@ -233,31 +220,29 @@ pub(super) fn expand_buckets(
         &capture_checks,
     );
     let capture = parts.site_and_capture(
-        site,
         &capture_doc,
         &capture_generics,
         &capture_params,
         quote! {
-        let __largest = *Self::BUCKETS.last().expect("at least one bucket");
-        #(#hold_states)*
-        #(#make_slots)*
-        let __static_bytes = 0 #(+ #slot_idents.bytes())*;
-        let mut __book = #pr::AddressBook::new(__site.name);
-        #(#records)*
-        let __buckets = {
-            #closure
-            #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
-        };
-        ::core::result::Result::Ok(Self {
-            __buckets,
-            __book,
-            __rt: ::core::clone::Clone::clone(rt),
-            __rows: 0,
-            __eager: false,
-            #(#init_fields,)*
-            __state: ::core::marker::PhantomData,
-        })
-
+            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
+            #(#hold_states)*
+            #(#make_slots)*
+            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
+            let mut __book = #pr::AddressBook::new(__site.name);
+            #(#records)*
+            let __buckets = {
+                #closure
+                #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
+            };
+            ::core::result::Result::Ok(Self {
+                __buckets,
+                __book,
+                __rt: ::core::clone::Clone::clone(rt),
+                __rows: 0,
+                __eager: false,
+                #(#init_fields,)*
+                __state: ::core::marker::PhantomData,
+            })
         },
     );
 

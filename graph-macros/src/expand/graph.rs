@@ -7,34 +7,19 @@ use syn::spanned::Spanned;
 
 use super::parts::{debug_view, Parts};
 use crate::args::{GraphArgs, VerifyEvery};
-use crate::model::{GraphFn, Param, Role};
+use crate::model::{Param, Role};
 use crate::tokens::relocated;
 
-/// The graph type of `model` and its views, as the items of the generated module, and the
-/// names to re-export from it.
-pub(super) fn expand_graph(
-    model: &GraphFn,
-    args: &GraphArgs,
-    krate: &syn::Path,
-    site: TokenStream,
-    base: &str,
-) -> (TokenStream, Vec<Ident>) {
-    let parts = Parts::new(model, krate);
-    let Parts {
-        pr,
-        vis,
-        fn_name,
-        ctx_ty,
-        inputs,
-        outputs,
-        states,
-        ..
-    } = &parts;
-    let item = &model.item;
-    let graph_ty = parts.type_name(base, "Graph");
-    let inputs_ty = parts.type_name(base, "Inputs");
-    let outputs_ty = parts.type_name(base, "Outputs");
-    let state_ty = parts.type_name(base, "State");
+/// The graph type of the function and its views, as the items of the generated module,
+/// and the names to re-export from it.
+pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
+    let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
+    let (fn_name, ctx_ty, item) = (&parts.fn_name, &parts.ctx_ty, &model.item);
+    let (inputs, outputs, states) = (&parts.inputs, &parts.outputs, &parts.states);
+    let graph_ty = parts.type_name("Graph");
+    let inputs_ty = parts.type_name("Inputs");
+    let outputs_ty = parts.type_name("Outputs");
+    let state_ty = parts.type_name("State");
     let warmup = args.warmup();
     let ty = |p: &Param| parts.ty(p);
 
@@ -389,33 +374,31 @@ pub(super) fn expand_graph(
         &capture_checks,
     );
     let capture = parts.site_and_capture(
-        site,
         &capture_doc,
         &capture_generics,
         &capture_params,
         quote! {
-        #(#hold_states)*
-        #(#stage)*
-        let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
-        let mut __book = #pr::AddressBook::new(__site.name);
-        #(#records)*
-        let mut __inputs = #pr::InputNodes::new();
-        #(#register_inputs)*
-        #(#result_slot)*
-        let __graph = {
-            #closure
-            #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
-        };
-        #(#result_take)*
-        ::core::result::Result::Ok(Self {
-            __graph,
-            __book,
-            __verify: #verify_schedule,
-            #(#result_init,)*
-            #(#init_fields,)*
-            __state: ::core::marker::PhantomData,
-        })
-
+            #(#hold_states)*
+            #(#stage)*
+            let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
+            let mut __book = #pr::AddressBook::new(__site.name);
+            #(#records)*
+            let mut __inputs = #pr::InputNodes::new();
+            #(#register_inputs)*
+            #(#result_slot)*
+            let __graph = {
+                #closure
+                #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
+            };
+            #(#result_take)*
+            ::core::result::Result::Ok(Self {
+                __graph,
+                __book,
+                __verify: #verify_schedule,
+                #(#result_init,)*
+                #(#init_fields,)*
+                __state: ::core::marker::PhantomData,
+            })
         },
     );
 

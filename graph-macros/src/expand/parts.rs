@@ -19,6 +19,10 @@ use crate::tokens::{inner_vis, relocated};
 pub(super) struct Parts<'m> {
     pub model: &'m GraphFn,
     pub krate: &'m syn::Path,
+    /// The `GraphSite` literal of the function (name, warmup, capture mode).
+    pub site: TokenStream,
+    /// The function's name in camel case, which the generated types' names start with.
+    pub base: String,
     /// `#krate::__private`, the runtime's items for generated code.
     pub pr: TokenStream,
     /// The visibility of the generated items (see [`inner_vis`]).
@@ -33,12 +37,14 @@ pub(super) struct Parts<'m> {
 }
 
 impl<'m> Parts<'m> {
-    pub fn new(model: &'m GraphFn, krate: &'m syn::Path) -> Self {
+    pub fn new(model: &'m GraphFn, krate: &'m syn::Path, site: TokenStream) -> Self {
         let item = &model.item;
         let fn_ident = &item.sig.ident;
         Parts {
             model,
             krate,
+            site,
+            base: camel(fn_ident),
             pr: quote!(#krate::__private),
             vis: inner_vis(&item.vis),
             fn_ident,
@@ -50,9 +56,10 @@ impl<'m> Parts<'m> {
         }
     }
 
-    /// A generated type's name: `{base}{suffix}`, at the function's name.
-    pub fn type_name(&self, base: &str, suffix: &str) -> Ident {
-        format_ident!("{}{}", base, suffix, span = self.fn_ident.span())
+    /// A generated type's name: `ScaleAddGraph` for `scale_add` and `"Graph"`, spanned at
+    /// the function's name.
+    pub fn type_name(&self, suffix: &str) -> Ident {
+        format_ident!("{}{}", self.base, suffix, span = self.fn_ident.span())
     }
 
     /// Parameter `p`'s type as seen from the generated module.
@@ -155,13 +162,12 @@ impl<'m> Parts<'m> {
     /// generics and parameters after the runtime, and `body` after `__site` is bound.
     pub fn site_and_capture(
         &self,
-        site: TokenStream,
         doc: &str,
         generics: &[TokenStream],
         params: &[TokenStream],
         body: TokenStream,
     ) -> TokenStream {
-        let (pr, krate, vis) = (&self.pr, self.krate, &self.vis);
+        let (pr, krate, vis, site) = (&self.pr, self.krate, &self.vis, &self.site);
         quote! {
             fn __site() -> &'static #pr::GraphSite {
                 static SITE: #pr::GraphSite = #site;
@@ -247,6 +253,21 @@ impl<'m> Parts<'m> {
             })
             .collect()
     }
+}
+
+/// `scale_add` → `ScaleAdd`.
+pub(super) fn camel(ident: &Ident) -> String {
+    let name = ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    name.split('_')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let mut c = s.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// `Debug` for a view type of the generated module, which shows only its name.

@@ -1,5 +1,6 @@
 //! Unit tests of the expansion, on the pretty-printed output.
 
+use super::parts::camel;
 use super::*;
 
 fn expand_str(args: TokenStream, item: TokenStream) -> String {
