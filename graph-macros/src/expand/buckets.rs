@@ -156,8 +156,7 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
         let a = format_ident!("__alias_{}", i);
         quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
     });
-    let replay_generics = parts.replay_generics();
-    let replay_params = parts.replay_params();
+    let (replay_generics, replay_params) = parts.replay_inputs();
     let output_fields = outputs.iter().map(|p| {
         let (i, t) = (&p.ident, ty(p));
         let doc = format!("The valid rows of output `{i}`.");

@@ -209,8 +209,7 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
 
     // Replays check every state's addresses (their indices are 0..) before launching.
     let replay_checks = parts.replay_checks();
-    let replay_generics = parts.replay_generics();
-    let replay_params = parts.replay_params();
+    let (replay_generics, replay_params) = parts.replay_inputs();
     let shape_checks: Vec<TokenStream> = inputs
         .iter()
         .map(|p| {

@@ -227,31 +227,19 @@ impl<'m> Parts<'m> {
             .collect()
     }
 
-    /// The generic parameters of `replay`, one per input.
-    pub fn replay_generics(&self) -> Vec<TokenStream> {
+    /// The generic parameters and the parameters of `replay`, one of each per input:
+    /// `__R0: ?Sized + InputSource<T>` and `x: &__R0`.
+    pub fn replay_inputs(&self) -> (Vec<TokenStream>, Vec<TokenStream>) {
         let pr = &self.pr;
         self.inputs
             .iter()
             .enumerate()
             .map(|(n, p)| {
+                let (i, t) = (&p.ident, self.ty(p));
                 let g = format_ident!("__R{}", n);
-                let t = self.ty(p);
-                quote!(#g: ?Sized + #pr::InputSource<#t>)
+                (quote!(#g: ?Sized + #pr::InputSource<#t>), quote!(#i: &#g))
             })
-            .collect()
-    }
-
-    /// The parameters of `replay`, one per input.
-    pub fn replay_params(&self) -> Vec<TokenStream> {
-        self.inputs
-            .iter()
-            .enumerate()
-            .map(|(n, p)| {
-                let g = format_ident!("__R{}", n);
-                let i = &p.ident;
-                quote!(#i: &#g)
-            })
-            .collect()
+            .unzip()
     }
 }
 
