@@ -8,7 +8,7 @@ use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parts::{debug_view, Parts};
+use super::parts::{debug_view, CaptureParam, Parts};
 use crate::args::buckets::BucketArgs;
 use crate::model::{Param, Role};
 
@@ -40,25 +40,19 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
     let state_fields = parts.state_fields();
     let const_fields = parts.const_fields();
 
-    let capture_generics: Vec<TokenStream> = model
-        .params
-        .iter()
-        .enumerate()
-        .filter_map(|(n, p)| parts.state_generic(n, p))
-        .collect();
-    let capture_params: Vec<TokenStream> = model
+    // `capture` takes the elements in one row of each input and output; the batch
+    // parameter is the bucket's size, not an argument.
+    let capture_params: Vec<CaptureParam> = model
         .params
         .iter()
         .enumerate()
         .filter(|(_, p)| p.role != Role::Bucket)
-        .map(|(n, p)| {
-            let (i, t) = (&p.ident, ty(p));
-            let g = format_ident!("__S{}", n);
-            match p.role {
-                Role::Input | Role::Output => quote!(#i: usize),
-                Role::State { .. } => quote!(#i: #g),
-                _ => quote!(#i: #t),
+        .map(|(n, p)| match p.role {
+            Role::Input | Role::Output => {
+                let i = &p.ident;
+                (None, quote!(#i: usize))
             }
+            _ => parts.held_capture_param(n, p),
         })
         .collect();
     let hold_states = parts.hold_states();
@@ -220,8 +214,7 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
     );
     let capture = parts.site_and_capture(
         &capture_doc,
-        &capture_generics,
-        &capture_params,
+        capture_params,
         quote! {
             let __largest = *Self::BUCKETS.last().expect("at least one bucket");
             #(#hold_states)*

@@ -5,7 +5,7 @@ use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parts::{debug_view, Parts};
+use super::parts::{capture_generic, debug_view, CaptureParam, Parts};
 use crate::args::{GraphArgs, VerifyEvery};
 use crate::model::{Param, Role};
 use crate::tokens::relocated;
@@ -37,32 +37,24 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
     let result_field = result_ty.iter().map(|t| quote!(result: #t));
 
     // `capture`: generics and parameters, in the function's order.
-    let capture_generics: Vec<TokenStream> = model
-        .params
-        .iter()
-        .enumerate()
-        .filter_map(|(n, p)| match p.role {
-            Role::Input => {
-                let (g, t) = (format_ident!("__S{}", n), ty(p));
-                Some(quote!(#g: ?Sized + #pr::InputSource<#t>))
-            }
-            _ => parts.state_generic(n, p),
-        })
-        .collect();
-    let capture_params: Vec<TokenStream> = model
+    let capture_params: Vec<CaptureParam> = model
         .params
         .iter()
         .enumerate()
         .map(|(n, p)| {
             let (i, t) = (&p.ident, ty(p));
-            let g = format_ident!("__S{}", n);
             match p.role {
-                Role::Input => quote!(#i: &#g),
+                Role::Input => {
+                    let g = capture_generic(n);
+                    (
+                        Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
+                        quote!(#i: &#g),
+                    )
+                }
                 // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
-                Role::Output if is_cuda_slice(&p.ty) => quote!(#i: usize),
-                Role::Output => quote!(#i: <#t as #pr::StaticBuffer>::Shape),
-                Role::State { .. } => quote!(#i: #g),
-                Role::Constant | Role::Bucket => quote!(#i: #t),
+                Role::Output if is_cuda_slice(&p.ty) => (None, quote!(#i: usize)),
+                Role::Output => (None, quote!(#i: <#t as #pr::StaticBuffer>::Shape)),
+                _ => parts.held_capture_param(n, p),
             }
         })
         .collect();
@@ -374,8 +366,7 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
     );
     let capture = parts.site_and_capture(
         &capture_doc,
-        &capture_generics,
-        &capture_params,
+        capture_params,
         quote! {
             #(#hold_states)*
             #(#stage)*

@@ -14,6 +14,16 @@ use syn::spanned::Spanned;
 use crate::model::{GraphFn, Param, Role};
 use crate::tokens::{inner_vis, relocated};
 
+/// A parameter of the generated `capture`, and the generic parameter it is given through,
+/// if any.
+pub(super) type CaptureParam = (Option<TokenStream>, TokenStream);
+
+/// The name of the generic parameter of `capture` through which the function's `n`th
+/// parameter is given.
+pub(super) fn capture_generic(n: usize) -> Ident {
+    format_ident!("__S{}", n)
+}
+
 /// The function a graph type is generated for, with the names and paths every piece of the
 /// generated code uses.
 pub(super) struct Parts<'m> {
@@ -93,15 +103,20 @@ impl<'m> Parts<'m> {
             .collect()
     }
 
-    /// The generic parameter of `capture` through which state parameter `p` (the `n`th
-    /// parameter) is given; `None` for any other role.
-    pub fn state_generic(&self, n: usize, p: &Param) -> Option<TokenStream> {
-        let (pr, t) = (&self.pr, self.ty(p));
-        let g = format_ident!("__S{}", n);
+    /// `capture`'s parameter for state or constant `p` (the function's `n`th parameter),
+    /// with the generic parameter it is given through: a state as `s: __S3` with
+    /// `__S3: StateArg<'s, T>` (`StateArgMut` for `&mut` state), a constant by value.
+    pub fn held_capture_param(&self, n: usize, p: &Param) -> CaptureParam {
+        let (pr, i, t) = (&self.pr, &p.ident, self.ty(p));
+        let g = capture_generic(n);
         match p.role {
-            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
-            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
-            _ => None,
+            Role::State { mutable: true } => {
+                (Some(quote!(#g: #pr::StateArgMut<'s, #t>)), quote!(#i: #g))
+            }
+            Role::State { mutable: false } => {
+                (Some(quote!(#g: #pr::StateArg<'s, #t>)), quote!(#i: #g))
+            }
+            _ => (None, quote!(#i: #t)),
         }
     }
 
@@ -158,16 +173,18 @@ impl<'m> Parts<'m> {
         quote_spanned!(self.model.item.sig.output.span()=> #pr::BodyResult::into_graph_result)
     }
 
-    /// The `GraphSite` static of the generated type, and `capture`: its documentation,
-    /// generics and parameters after the runtime, and `body` after `__site` is bound.
+    /// The `GraphSite` static of the generated type, and `capture`: its documentation, its
+    /// parameters after the runtime (with their generics, in order), and `body` after
+    /// `__site` is bound.
     pub fn site_and_capture(
         &self,
         doc: &str,
-        generics: &[TokenStream],
-        params: &[TokenStream],
+        params: Vec<CaptureParam>,
         body: TokenStream,
     ) -> TokenStream {
         let (pr, krate, vis, site) = (&self.pr, self.krate, &self.vis, &self.site);
+        let (generics, params): (Vec<_>, Vec<_>) = params.into_iter().unzip();
+        let generics = generics.into_iter().flatten();
         quote! {
             fn __site() -> &'static #pr::GraphSite {
                 static SITE: #pr::GraphSite = #site;
