@@ -1,5 +1,8 @@
 //! The attribute's arguments:
 //! `#[cuda_graph(warmup = 3, mode = "global", crate = "path", host_effects_not_replayed)]`.
+//!
+//! Owns the attribute's keys and how each is read (the `buckets(…)` key in
+//! `args/buckets.rs`). Imports only `ctxt`; never `model`, `check` or `expand`.
 
 use proc_macro2::Span;
 use syn::parse::Parser;

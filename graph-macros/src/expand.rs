@@ -1,5 +1,8 @@
 //! The expansion: the user's function, unchanged, plus its graph type.
 //!
+//! Imports `args`, `model`, `check`, `ctxt`, `tokens` and its own files; only `lib.rs`
+//! imports it, and its own files never do.
+//!
 //! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
 //! moves buffers into place and calls `__private::capture` and `Graph::replay_with`.
 //!

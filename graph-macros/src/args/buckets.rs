@@ -1,6 +1,8 @@
 //! `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: the attribute key that asks for one
 //! graph per batch size, parsed into [`BucketArgs`].
 //!
+//! Imports only `ctxt`; never its parent (`args.rs`), nor `model`, `check` or `expand`.
+//!
 //! The key names the function's batch parameter (a by-value integer); the list gives the
 //! bucket sizes. What the family looks like is `expand/buckets.rs`.
 

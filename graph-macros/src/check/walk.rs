@@ -1,6 +1,9 @@
 //! The walker: visits a body with [`syn::visit`] and asks the rule table about every method
 //! call, path, macro and condition, keeping the names it passes in a block-scoped
 //! [`Scope`].
+//!
+//! Imports the rules, `scope.rs`, `syntax.rs` and `finding.rs`; never this folder's
+//! `mod.rs`, which drives it.
 
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;

@@ -1,6 +1,9 @@
 //! The bucket family of a function with `buckets(batch = [1, 2, 4, 8], fallback = "eager")`:
 //! `{Name}Buckets<'s>`, one graph per batch size, and its `{Name}BucketOutputs` view.
 //!
+//! Imports `parts.rs`, `args/buckets.rs` and `model`; never its parent (`expand.rs`),
+//! `graph.rs` or `check`.
+//!
 //! Every input and output is batched along its first dimension: the family's `capture`
 //! takes, for each of them, the number of elements in one row.
 

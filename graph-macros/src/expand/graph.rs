@@ -1,5 +1,8 @@
 //! The graph type of a function without buckets: `FooGraph` with its `capture`, `replay`,
 //! `verify` and state access, and the `FooInputs` / `FooOutputs` / `FooState` views.
+//!
+//! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
+//! `buckets.rs` or `check`.
 
 use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
