@@ -1,12 +1,17 @@
 //! The attribute's arguments:
 //! `#[cuda_graph(warmup = 3, mode = "global", crate = "path", host_effects_not_replayed)]`.
+//!
+//! Owns the attribute's keys and how each is read (the `buckets(…)` key in
+//! `args/buckets.rs`). Imports only `ctxt`; never `model`, `check` or `expand`.
 
 use proc_macro2::Span;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Lit, Meta, Token};
+use syn::{Expr, ExprLit, Lit, LitBool, LitInt, LitStr, Meta, Token};
 
 use crate::ctxt::Ctxt;
+
+pub mod buckets;
 
 /// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
 /// consequence: those effects run in the warmup runs and the capture, never on replay.
@@ -43,7 +48,7 @@ pub struct GraphArgs {
     /// `host_effects_not_replayed` was given (and not `= false`).
     pub host_effects: bool,
     /// `buckets(batch = [...])`: one graph per batch size.
-    pub buckets: Option<crate::buckets::BucketArgs>,
+    pub buckets: Option<buckets::BucketArgs>,
     /// `verify = "never" | "first" | "every"` / `verify_every = N`: which replays verify
     /// themselves (`None`: the first in debug builds, none in release builds).
     pub verify: Option<VerifyEvery>,
@@ -142,29 +147,30 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         }
         seen.push(key.clone());
         if key == HOST_EFFECTS_KEY {
-            parse_host_effects(&meta, cx, &mut args);
+            args.host_effects = flag(
+                &meta,
+                cx,
+                &format!(
+                    "`{HOST_EFFECTS_KEY}` is a flag: write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
+                ),
+                &format!("`{HOST_EFFECTS_KEY}` is a flag and takes no list: write `{HOST_EFFECTS_KEY}`"),
+            )
+            .unwrap_or_default();
             continue;
         }
         if key == "check_determinism" {
-            match &meta {
-                Meta::Path(_) => args.check_determinism = Some(true),
-                Meta::NameValue(nv) => match &nv.value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Bool(b), ..
-                    }) => args.check_determinism = Some(b.value),
-                    other => cx.error_spanned_by(
-                        other,
-                        "`check_determinism` is `true` or `false` (on by default in debug builds): capture \
-                         twice and compare the recordings",
-                    ),
-                },
-                Meta::List(_) => cx.error_spanned_by(&meta, "`check_determinism` takes `= true` or `= false`"),
-            }
+            args.check_determinism = flag(
+                &meta,
+                cx,
+                "`check_determinism` is `true` or `false` (on by default in debug builds): capture \
+                 twice and compare the recordings",
+                "`check_determinism` takes `= true` or `= false`",
+            );
             continue;
         }
         if key == "buckets" {
             match &meta {
-                Meta::List(list) => args.buckets = crate::buckets::parse(list, cx),
+                Meta::List(list) => args.buckets = buckets::parse(list, cx),
                 _ => cx.error_spanned_by(
                     &meta,
                     "`buckets` takes a list: `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter",
@@ -238,24 +244,55 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-fn parse_host_effects(meta: &Meta, cx: &mut Ctxt, args: &mut GraphArgs) {
+/// A flag key: alone it is `true`, `key = true` or `key = false` says which. Anything else
+/// is an error spanning the value (`not_a_bool`) or the list (`a_list`).
+fn flag(meta: &Meta, cx: &mut Ctxt, not_a_bool: &str, a_list: &str) -> Option<bool> {
     match meta {
-        Meta::Path(_) => args.host_effects = true,
-        Meta::NameValue(nv) => match &nv.value {
-            Expr::Lit(ExprLit {
-                lit: Lit::Bool(b), ..
-            }) => args.host_effects = b.value,
-            other => cx.error_spanned_by(
-                other,
-                format!(
-                    "`{HOST_EFFECTS_KEY}` is a flag: write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
-                ),
-            ),
-        },
-        Meta::List(_) => cx.error_spanned_by(
-            meta,
-            format!("`{HOST_EFFECTS_KEY}` is a flag and takes no list: write `{HOST_EFFECTS_KEY}`"),
-        ),
+        Meta::Path(_) => Some(true),
+        Meta::NameValue(nv) => literal(&nv.value, cx, not_a_bool, boolean).map(|b| b.value),
+        Meta::List(_) => {
+            cx.error_spanned_by(meta, a_list);
+            None
+        }
+    }
+}
+
+/// `value` as the kind of literal `pick` accepts; anything else is an error spanning it that
+/// says what was `expected`.
+fn literal<'v, L>(
+    value: &'v Expr,
+    cx: &mut Ctxt,
+    expected: &str,
+    pick: fn(&'v Lit) -> Option<&'v L>,
+) -> Option<&'v L> {
+    let found = match value {
+        Expr::Lit(ExprLit { lit, .. }) => pick(lit),
+        _ => None,
+    };
+    if found.is_none() {
+        cx.error_spanned_by(value, expected);
+    }
+    found
+}
+
+fn boolean(lit: &Lit) -> Option<&LitBool> {
+    match lit {
+        Lit::Bool(b) => Some(b),
+        _ => None,
+    }
+}
+
+fn integer(lit: &Lit) -> Option<&LitInt> {
+    match lit {
+        Lit::Int(n) => Some(n),
+        _ => None,
+    }
+}
+
+fn string(lit: &Lit) -> Option<&LitStr> {
+    match lit {
+        Lit::Str(s) => Some(s),
+        _ => None,
     }
 }
 
@@ -271,14 +308,8 @@ fn example(key: &str) -> &'static str {
 }
 
 fn parse_warmup(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let Expr::Lit(ExprLit {
-        lit: Lit::Int(n), ..
-    }) = value
-    else {
-        cx.error_spanned_by(
-            value,
-            "`warmup` must be an integer literal, e.g. `warmup = 3`",
-        );
+    let expected = "`warmup` must be an integer literal, e.g. `warmup = 3`";
+    let Some(n) = literal(value, cx, expected, integer) else {
         return;
     };
     match n.base10_parse::<u32>() {
@@ -294,14 +325,8 @@ fn parse_warmup(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let Expr::Lit(ExprLit {
-        lit: Lit::Str(s), ..
-    }) = value
-    else {
-        cx.error_spanned_by(
-            value,
-            "`mode` must be a string: \"thread_local\" (default), \"global\" or \"relaxed\"",
-        );
+    let expected = "`mode` must be a string: \"thread_local\" (default), \"global\" or \"relaxed\"";
+    let Some(s) = literal(value, cx, expected, string) else {
         return;
     };
     let mode = match s.value().as_str() {
@@ -320,28 +345,22 @@ fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let every = match value {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(s), ..
-        }) => match s.value().as_str() {
-            "never" => VerifyEvery::Never,
-            "first" => VerifyEvery::First,
-            "every" => VerifyEvery::Every(1),
-            other => {
-                cx.error_spanned_by(
-                    s,
-                    format!(
-                        "unknown `verify` value \"{other}\"; expected \"never\", \"first\" or \"every\" (or \
-                         `verify_every = N`)"
-                    ),
-                );
-                return;
-            }
-        },
+    let expected =
+        "`verify` must be a string: \"never\", \"first\" (the default in debug builds) or \"every\"";
+    let Some(s) = literal(value, cx, expected, string) else {
+        return;
+    };
+    let every = match s.value().as_str() {
+        "never" => VerifyEvery::Never,
+        "first" => VerifyEvery::First,
+        "every" => VerifyEvery::Every(1),
         other => {
             cx.error_spanned_by(
-                other,
-                "`verify` must be a string: \"never\", \"first\" (the default in debug builds) or \"every\"",
+                s,
+                format!(
+                    "unknown `verify` value \"{other}\"; expected \"never\", \"first\" or \"every\" (or \
+                     `verify_every = N`)"
+                ),
             );
             return;
         }
@@ -354,14 +373,8 @@ fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_verify_every(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let Expr::Lit(ExprLit {
-        lit: Lit::Int(n), ..
-    }) = value
-    else {
-        cx.error_spanned_by(
-            value,
-            "`verify_every` must be an integer, e.g. `verify_every = 100`",
-        );
+    let expected = "`verify_every` must be an integer, e.g. `verify_every = 100`";
+    let Some(n) = literal(value, cx, expected, integer) else {
         return;
     };
     match n.base10_parse::<u64>() {
@@ -397,14 +410,9 @@ fn parse_verify_tolerance(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_crate(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let Expr::Lit(ExprLit {
-        lit: Lit::Str(s), ..
-    }) = value
-    else {
-        cx.error_spanned_by(
-            value,
-            "`crate` must be a string naming the runtime crate, e.g. `crate = \"graph_runtime\"`",
-        );
+    let expected =
+        "`crate` must be a string naming the runtime crate, e.g. `crate = \"graph_runtime\"`";
+    let Some(s) = literal(value, cx, expected, string) else {
         return;
     };
     match s.parse::<syn::Path>() {

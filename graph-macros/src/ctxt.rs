@@ -1,4 +1,6 @@
 //! Collects every error of one expansion so the user sees them all at once.
+//!
+//! Owns the error collector. Imports nothing of this crate, so every module may use it.
 
 use proc_macro2::TokenStream;
 use std::fmt::Display;

@@ -1,6 +1,8 @@
 //! `#[derive(DeviceState)]`: where a struct or enum of the user's keeps its device buffers,
 //! so that a graph can hold it as `#[state]`.
 //!
+//! Stands apart from the `#[cuda_graph]` pipeline: imports only `ctxt`.
+//!
 //! Every field must implement `DeviceState` (buffers, generators, containers of them, host
 //! scalars), or be marked `#[device_state(skip)]` when it holds no device memory a graph
 //! uses. The value is lent back from a graph as `&mut Self`; the graph compares the

@@ -1,26 +1,35 @@
 //! The expansion: the user's function, unchanged, plus its graph type.
 //!
+//! Imports `args`, `model`, `check`, `ctxt`, `tokens` and its own files; only `lib.rs`
+//! imports it, and its own files never do.
+//!
 //! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
 //! moves buffers into place and calls `__private::capture` and `Graph::replay_with`.
 //!
-//! This file holds the entry point and the helpers every expansion shares;
-//! `expand/graph.rs` generates the graph type of a function without buckets (`buckets.rs`
-//! the one with them).
+//! This file holds the entry point (parse → model → check → expand) and the module that
+//! wraps the generated items; `expand/graph.rs` generates the graph type of a function
+//! without buckets, `expand/buckets.rs` the family of one with them, and `expand/parts.rs`
+//! the pieces both contain.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
 use syn::ItemFn;
 
 use crate::args::{self, GraphArgs};
-use crate::check;
+use crate::check::check_body;
 use crate::ctxt::Ctxt;
-use crate::model::{self, GraphFn, Param, Role};
+use crate::model::{self, GraphFn};
+use crate::tokens::relocated_path;
 
+mod buckets;
 mod graph;
+mod parts;
 #[cfg(test)]
 mod tests;
 
+use buckets::expand_buckets;
 use graph::expand_graph;
+use parts::Parts;
 
 /// Entry point: `#[cuda_graph(args)] item`.
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -43,7 +52,7 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
     let signature_ok = cx.count() == before;
-    check::check_body(&model, &args, &mut cx);
+    check_body(&model, &args, &mut cx);
     if !cx.has_errors() {
         return expand(&model, &args);
     }
@@ -82,31 +91,15 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStr
     })
 }
 
-/// `scale_add` → `ScaleAdd`.
-pub fn camel(ident: &Ident) -> String {
-    let name = ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    name.split('_')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            let mut c = s.chars();
-            c.next()
-                .map(|f| f.to_uppercase().chain(c).collect::<String>())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let krate = relocated_path(&args.krate());
     let item = &model.item;
     let fn_ident = &item.sig.ident;
-    let base = camel(fn_ident);
     let module = format_ident!("__cuda_graph_{}", snake(fn_ident), span = fn_ident.span());
-    let site = site_tokens(model, args, &krate);
+    let parts = Parts::new(model, &krate, site_tokens(model, args, &krate));
     let (body, names) = match &args.buckets {
-        Some(buckets) => crate::buckets::expand(model, &krate, site, buckets, &base),
-        None => expand_graph(model, args, &krate, site, &base),
+        Some(buckets) => expand_buckets(&parts, buckets),
+        None => expand_graph(&parts, args),
     };
     let outer_vis = &item.vis;
     quote! {
@@ -115,8 +108,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #[doc(hidden)]
         #[allow(non_snake_case, clippy::needless_lifetimes)]
         mod #module {
-            #[allow(unused_imports)]
-            use super::*;
+            #[allow(unused_imports)] use super::*;
 
             #body
         }
@@ -126,121 +118,8 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     }
 }
 
-/// How the address book records state parameter `p`.
-pub fn recorded_kind(p: &Param, pr: &TokenStream) -> TokenStream {
-    match p.role {
-        Role::State { mutable: true } => {
-            let restore = !p.no_restore;
-            quote!(#pr::Recorded::StateMut { restore: #restore })
-        }
-        _ => quote!(#pr::Recorded::State),
-    }
-}
-
-/// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with
-/// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
-fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
-    let every = match args.verify {
-        None => quote!(if ::core::cfg!(debug_assertions) {
-            #pr::VerifySchedule::FIRST
-        } else {
-            #pr::VerifySchedule::NEVER
-        }),
-        Some(args::VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
-        Some(args::VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
-        Some(args::VerifyEvery::Every(n)) => quote!(#n),
-    };
-    let tolerance = match args.verify_tolerance {
-        None => quote!(#pr::Tolerance::BITWISE),
-        Some(t) => quote!(#pr::Tolerance::new(#t, #t)),
-    };
-    quote!(#pr::VerifySchedule::new(#every, #tolerance))
-}
-
-/// The visibility an item of the generated module needs so that the re-export next to the
-/// user's function can name it with the function's own visibility.
-pub fn inner_vis(vis: &syn::Visibility) -> TokenStream {
-    match vis {
-        syn::Visibility::Public(_) => quote!(pub),
-        syn::Visibility::Inherited => quote!(pub(super)),
-        syn::Visibility::Restricted(r) => {
-            let path = &r.path;
-            if path.is_ident("crate") {
-                quote!(pub(crate))
-            } else if path.is_ident("self") {
-                quote!(pub(super))
-            } else if path.is_ident("super") {
-                quote!(pub(in super::super))
-            } else {
-                let p = relocated_path(path);
-                quote!(pub(in #p))
-            }
-        }
-    }
-}
-
 /// `scale_add` → `scale_add` (without a raw-identifier prefix), for the module name.
 fn snake(ident: &Ident) -> String {
     let name = ident.to_string();
     name.strip_prefix("r#").unwrap_or(&name).to_owned()
-}
-
-/// A type of the user's signature as written one module deeper (inside the generated
-/// module): a path that starts at `self` starts at `super` instead, and one that starts at
-/// `super` gets one more `super`.
-pub fn relocated<T: quote::ToTokens>(t: &T) -> TokenStream {
-    relocate(t.to_token_stream())
-}
-
-/// [`relocated`] for a path that must stay a `syn::Path`.
-pub fn relocated_path(p: &syn::Path) -> syn::Path {
-    syn::parse2(relocated(p)).unwrap_or_else(|_| p.clone())
-}
-
-fn relocate(tokens: TokenStream) -> TokenStream {
-    use proc_macro2::{Group, Punct, Spacing, TokenTree};
-    let mut out: Vec<TokenTree> = Vec::new();
-    let trees: Vec<TokenTree> = tokens.into_iter().collect();
-    for (k, tree) in trees.iter().enumerate() {
-        let after_colons = k >= 2
-            && matches!(&trees[k - 1], TokenTree::Punct(p) if p.as_char() == ':')
-            && matches!(&trees[k - 2], TokenTree::Punct(p) if p.as_char() == ':');
-        let before_colons =
-            matches!(trees.get(k + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
-        match tree {
-            TokenTree::Ident(i) if !after_colons && before_colons && i == "self" => {
-                out.push(TokenTree::Ident(Ident::new("super", i.span())));
-            }
-            TokenTree::Ident(i) if !after_colons && before_colons && i == "super" => {
-                out.push(TokenTree::Ident(Ident::new("super", i.span())));
-                out.push(TokenTree::Punct(Punct::new(':', Spacing::Joint)));
-                out.push(TokenTree::Punct(Punct::new(':', Spacing::Alone)));
-                out.push(tree.clone());
-            }
-            TokenTree::Group(g) => {
-                let mut inner = Group::new(g.delimiter(), relocate(g.stream()));
-                inner.set_span(g.span());
-                out.push(TokenTree::Group(inner));
-            }
-            other => out.push(other.clone()),
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// The capture-time local holding parameter `n`'s static buffer.
-/// Whether `t` is written as a `CudaSlice<…>` (any path ending in it), whose shape is a length.
-fn is_cuda_slice(t: &syn::Type) -> bool {
-    match t {
-        syn::Type::Path(p) if p.qself.is_none() => p
-            .path
-            .segments
-            .last()
-            .is_some_and(|s| s.ident == "CudaSlice"),
-        _ => false,
-    }
-}
-
-fn local(n: usize) -> Ident {
-    format_ident!("__static{}", n)
 }

@@ -3,17 +3,29 @@
 //!
 //! The crate is thin on purpose, one step per module (parse → model → check → expand):
 //! `args` parses the attribute, `model` gives every parameter its role, `check` walks the
-//! body against one rule table with what the model knows about the parameters, `expand` and
-//! `buckets` emit the graph type, and on any error the user's function is emitted unchanged
-//! next to every error at once (`ctxt` collects them).
+//! body against one rule table with what the model knows about the parameters, `expand`
+//! emits the graph type (or the bucket family), and on any error the user's function is
+//! emitted unchanged next to every error at once (`ctxt` collects them).
+//!
+//! Every module imports only modules below it, and no file imports its folder's parent:
+//!
+//! | layer | modules | what they own |
+//! | --- | --- | --- |
+//! | entry points | `lib.rs` | the two macros, nothing else |
+//! | expansion | `expand.rs`, `expand/` | the pipeline of one `#[cuda_graph]`, the graph type (`graph.rs`), the bucket family (`buckets.rs`) and the pieces both generate (`parts.rs`) |
+//! | checks | `check/` | what a body must not do, found on its tokens |
+//! | model, arguments | `model.rs`, `args.rs`, `args/` | the role of every parameter; the attribute's keys |
+//! | ground | `ctxt.rs`, `tokens.rs` | the error collector; paths and visibilities rewritten for the generated module |
+//!
+//! `derive.rs` (`#[derive(DeviceState)]`) stands apart, on `ctxt` alone.
 
 mod args;
-mod buckets;
 mod check;
 mod ctxt;
 mod derive;
 mod expand;
 mod model;
+mod tokens;
 
 use proc_macro::TokenStream;
 

@@ -1,6 +1,9 @@
 //! The checked model of an annotated function: its execution-context parameter and the role
 //! of every other parameter.
 //!
+//! Owns the parameters' roles and the signature's checks. Imports only `ctxt`; never
+//! `args`, `check` or `expand` (the batch parameter's name comes in as an `Ident`).
+//!
 //! | parameter | role | in the graph |
 //! | --- | --- | --- |
 //! | first, `&Ctx` | execution context | the runtime (or its stream) is passed in |

@@ -1,5 +1,8 @@
 //! The capture checks: what a `#[cuda_graph]` body must not do, found on its tokens.
 //!
+//! Imports `args` (the host-effects opt-in), `model` and `ctxt`; never `expand`. This file
+//! only declares the files below and runs the walk: none of them imports it.
+//!
 //! A graph records the GPU work the body queues on the capture stream, once, and replays
 //! only that. Anything the body does on the host either cannot happen during the capture
 //! (CUDA refuses it with one of its capture errors, 900–908) or happens only while
@@ -16,9 +19,11 @@
 //! | `names.rs` | the name lists several rules and the walker share (device reads, candle's host reads, allocations, formatting macros) |
 //! | `scope.rs` | what the walker knows about the body's names: kinds of declared types, the user's own values |
 //! | `walk.rs` | the [`syn::visit`] walker that applies the table |
+//! | `finding.rs` | one finding, and the error spanning the offending tokens |
 //! | `syntax.rs` | helpers on tokens and expressions (spans, format strings, macro arguments) |
 //! | `tests.rs` | unit tests, end to end through the expansion |
 
+mod finding;
 mod names;
 mod rules;
 mod scope;
@@ -28,44 +33,13 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
-use proc_macro2::{Punct, Spacing, Span, TokenStream, TokenTree};
 use syn::visit::Visit;
 
 use crate::args::GraphArgs;
 use crate::ctxt::Ctxt;
 use crate::model::GraphFn;
 
-use rules::Rule;
-
-/// One mistake found in a body.
-pub struct Finding {
-    /// The rule that matched.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub rule: &'static Rule,
-    /// First and last span of the offending construct.
-    pub span: (Span, Span),
-    /// The message, with its placeholders filled in.
-    pub message: String,
-}
-
-impl Finding {
-    fn to_error(&self) -> syn::Error {
-        // Two tokens carrying the first and last span: `new_spanned` makes the error cover
-        // the range between them.
-        let (start, end) = self.span;
-        let mut range = TokenStream::new();
-        range.extend([
-            TokenTree::Punct(with_span(Punct::new('<', Spacing::Alone), start)),
-            TokenTree::Punct(with_span(Punct::new('>', Spacing::Alone), end)),
-        ]);
-        syn::Error::new_spanned(range, &self.message)
-    }
-}
-
-fn with_span(mut p: Punct, span: Span) -> Punct {
-    p.set_span(span);
-    p
-}
+use finding::Finding;
 
 /// Checks the body of the model's function, recording one error per offending construct.
 pub fn check_body(model: &GraphFn, args: &GraphArgs, cx: &mut Ctxt) {

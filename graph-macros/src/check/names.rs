@@ -1,5 +1,7 @@
 //! The name lists that several rules and the walker share: device-to-host reads, candle's
 //! host reads, allocations, formatting macros. The rule table (`rules.rs`) re-exports them.
+//!
+//! Data only: imports nothing.
 
 /// The device-to-host reads: the `device-to-host` rule, the marks of `let` bindings and the
 /// `host-branch-on-device-data` rule all use this list.

@@ -3,6 +3,9 @@
 //! shares with the walker, re-exported here); the walker (`walk.rs`) only asks the table
 //! whether a construct matches.
 //!
+//! Imports `names.rs` (re-exported) and the opt-in's name from `args`; never the walker,
+//! `scope.rs`, `syntax.rs` or this folder's `mod.rs`.
+//!
 //! The macro sees tokens, not types, so every rule matches **names** (of methods, paths and
 //! macros), helped by what the signature says about the parameters (their roles and declared
 //! types, from the model) and by what the body's own `let`s show (`scope.rs`):

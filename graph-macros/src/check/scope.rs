@@ -2,6 +2,8 @@
 //! role and declared type), and the locals, from their `let`s; block-scoped, so a shadowing
 //! binding hides what an outer one knew.
 //!
+//! Imports `model` only; never the rules, the walker or this folder's `mod.rs`.
+//!
 //! The one question that lets a rule stand down is whether a method's receiver is provably
 //! a value of the user's own type ([`Kind::Users`]). Everything else (a CUDA object, a value
 //! of unknown type) is treated alike: a method named like a CUDA operation on it is reported.

@@ -1,4 +1,7 @@
 //! Small helpers on syntax and tokens for the walker.
+//!
+//! Imports `scope.rs` (`unraw`) only; never the rules, the walker or this folder's
+//! `mod.rs`.
 
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;

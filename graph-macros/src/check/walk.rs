@@ -1,6 +1,9 @@
 //! The walker: visits a body with [`syn::visit`] and asks the rule table about every method
 //! call, path, macro and condition, keeping the names it passes in a block-scoped
 //! [`Scope`].
+//!
+//! Imports the rules, `scope.rs`, `syntax.rs` and `finding.rs`; never this folder's
+//! `mod.rs`, which drives it.
 
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
@@ -9,6 +12,7 @@ use syn::punctuated::Punctuated;
 use syn::visit::{self, Visit};
 use syn::{Expr, Token};
 
+use super::finding::Finding;
 use super::rules::{
     path_matches, rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS,
     FORMATTING_MACROS, RULES,
@@ -19,7 +23,6 @@ use super::scope::{
 use super::syntax::{
     calls_any, compact, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
 };
-use super::Finding;
 
 pub struct Walker {
     host_effects: bool,

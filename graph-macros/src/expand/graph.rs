@@ -1,39 +1,30 @@
 //! The graph type of a function without buckets: `FooGraph` with its `capture`, `replay`,
 //! `verify` and state access, and the `FooInputs` / `FooOutputs` / `FooState` views.
+//!
+//! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
+//! `buckets.rs` or `check`.
 
 use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::{inner_vis, is_cuda_slice, local, recorded_kind, relocated, verify_schedule_tokens};
-use crate::args::GraphArgs;
-use crate::model::{GraphFn, Param, Role};
+use super::parts::{capture_generic, debug_view, CaptureParam, Parts};
+use crate::args::{GraphArgs, VerifyEvery};
+use crate::model::{Param, Role};
+use crate::tokens::relocated;
 
-/// The graph type of `model` and its views, as the items of the generated module, and the
-/// names to re-export from it.
-pub(super) fn expand_graph(
-    model: &GraphFn,
-    args: &GraphArgs,
-    krate: &syn::Path,
-    site: TokenStream,
-    base: &str,
-) -> (TokenStream, Vec<Ident>) {
-    let pr = quote!(#krate::__private);
-    let item = &model.item;
-    let vis = inner_vis(&item.vis);
-    let fn_ident = &item.sig.ident;
-    let fn_name = fn_ident.to_string();
-    let graph_ty = format_ident!("{}Graph", base, span = fn_ident.span());
-    let inputs_ty = format_ident!("{}Inputs", base, span = fn_ident.span());
-    let outputs_ty = format_ident!("{}Outputs", base, span = fn_ident.span());
-    let state_ty = format_ident!("{}State", base, span = fn_ident.span());
+/// The graph type of the function and its views, as the items of the generated module,
+/// and the names to re-export from it.
+pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
+    let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
+    let (fn_name, ctx_ty, item) = (&parts.fn_name, &parts.ctx_ty, &model.item);
+    let (inputs, outputs, states) = (&parts.inputs, &parts.outputs, &parts.states);
+    let graph_ty = parts.type_name("Graph");
+    let inputs_ty = parts.type_name("Inputs");
+    let outputs_ty = parts.type_name("Outputs");
+    let state_ty = parts.type_name("State");
     let warmup = args.warmup();
-    let ctx_ty = relocated(&model.context.as_ref().expect("checked by analyze").ty);
-    let ty = |p: &Param| relocated(&p.ty);
-
-    let inputs: Vec<_> = model.of(|r| r == Role::Input).collect();
-    let outputs: Vec<_> = model.of(|r| r == Role::Output).collect();
-    let states: Vec<_> = model.of(|r| matches!(r, Role::State { .. })).collect();
+    let ty = |p: &Param| parts.ty(p);
 
     // Struct fields: static buffers and held state, all private to the generated module.
     let static_fields = model
@@ -42,53 +33,35 @@ pub(super) fn expand_graph(
             let (i, t) = (&p.ident, ty(p));
             quote!(#i: #t)
         });
-    let state_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        match p.role {
-            Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
-            _ => quote!(#i: #pr::Held<'s, #t>),
-        }
-    });
-    let const_fields = model.of(|r| r == Role::Constant).map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        quote!(#i: #t)
-    });
+    let state_fields = parts.state_fields();
+    let const_fields = parts.const_fields();
     // A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
     let result_ty = model.result.as_ref().map(relocated);
     let result_field = result_ty.iter().map(|t| quote!(result: #t));
 
     // `capture`: generics and parameters, in the function's order.
-    let capture_generics = model.params.iter().enumerate().filter_map(|(n, p)| {
-        let t = ty(p);
-        let g = format_ident!("__S{}", n);
-        match p.role {
-            Role::Input => Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
-            Role::State { mutable: true } => Some(quote!(#g: #pr::StateArgMut<'s, #t>)),
-            Role::State { mutable: false } => Some(quote!(#g: #pr::StateArg<'s, #t>)),
-            _ => None,
-        }
-    });
-    let capture_params = model.params.iter().enumerate().map(|(n, p)| {
-        let (i, t) = (&p.ident, ty(p));
-        let g = format_ident!("__S{}", n);
-        match p.role {
-            Role::Input => quote!(#i: &#g),
-            // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
-            Role::Output if is_cuda_slice(&p.ty) => quote!(#i: usize),
-            Role::Output => quote!(#i: <#t as #pr::StaticBuffer>::Shape),
-            Role::State { .. } => quote!(#i: #g),
-            Role::Constant | Role::Bucket => quote!(#i: #t),
-        }
-    });
-    let hold_states = states.iter().map(|p| {
-        let i = &p.ident;
-        match p.role {
-            Role::State { mutable: true } => {
-                quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
+    let capture_params: Vec<CaptureParam> = model
+        .params
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let (i, t) = (&p.ident, ty(p));
+            match p.role {
+                Role::Input => {
+                    let g = capture_generic(n);
+                    (
+                        Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
+                        quote!(#i: &#g),
+                    )
+                }
+                // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
+                Role::Output if is_cuda_slice(&p.ty) => (None, quote!(#i: usize)),
+                Role::Output => (None, quote!(#i: <#t as #pr::StaticBuffer>::Shape)),
+                _ => parts.held_capture_param(n, p),
             }
-            _ => quote!(let #i = #pr::StateArg::into_held(#i);),
-        }
-    });
+        })
+        .collect();
+    let hold_states = parts.hold_states();
     let stage = model.params.iter().enumerate().filter_map(|(n, p)| {
         let (i, t) = (&p.ident, ty(p));
         let local = local(n);
@@ -115,7 +88,7 @@ pub(super) fn expand_graph(
         .iter()
         .map(|p| {
             let i = &p.ident;
-            (i.clone(), quote!(&*#i), recorded_kind(p, &pr))
+            (i.clone(), quote!(&*#i), parts.recorded_kind(p))
         })
         .chain(model.params.iter().enumerate().filter_map(|(n, p)| {
             let local = local(n);
@@ -133,23 +106,28 @@ pub(super) fn expand_graph(
         let index = format_ident!("__index{}", k);
         quote!(let #index = __book.record(#name, #value, #restore);)
     });
-    let capture_checks = checked.iter().enumerate().map(|(k, (_, value, _))| {
-        let index = format_ident!("__index{}", k);
-        quote!(__book.check(#index, #value, __when)?;)
-    });
-    let call_args = model.params.iter().enumerate().map(|(n, p)| {
-        let i = &p.ident;
-        let local = local(n);
-        match p.role {
-            Role::Input => quote!(&#local),
-            Role::Output => quote!(&mut #local),
-            Role::State { mutable: true } => quote!(&mut *#i),
-            Role::State { mutable: false } => quote!(&*#i),
-            Role::Constant | Role::Bucket => {
-                quote_spanned!(p.ty.span()=> #pr::constant(&#i))
+    let capture_checks: Vec<TokenStream> = checked
+        .iter()
+        .enumerate()
+        .map(|(k, (_, value, _))| {
+            let index = format_ident!("__index{}", k);
+            quote!(__book.check(#index, #value, __when)?;)
+        })
+        .collect();
+    let call_args: Vec<TokenStream> = model
+        .params
+        .iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let i = &p.ident;
+            let local = local(n);
+            match p.role {
+                Role::Input => quote!(&#local),
+                Role::Output => quote!(&mut #local),
+                _ => parts.held_arg(p, quote!(#i)),
             }
-        }
-    });
+        })
+        .collect();
     let result_init = result_ty.iter().map(|_| quote!(result: __result_value));
     let init_fields = model.params.iter().enumerate().filter_map(|(n, p)| {
         let i = &p.ident;
@@ -174,24 +152,28 @@ pub(super) fn expand_graph(
         let name = i.to_string();
         quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
     });
-    let verify_call_args = model.params.iter().map(|p| {
-        let i = &p.ident;
-        match p.role {
-            Role::Input => {
-                let copy = format_ident!("__copy_{}", i);
-                quote!(&#copy)
+    let verify_call_args: Vec<TokenStream> = model
+        .params
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            match p.role {
+                Role::Input => {
+                    let copy = format_ident!("__copy_{}", i);
+                    quote!(&#copy)
+                }
+                Role::Output => {
+                    let shadow = format_ident!("__shadow_{}", i);
+                    quote!(&mut #shadow)
+                }
+                Role::State { .. } => parts.held_arg(p, quote!(self.#i)),
+                // The whole argument at the constant's type, `self.` included.
+                Role::Constant | Role::Bucket => {
+                    quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
+                }
             }
-            Role::Output => {
-                let shadow = format_ident!("__shadow_{}", i);
-                quote!(&mut #shadow)
-            }
-            Role::State { mutable: true } => quote!(&mut *self.#i),
-            Role::State { mutable: false } => quote!(&*self.#i),
-            Role::Constant | Role::Bucket => {
-                quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
-            }
-        }
-    });
+        })
+        .collect();
     let verify_eager_outputs = outputs
         .iter()
         .map(|p| {
@@ -218,35 +200,11 @@ pub(super) fn expand_graph(
                 .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
         );
     let replay_args: Vec<&Ident> = inputs.iter().map(|p| &p.ident).collect();
-    let verify_schedule = verify_schedule_tokens(args, &pr);
+    let verify_schedule = verify_schedule_tokens(args, pr);
 
     // Replays check every state's addresses (their indices are 0..) before launching.
-    let replay_checks: Vec<TokenStream> = states
-        .iter()
-        .enumerate()
-        .map(|(k, p)| {
-            let i = &p.ident;
-            quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
-        })
-        .collect();
-    let replay_generics: Vec<TokenStream> = inputs
-        .iter()
-        .enumerate()
-        .map(|(n, p)| {
-            let g = format_ident!("__R{}", n);
-            let t = ty(p);
-            quote!(#g: ?Sized + #pr::InputSource<#t>)
-        })
-        .collect();
-    let replay_params: Vec<TokenStream> = inputs
-        .iter()
-        .enumerate()
-        .map(|(n, p)| {
-            let g = format_ident!("__R{}", n);
-            let i = &p.ident;
-            quote!(#i: &#g)
-        })
-        .collect();
+    let replay_checks = parts.replay_checks();
+    let (replay_generics, replay_params) = parts.replay_inputs();
     let shape_checks: Vec<TokenStream> = inputs
         .iter()
         .map(|p| {
@@ -272,12 +230,6 @@ pub(super) fn expand_graph(
             let local = local(n);
             quote!(__inputs.add(&#local);)
         });
-    let (replay_generics2, replay_params2, shape_checks2, copies2) = (
-        replay_generics.clone(),
-        replay_params.clone(),
-        shape_checks.clone(),
-        copies.clone(),
-    );
 
     let input_view_fields = inputs.iter().map(|p| {
         let (i, t) = (&p.ident, ty(p));
@@ -335,25 +287,25 @@ pub(super) fn expand_graph(
 
     let ctx_call =
         quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(rt)?);
-    let body_result = quote_spanned!(item.sig.output.span()=> #pr::BodyResult::into_graph_result);
+    let body_result = parts.body_result();
     // The body's call during warmup and capture, and in `verify`'s eager run.
-    let call_args: Vec<TokenStream> = call_args.collect();
+    let call = parts.call(&call_args);
+    let verify_call = parts.call(&verify_call_args);
+    let body_value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
     let run_body = match &result_ty {
-        None => quote!(#body_result(super::#fn_ident(__ctx, #(#call_args),*))),
+        None => quote!(#body_result(#call)),
         Some(t) => {
-            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
             quote!({
-                let __value = #value(super::#fn_ident(__ctx, #(#call_args),*))?;
+                let __value = #body_value(#call)?;
                 #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
             })
         }
     };
     let verify_verb = match &result_ty {
-        None => quote!(#body_result(super::#fn_ident(__ctx, #(#verify_call_args),*))?;),
+        None => quote!(#body_result(#verify_call)?;),
         Some(t) => {
-            let value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
             quote!(
-                let __value = #value(super::#fn_ident(__ctx, #(#verify_call_args),*))?;
+                let __value = #body_value(#verify_call)?;
                 __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
             )
         }
@@ -408,6 +360,45 @@ pub(super) fn expand_graph(
                       plain `replay` leaves it; the outputs hold the replay's values.";
     let graph_name = graph_ty.to_string();
 
+    // `capture`: the warmup and capture of the body on static buffers.
+    let closure = parts.body_closure(
+        ctx_call,
+        quote!(__step: #pr::Step),
+        quote!(#pr::Step::Run(_) => #run_body,),
+        &capture_checks,
+    );
+    let capture = parts.site_and_capture(
+        &capture_doc,
+        capture_params,
+        quote! {
+            #(#hold_states)*
+            #(#stage)*
+            let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
+            let mut __book = #pr::AddressBook::new(__site.name);
+            #(#records)*
+            let mut __inputs = #pr::InputNodes::new();
+            #(#register_inputs)*
+            #(#result_slot)*
+            let __graph = {
+                #closure
+                #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
+            };
+            #(#result_take)*
+            ::core::result::Result::Ok(Self {
+                __graph,
+                __book,
+                __verify: #verify_schedule,
+                #(#result_init,)*
+                #(#init_fields,)*
+                __state: ::core::marker::PhantomData,
+            })
+        },
+    );
+
+    let outputs_debug = debug_view(&outputs_ty);
+    let inputs_debug = debug_view(&inputs_ty);
+    let state_debug = debug_view(&state_ty);
+
     let body = quote! {
         #[doc = #struct_doc]
         #[must_use = "a captured graph does nothing until it is replayed"]
@@ -453,23 +444,11 @@ pub(super) fn expand_graph(
             }
         }
 
-        impl ::core::fmt::Debug for #outputs_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#outputs_ty)).finish_non_exhaustive()
-            }
-        }
+        #outputs_debug
 
-        impl ::core::fmt::Debug for #inputs_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#inputs_ty)).finish_non_exhaustive()
-            }
-        }
+        #inputs_debug
 
-        impl ::core::fmt::Debug for #state_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#state_ty)).finish_non_exhaustive()
-            }
-        }
+        #state_debug
 
         /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
         impl ::core::fmt::Display for #graph_ty<'_> {
@@ -483,51 +462,7 @@ pub(super) fn expand_graph(
             /// Eager runs before the capture.
             pub const WARMUP: u32 = #warmup;
 
-            fn __site() -> &'static #pr::GraphSite {
-                static SITE: #pr::GraphSite = #site;
-                &SITE
-            }
-
-            #[doc = #capture_doc]
-            #[allow(clippy::too_many_arguments)]
-            #vis fn capture<#(#capture_generics),*>(
-                rt: &#krate::Runtime,
-                #(#capture_params),*
-            ) -> ::core::result::Result<Self, #krate::GraphError> {
-                let __site = Self::__site();
-                #(#hold_states)*
-                #(#stage)*
-                let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
-                let mut __book = #pr::AddressBook::new(__site.name);
-                #(#records)*
-                let mut __inputs = #pr::InputNodes::new();
-                #(#register_inputs)*
-                #(#result_slot)*
-                let __graph = {
-                    let __ctx = #ctx_call;
-                    let __book = &__book;
-                    let mut __body = |__step: #pr::Step| -> ::core::result::Result<(), #krate::GraphError> {
-                        match __step {
-                            #pr::Step::Run(_) => #run_body,
-                            #pr::Step::Check(__when) => {
-                                let _ = __when;
-                                #(#capture_checks)*
-                                ::core::result::Result::Ok(())
-                            }
-                        }
-                    };
-                    #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
-                };
-                #(#result_take)*
-                ::core::result::Result::Ok(Self {
-                    __graph,
-                    __book,
-                    __verify: #verify_schedule,
-                    #(#result_init,)*
-                    #(#init_fields,)*
-                    __state: ::core::marker::PhantomData,
-                })
-            }
+            #capture
 
             #[doc = #replay_doc]
             #[inline]
@@ -552,13 +487,13 @@ pub(super) fn expand_graph(
 
             #[doc = #verify_doc]
             #[allow(clippy::too_many_arguments)]
-            #vis fn verify<#(#replay_generics2),*>(
+            #vis fn verify<#(#replay_generics),*>(
                 &mut self,
-                #(#replay_params2,)*
+                #(#replay_params,)*
                 tolerance: #krate::Tolerance,
             ) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
                 let __site = Self::__site();
-                #(#shape_checks2)*
+                #(#shape_checks)*
                 #(#replay_checks)*
                 let __rt = ::core::clone::Clone::clone(self.__graph.runtime());
                 let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
@@ -572,7 +507,7 @@ pub(super) fn expand_graph(
                 #(#verify_eager_outputs)*
                 __verifier.rewind()?;
                 #pr::replay(&self.__graph, |__staging| {
-                    #(#copies2)*
+                    #(#copies)*
                     ::core::result::Result::Ok(())
                 })?;
                 #(#verify_replay_outputs)*
@@ -620,4 +555,41 @@ pub(super) fn expand_graph(
         }
     };
     (body, vec![graph_ty, inputs_ty, outputs_ty, state_ty])
+}
+
+/// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with
+/// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
+fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
+    let every = match args.verify {
+        None => quote!(if ::core::cfg!(debug_assertions) {
+            #pr::VerifySchedule::FIRST
+        } else {
+            #pr::VerifySchedule::NEVER
+        }),
+        Some(VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
+        Some(VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
+        Some(VerifyEvery::Every(n)) => quote!(#n),
+    };
+    let tolerance = match args.verify_tolerance {
+        None => quote!(#pr::Tolerance::BITWISE),
+        Some(t) => quote!(#pr::Tolerance::new(#t, #t)),
+    };
+    quote!(#pr::VerifySchedule::new(#every, #tolerance))
+}
+
+/// Whether `t` is written as a `CudaSlice<…>` (any path ending in it), whose shape is a length.
+fn is_cuda_slice(t: &syn::Type) -> bool {
+    match t {
+        syn::Type::Path(p) if p.qself.is_none() => p
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "CudaSlice"),
+        _ => false,
+    }
+}
+
+/// The capture-time local holding parameter `n`'s static buffer.
+fn local(n: usize) -> Ident {
+    format_ident!("__static{}", n)
 }

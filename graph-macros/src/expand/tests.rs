@@ -1,5 +1,6 @@
 //! Unit tests of the expansion, on the pretty-printed output.
 
+use super::parts::camel;
 use super::*;
 
 fn expand_str(args: TokenStream, item: TokenStream) -> String {
@@ -84,25 +85,6 @@ fn items_of_the_generated_module_see_the_users_paths() {
 }
 
 #[test]
-fn visibility_is_mapped_one_module_deeper() {
-    let vis = |v: TokenStream| inner_vis(&syn::parse2(v).unwrap()).to_string();
-    assert_eq!(vis(quote!(pub)), "pub");
-    assert_eq!(vis(quote!()), "pub (super)");
-    assert_eq!(vis(quote!(pub(crate))), "pub (crate)");
-    assert_eq!(vis(quote!(pub(self))), "pub (super)");
-    assert_eq!(vis(quote!(pub(super))), "pub (in super :: super)");
-    assert_eq!(vis(quote!(pub(in crate::a))), "pub (in crate :: a)");
-    assert_eq!(
-        vis(quote!(pub(in super::a))),
-        "pub (in super :: super :: a)"
-    );
-    assert_eq!(
-        relocated(&quote!(Vec<self::A, ::x::self_::B, super::super::C>)).to_string(),
-        "Vec < super :: A , :: x :: self_ :: B , super :: super :: super :: C >"
-    );
-}
-
-#[test]
 fn crate_override_and_mode() {
     let out = expand_str(
         quote!(crate = "my_rt", mode = "global"),
@@ -130,4 +112,19 @@ fn errors_keep_the_function() {
     let errors = out.matches("compile_error").count();
     assert_eq!(errors, 4, "warmup, async, generics, by-value state: {out}");
     assert!(!out.contains("struct"), "no graph type on error: {out}");
+}
+
+#[test]
+fn a_family_is_expanded_for_a_valid_function() {
+    let out = cuda_graph(
+        quote!(buckets(batch = [1, 2, 4])),
+        quote! {
+            fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, batch: usize)
+                -> Result<(), GraphError> { Ok(()) }
+        },
+    );
+    let text = out.to_string();
+    assert!(!text.contains("compile_error"), "{text}");
+    assert!(text.contains("StepBuckets"), "{text}");
+    syn::parse2::<syn::File>(out).expect("the expansion parses");
 }

@@ -1,0 +1,207 @@
+//! `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: the attribute key that asks for one
+//! graph per batch size, parsed into [`BucketArgs`].
+//!
+//! Imports only `ctxt`; never its parent (`args.rs`), nor `model`, `check` or `expand`.
+//!
+//! The key names the function's batch parameter (a by-value integer); the list gives the
+//! bucket sizes. What the family looks like is `expand/buckets.rs`.
+
+use proc_macro2::Ident;
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Lit, Meta, Token};
+
+use crate::ctxt::Ctxt;
+
+/// The parsed `buckets(…)` argument.
+pub struct BucketArgs {
+    /// The batch parameter's name.
+    pub param: Ident,
+    /// Bucket sizes, ascending, without duplicates.
+    pub sizes: Vec<usize>,
+    /// Whether batches above the largest bucket run eagerly.
+    pub eager_fallback: bool,
+}
+
+/// Parses the inside of `buckets(…)`, recording every problem in `cx`.
+pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
+    let metas = match list.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated) {
+        Ok(m) => m,
+        Err(e) => {
+            cx.error_at(
+                e.span(),
+                format!(
+                    "malformed `buckets(…)`: {e}; write `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter \
+                     and listing the batch sizes to capture"
+                ),
+            );
+            return None;
+        }
+    };
+    let mut param: Option<(Ident, Vec<usize>)> = None;
+    let mut eager_fallback = false;
+    for meta in metas {
+        let Meta::NameValue(nv) = &meta else {
+            cx.error_spanned_by(
+                &meta,
+                "expected `name = [sizes]` or `fallback = \"eager\"` inside `buckets(…)`",
+            );
+            continue;
+        };
+        let Some(key) = nv.path.get_ident() else {
+            cx.error_spanned_by(
+                &nv.path,
+                "expected the batch parameter's name or `fallback`",
+            );
+            continue;
+        };
+        if key == "fallback" {
+            match &nv.value {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) if s.value() == "eager" => eager_fallback = true,
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) if s.value() == "error" => eager_fallback = false,
+                other => {
+                    cx.error_spanned_by(
+                        other,
+                        "`fallback` is \"error\" (the default: a batch above the largest bucket is an error) or \
+                         \"eager\" (such a batch runs the function eagerly)",
+                    );
+                }
+            }
+            continue;
+        }
+        let Expr::Array(array) = &nv.value else {
+            cx.error_spanned_by(
+                &nv.value,
+                format!("`{key}` needs a list of batch sizes, e.g. `{key} = [1, 2, 4, 8]`"),
+            );
+            continue;
+        };
+        if let Some((first, _)) = &param {
+            cx.error_spanned_by(
+                key,
+                format!("`buckets(…)` takes one batch parameter, and `{first}` is already given"),
+            );
+            continue;
+        }
+        let mut sizes = Vec::new();
+        for elem in &array.elems {
+            match elem {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Int(n), ..
+                }) => match n.base10_parse::<usize>() {
+                    Ok(0) => {
+                        cx.error_spanned_by(n, "a bucket must hold at least one row");
+                    }
+                    Ok(v) if sizes.contains(&v) => {
+                        cx.error_spanned_by(n, format!("bucket {v} is listed twice"));
+                    }
+                    Ok(v) => sizes.push(v),
+                    Err(_) => {
+                        cx.error_spanned_by(n, "bucket sizes are whole numbers");
+                    }
+                },
+                other => {
+                    cx.error_spanned_by(other, "bucket sizes must be integer literals");
+                }
+            }
+        }
+        if array.elems.is_empty() {
+            cx.error_spanned_by(array, "list at least one bucket size");
+        }
+        sizes.sort_unstable();
+        param = Some((key.clone(), sizes));
+    }
+    let Some((param, sizes)) = param else {
+        cx.error_spanned_by(
+            list,
+            "`buckets(…)` must name the batch parameter and list its sizes, e.g. `buckets(batch = [1, 2, 4, 8])`",
+        );
+        return None;
+    };
+    // Returned even when some size was invalid (the errors are in `cx`), so that the batch
+    // parameter is still recognised and does not draw an error of its own.
+    Some(BucketArgs {
+        param,
+        sizes,
+        eager_fallback,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proc_macro2::TokenStream;
+    use quote::quote;
+
+    /// Parses `buckets(…)` as the attribute would hand it over.
+    fn parse_str(tokens: TokenStream) -> (Option<BucketArgs>, Vec<String>) {
+        let meta: Meta = syn::parse2(quote!(buckets(#tokens))).expect("a meta list");
+        let Meta::List(list) = meta else {
+            panic!("`buckets(…)` is a list")
+        };
+        let mut cx = Ctxt::default();
+        let args = parse(&list, &mut cx);
+        (args, cx.messages())
+    }
+
+    fn errors_of(tokens: TokenStream) -> Vec<String> {
+        parse_str(tokens).1
+    }
+
+    #[test]
+    fn sizes_are_sorted_and_the_parameter_named() {
+        let (args, errors) = parse_str(quote!(batch = [8, 1, 4, 2]));
+        assert!(errors.is_empty(), "{errors:#?}");
+        let args = args.expect("valid buckets");
+        assert_eq!(args.param, "batch");
+        assert_eq!(args.sizes, [1, 2, 4, 8]);
+        assert!(!args.eager_fallback);
+    }
+
+    #[test]
+    fn fallback() {
+        let eager = |t: TokenStream| parse_str(t).0.expect("valid buckets").eager_fallback;
+        assert!(eager(quote!(batch = [1], fallback = "eager")));
+        assert!(!eager(quote!(fallback = "error", batch = [1])));
+        let errors = errors_of(quote!(batch = [1], fallback = "later"));
+        assert!(errors[0].contains("`fallback` is \"error\""), "{errors:#?}");
+    }
+
+    #[test]
+    fn invalid_sizes_are_all_reported_and_the_parameter_kept() {
+        let (args, errors) = parse_str(quote!(batch = [0, 2, 2, x, 99999999999999999999999]));
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(errors[0].contains("at least one row"));
+        assert!(errors[1].contains("bucket 2 is listed twice"));
+        assert!(errors[2].contains("integer literals"));
+        assert!(errors[3].contains("whole numbers"));
+        // Still returned, so the batch parameter draws no error of its own.
+        let args = args.expect("kept despite the errors");
+        assert_eq!(
+            (args.param.to_string(), args.sizes),
+            ("batch".to_owned(), vec![2])
+        );
+    }
+
+    #[test]
+    fn shape_mistakes() {
+        for (tokens, needle) in [
+            (quote!(batch = []), "list at least one bucket size"),
+            (quote!(fallback = "eager"), "must name the batch parameter"),
+            (quote!(batch = [1], rows = [2]), "takes one batch parameter"),
+            (quote!(batch = 4), "needs a list of batch sizes"),
+            (quote!(batch), "expected `name = [sizes]`"),
+            (quote!(a::b = [1]), "expected the batch parameter's name"),
+            (quote!(batch = [1],,), "malformed `buckets(…)`"),
+        ] {
+            let errors = errors_of(tokens.clone());
+            assert!(
+                errors.iter().any(|e| e.contains(needle)),
+                "`{needle}` for `{tokens}`: {errors:#?}"
+            );
+        }
+    }
+}

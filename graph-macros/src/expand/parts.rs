@@ -1,0 +1,287 @@
+//! The pieces of generated code that the single graph (`graph.rs`) and the bucket family
+//! (`buckets.rs`) both contain, written once: the held state and constants, the `__site`
+//! static and the `capture` constructor around its body, the closure the runtime's capture
+//! drives, the state checks and input parameters of `replay`, the call of the user's
+//! function, and the `Debug` of a view.
+//!
+//! Imports the model and the token helpers only; never its parent (`expand.rs`), its
+//! siblings, `args` or `check`.
+
+use proc_macro2::{Ident, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use crate::model::{GraphFn, Param, Role};
+use crate::tokens::{inner_vis, relocated};
+
+/// A parameter of the generated `capture`, and the generic parameter it is given through,
+/// if any.
+pub(super) type CaptureParam = (Option<TokenStream>, TokenStream);
+
+/// The name of the generic parameter of `capture` through which the function's `n`th
+/// parameter is given.
+pub(super) fn capture_generic(n: usize) -> Ident {
+    format_ident!("__S{}", n)
+}
+
+/// The function a graph type is generated for, with the names and paths every piece of the
+/// generated code uses.
+pub(super) struct Parts<'m> {
+    pub model: &'m GraphFn,
+    pub krate: &'m syn::Path,
+    /// The `GraphSite` literal of the function (name, warmup, capture mode).
+    pub site: TokenStream,
+    /// The function's name in camel case, which the generated types' names start with.
+    pub base: String,
+    /// `#krate::__private`, the runtime's items for generated code.
+    pub pr: TokenStream,
+    /// The visibility of the generated items (see [`inner_vis`]).
+    pub vis: TokenStream,
+    pub fn_ident: &'m Ident,
+    pub fn_name: String,
+    /// The execution context's type, as seen from the generated module.
+    pub ctx_ty: TokenStream,
+    pub inputs: Vec<&'m Param>,
+    pub outputs: Vec<&'m Param>,
+    pub states: Vec<&'m Param>,
+}
+
+impl<'m> Parts<'m> {
+    pub fn new(model: &'m GraphFn, krate: &'m syn::Path, site: TokenStream) -> Self {
+        let item = &model.item;
+        let fn_ident = &item.sig.ident;
+        Parts {
+            model,
+            krate,
+            site,
+            base: camel(fn_ident),
+            pr: quote!(#krate::__private),
+            vis: inner_vis(&item.vis),
+            fn_ident,
+            fn_name: fn_ident.to_string(),
+            ctx_ty: relocated(&model.context.as_ref().expect("checked by analyze").ty),
+            inputs: model.of(|r| r == Role::Input).collect(),
+            outputs: model.of(|r| r == Role::Output).collect(),
+            states: model.of(|r| matches!(r, Role::State { .. })).collect(),
+        }
+    }
+
+    /// A generated type's name: `ScaleAddGraph` for `scale_add` and `"Graph"`, spanned at
+    /// the function's name.
+    pub fn type_name(&self, suffix: &str) -> Ident {
+        format_ident!("{}{}", self.base, suffix, span = self.fn_ident.span())
+    }
+
+    /// Parameter `p`'s type as seen from the generated module.
+    pub fn ty(&self, p: &Param) -> TokenStream {
+        relocated(&p.ty)
+    }
+
+    /// The struct fields holding the state parameters for the graph's life.
+    pub fn state_fields(&self) -> Vec<TokenStream> {
+        let pr = &self.pr;
+        self.states
+            .iter()
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                match p.role {
+                    Role::State { mutable: true } => quote!(#i: #pr::HeldMut<'s, #t>),
+                    _ => quote!(#i: #pr::Held<'s, #t>),
+                }
+            })
+            .collect()
+    }
+
+    /// The struct fields holding the constants frozen at capture.
+    pub fn const_fields(&self) -> Vec<TokenStream> {
+        self.model
+            .of(|r| r == Role::Constant)
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                quote!(#i: #t)
+            })
+            .collect()
+    }
+
+    /// `capture`'s parameter for state or constant `p` (the function's `n`th parameter),
+    /// with the generic parameter it is given through: a state as `s: __S3` with
+    /// `__S3: StateArg<'s, T>` (`StateArgMut` for `&mut` state), a constant by value.
+    pub fn held_capture_param(&self, n: usize, p: &Param) -> CaptureParam {
+        let (pr, i, t) = (&self.pr, &p.ident, self.ty(p));
+        let g = capture_generic(n);
+        match p.role {
+            Role::State { mutable: true } => {
+                (Some(quote!(#g: #pr::StateArgMut<'s, #t>)), quote!(#i: #g))
+            }
+            Role::State { mutable: false } => {
+                (Some(quote!(#g: #pr::StateArg<'s, #t>)), quote!(#i: #g))
+            }
+            _ => (None, quote!(#i: #t)),
+        }
+    }
+
+    /// `capture`'s first statements: each state argument turned into what the graph holds.
+    pub fn hold_states(&self) -> Vec<TokenStream> {
+        let pr = &self.pr;
+        self.states
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                match p.role {
+                    Role::State { mutable: true } => {
+                        quote!(let mut #i = #pr::StateArgMut::into_held_mut(#i);)
+                    }
+                    _ => quote!(let #i = #pr::StateArg::into_held(#i);),
+                }
+            })
+            .collect()
+    }
+
+    /// How the address book records state parameter `p`.
+    pub fn recorded_kind(&self, p: &Param) -> TokenStream {
+        let pr = &self.pr;
+        match p.role {
+            Role::State { mutable: true } => {
+                let restore = !p.no_restore;
+                quote!(#pr::Recorded::StateMut { restore: #restore })
+            }
+            _ => quote!(#pr::Recorded::State),
+        }
+    }
+
+    /// A state, constant or batch parameter `p` as the user's function receives it from
+    /// `owner` (the held value, `x` or `self.x`).
+    pub fn held_arg(&self, p: &Param, owner: TokenStream) -> TokenStream {
+        let pr = &self.pr;
+        match p.role {
+            Role::State { mutable: true } => quote!(&mut *#owner),
+            Role::State { mutable: false } => quote!(&*#owner),
+            _ => quote_spanned!(p.ty.span()=> #pr::constant(&#owner)),
+        }
+    }
+
+    /// The call of the user's function with `args` after the context `__ctx`.
+    pub fn call(&self, args: &[TokenStream]) -> TokenStream {
+        let fn_ident = self.fn_ident;
+        quote!(super::#fn_ident(__ctx, #(#args),*))
+    }
+
+    /// The conversion of the function's return value into the graph's result, spanned at
+    /// the return type (so that a return type that is not a result is reported there).
+    pub fn body_result(&self) -> TokenStream {
+        let pr = &self.pr;
+        quote_spanned!(self.model.item.sig.output.span()=> #pr::BodyResult::into_graph_result)
+    }
+
+    /// The `GraphSite` static of the generated type, and `capture`: its documentation, its
+    /// parameters after the runtime (with their generics, in order), and `body` after
+    /// `__site` is bound.
+    pub fn site_and_capture(
+        &self,
+        doc: &str,
+        params: Vec<CaptureParam>,
+        body: TokenStream,
+    ) -> TokenStream {
+        let (pr, krate, vis, site) = (&self.pr, self.krate, &self.vis, &self.site);
+        let (generics, params): (Vec<_>, Vec<_>) = params.into_iter().unzip();
+        let generics = generics.into_iter().flatten();
+        quote! {
+            fn __site() -> &'static #pr::GraphSite {
+                static SITE: #pr::GraphSite = #site;
+                &SITE
+            }
+
+            #[doc = #doc]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn capture<#(#generics),*>(
+                rt: &#krate::Runtime,
+                #(#params),*
+            ) -> ::core::result::Result<Self, #krate::GraphError> {
+                let __site = Self::__site();
+                #body
+            }
+        }
+    }
+
+    /// The statements that build the closure the runtime's capture drives: the context,
+    /// the address book, and `__body`, taking `closure_params`, whose `match __step` has the
+    /// `run_arm` and an arm checking the recorded addresses with `checks`.
+    pub fn body_closure(
+        &self,
+        ctx_call: TokenStream,
+        closure_params: TokenStream,
+        run_arm: TokenStream,
+        checks: &[TokenStream],
+    ) -> TokenStream {
+        let (pr, krate) = (&self.pr, self.krate);
+        quote! {
+            let __ctx = #ctx_call;
+            let __book = &__book;
+            let mut __body = |#closure_params| -> ::core::result::Result<(), #krate::GraphError> {
+                match __step {
+                    #run_arm
+                    #pr::Step::Check(__when) => {
+                        let _ = __when;
+                        #(#checks)*
+                        ::core::result::Result::Ok(())
+                    }
+                }
+            };
+        }
+    }
+
+    /// A replay's first check: every state still holds the buffers it was captured with
+    /// (their address-book indices are `0..`).
+    pub fn replay_checks(&self) -> Vec<TokenStream> {
+        let pr = &self.pr;
+        self.states
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let i = &p.ident;
+                quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
+            })
+            .collect()
+    }
+
+    /// The generic parameters and the parameters of `replay`, one of each per input:
+    /// `__R0: ?Sized + InputSource<T>` and `x: &__R0`.
+    pub fn replay_inputs(&self) -> (Vec<TokenStream>, Vec<TokenStream>) {
+        let pr = &self.pr;
+        self.inputs
+            .iter()
+            .enumerate()
+            .map(|(n, p)| {
+                let (i, t) = (&p.ident, self.ty(p));
+                let g = format_ident!("__R{}", n);
+                (quote!(#g: ?Sized + #pr::InputSource<#t>), quote!(#i: &#g))
+            })
+            .unzip()
+    }
+}
+
+/// `scale_add` → `ScaleAdd`.
+pub(super) fn camel(ident: &Ident) -> String {
+    let name = ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    name.split('_')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let mut c = s.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// `Debug` for a view type of the generated module, which shows only its name.
+pub(super) fn debug_view(ty: &Ident) -> TokenStream {
+    quote! {
+        impl ::core::fmt::Debug for #ty<'_> {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(::core::stringify!(#ty)).finish_non_exhaustive()
+            }
+        }
+    }
+}
