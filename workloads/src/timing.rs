@@ -4,6 +4,9 @@
 //! back to back, then one synchronize, divided by `iters`: what a caller that keeps the GPU
 //! busy sees per call. A *GPU* time comes from CUDA events around the same loop.
 //!
+//! [`once`] and [`wall_once`] time a single run instead, for work whose state is reset
+//! between runs.
+//!
 //! The `_aligned` variants call a function before each batch of calls, after the stream is
 //! idle: a barrier between the ranks of a multi-GPU program, so that every rank's batch
 //! starts together and no rank times its wait for another.
@@ -56,13 +59,13 @@ fn per_call_us(
         }
         let us = match clock {
             Clock::Wall => {
-                s.synchronize()?;
-                let t = Instant::now();
-                for _ in 0..iters {
-                    f()?;
-                }
-                s.synchronize()?;
-                t.elapsed().as_secs_f64() * 1e6
+                wall_once(s, || {
+                    for _ in 0..iters {
+                        f()?;
+                    }
+                    Ok(())
+                })?
+                .1
             }
             Clock::Gpu => {
                 let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -121,6 +124,52 @@ pub fn gpu_us_aligned(
     f: impl FnMut() -> Result<(), GraphError>,
 ) -> Result<f64, GraphError> {
     per_call_us(s, iters, f, Clock::Gpu, Some(&mut align))
+}
+
+/// One timed run of work measured once per run (a whole generation or solve, whose state is
+/// reset between runs), and what it returned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Once<R> {
+    /// What the work returned.
+    pub value: R,
+    /// Host wall time (µs) from just before the work until the stream is idle.
+    pub wall_us: f64,
+    /// GPU time (µs) between CUDA events recorded on the stream around the work.
+    pub gpu_us: f64,
+}
+
+/// Runs `f` once, the stream idle before and synchronized after: its wall time and its GPU
+/// time ([`Once`]). For the wall time alone, [`wall_once`] records no events.
+pub fn once<R>(
+    s: &CudaStream,
+    f: impl FnOnce() -> Result<R, GraphError>,
+) -> Result<Once<R>, GraphError> {
+    s.synchronize()?;
+    let t = Instant::now();
+    let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let value = f()?;
+    let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    s.synchronize()?;
+    let wall_us = t.elapsed().as_secs_f64() * 1e6;
+    let gpu_us = start.elapsed_ms(&stop)? as f64 * 1e3;
+    Ok(Once {
+        value,
+        wall_us,
+        gpu_us,
+    })
+}
+
+/// Runs `f` once, the stream idle before and synchronized after: what it returned and the
+/// host wall time (µs) until the stream is idle.
+pub fn wall_once<R>(
+    s: &CudaStream,
+    f: impl FnOnce() -> Result<R, GraphError>,
+) -> Result<(R, f64), GraphError> {
+    s.synchronize()?;
+    let t = Instant::now();
+    let value = f()?;
+    s.synchronize()?;
+    Ok((value, t.elapsed().as_secs_f64() * 1e6))
 }
 
 /// How many calls of about `estimate_us` each fill `budget_us`, clamped to `[min, max]`.
