@@ -36,7 +36,7 @@ use workloads::check::first_mismatch;
 use workloads::machine::nccl_env;
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::ops::elementwise::{bias_gelu, bias_residual, init_uniform, BlockAt};
-use workloads::testing::gpus_or_skip;
+use workloads::testing::{exit_on_error, gpus_or_skip};
 use workloads::timing::{gpu_us, gpu_us_aligned, wall_us, wall_us_aligned};
 
 /// Outputs of one GPU and two agree when the largest difference, relative to the largest
@@ -334,10 +334,7 @@ fn one_gpu(
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error(run());
 }
 
 fn run() -> Result<(), BoxError> {

@@ -42,7 +42,7 @@ use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
 use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime};
-use workloads::check::first_mismatch;
+use workloads::check::{first_mismatch, same_training};
 use workloads::machine::nccl_env;
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::ops::train::{
@@ -50,7 +50,7 @@ use workloads::ops::train::{
     select_rows, sumsq_partials, RankRows,
 };
 use workloads::reference::ParamLayout;
-use workloads::testing::{gpus_or_skip, seeded_rng};
+use workloads::testing::{exit_on_error, gpus_or_skip, seeded_rng};
 use workloads::timing::{gpu_us_aligned, wall_us_aligned};
 use workloads::train::{Data, Problem, TrainSpec, NORM_BLOCKS, OPTIMIZER};
 
@@ -328,10 +328,7 @@ fn rank_main(comm: &Communicator, batches: &[usize], iters: usize) -> Result<Vec
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error(run());
 }
 
 fn run() -> Result<(), BoxError> {
@@ -404,19 +401,11 @@ fn run() -> Result<(), BoxError> {
         let (eager_gpu, graph_gpu) = (two(|r| r.eager_gpu_us), two(|r| r.graph_gpu_us));
         let mut problems = Vec::new();
         for (rank, r) in [r0, r1].into_iter().enumerate() {
-            if let Some(d) = first_mismatch(&r.eager_losses, &r.graph_losses) {
-                problems.push(format!(
-                    "rank {rank}: losses differ at step {}: eager {} graph {}",
-                    d.index + 1,
-                    d.a,
-                    d.b
-                ));
-            }
-            if let Some(d) = first_mismatch(&r.eager_params, &r.graph_params) {
-                problems.push(format!(
-                    "rank {rank}: final weights differ at {}: eager {} graph {}",
-                    d.index, d.a, d.b
-                ));
+            if let Err(e) = same_training(
+                (&r.eager_losses, &r.graph_losses),
+                Some((&r.eager_params, &r.graph_params)),
+            ) {
+                problems.push(format!("rank {rank}: {e}"));
             }
         }
         if first_mismatch(&r0.graph_params, &r1.graph_params).is_some() {
