@@ -27,7 +27,7 @@ use clap::Parser;
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
 use workloads::check::{max_rel_err, same_training, verified};
 use workloads::testing::{runtime_or_skip, seeded_rng};
-use workloads::timing::{gpu_us, wall_us};
+use workloads::timing::EagerGraph;
 use workloads::train::{Data, Problem, TrainSpec, Trainer};
 
 const SPEC: TrainSpec = TrainSpec {
@@ -106,10 +106,17 @@ fn main() -> Result<(), BoxError> {
 
     // 7. Step time: more steps of both (the curves are already read).
     let iters = 200;
-    let eager_us = wall_us(&s, iters, || train_step(&rt, &data, &mut eager))?;
-    let graph_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
-    let eager_gpu_us = gpu_us(&s, iters, || train_step(&rt, &data, &mut eager))?;
-    let graph_gpu_us = gpu_us(&s, iters, || graph.launch().map(|_| ()))?;
+    let EagerGraph {
+        eager_us,
+        graph_us,
+        eager_gpu_us,
+        graph_gpu_us,
+    } = EagerGraph::measure(
+        &s,
+        iters,
+        || train_step(&rt, &data, &mut eager),
+        || graph.launch().map(drop),
+    )?;
 
     let device = rt.context().name().unwrap_or_default();
     println!(

@@ -97,6 +97,13 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.body()
 
+    def run(self, steps):
+        """`steps` eager steps on the trainer's stream, then a synchronize."""
+        with torch.cuda.stream(self.stream):
+            for _ in range(steps):
+                self.eager_step()
+        torch.cuda.synchronize()
+
     def reset(self, init_state):
         with torch.cuda.stream(self.stream):
             with torch.no_grad():
@@ -129,18 +136,12 @@ def run_batch(rank, world, batch, iters, dev):
 
     # Eager: 200 steps, the loss curve.
     eager = Trainer(rank, world, batch, dev, stream, init_state, xs, ts)
-    with torch.cuda.stream(stream):
-        for _ in range(STEPS):
-            eager.eager_step()
-    torch.cuda.synchronize()
+    eager.run(STEPS)
     eager_losses = eager.losses.clone()
 
     # Graph: warm up on the side stream, capture on it, restart, 200 replays.
     graphed = Trainer(rank, world, batch, dev, stream, init_state, xs, ts)
-    with torch.cuda.stream(stream):
-        for _ in range(WARMUP):
-            graphed.eager_step()
-    torch.cuda.synchronize()
+    graphed.run(WARMUP)
     graph = torch.cuda.CUDAGraph()
     graphed.opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph, stream=stream):

@@ -126,6 +126,67 @@ pub fn gpu_us_aligned(
     per_call_us(s, iters, f, Clock::Gpu, Some(&mut align))
 }
 
+/// Wall and GPU time per call (µs, medians of [`REPEATS`]) of a function called eagerly and
+/// of its graph: the four figures of a benchmark example's row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EagerGraph {
+    /// Wall time per eager call.
+    pub eager_us: f64,
+    /// Wall time per graph launch (or replay).
+    pub graph_us: f64,
+    /// GPU time per eager call.
+    pub eager_gpu_us: f64,
+    /// GPU time per graph launch.
+    pub graph_gpu_us: f64,
+}
+
+impl EagerGraph {
+    /// Times `eager`, then `graph`, each `iters` calls per measurement: wall time, then GPU
+    /// time ([`wall_us`], [`gpu_us`]).
+    pub fn measure(
+        s: &CudaStream,
+        iters: usize,
+        mut eager: impl FnMut() -> Result<(), GraphError>,
+        mut graph: impl FnMut() -> Result<(), GraphError>,
+    ) -> Result<Self, GraphError> {
+        Ok(EagerGraph {
+            eager_us: wall_us(s, iters, &mut eager)?,
+            eager_gpu_us: gpu_us(s, iters, &mut eager)?,
+            graph_us: wall_us(s, iters, &mut graph)?,
+            graph_gpu_us: gpu_us(s, iters, &mut graph)?,
+        })
+    }
+
+    /// [`EagerGraph::measure`] with `align` called before each batch of calls, once the stream
+    /// is idle ([`wall_us_aligned`], [`gpu_us_aligned`]): every rank of a multi-GPU program
+    /// calls it at the same time.
+    pub fn measure_aligned(
+        s: &CudaStream,
+        iters: usize,
+        mut align: impl FnMut() -> Result<(), GraphError>,
+        mut eager: impl FnMut() -> Result<(), GraphError>,
+        mut graph: impl FnMut() -> Result<(), GraphError>,
+    ) -> Result<Self, GraphError> {
+        Ok(EagerGraph {
+            eager_us: wall_us_aligned(s, iters, &mut align, &mut eager)?,
+            eager_gpu_us: gpu_us_aligned(s, iters, &mut align, &mut eager)?,
+            graph_us: wall_us_aligned(s, iters, &mut align, &mut graph)?,
+            graph_gpu_us: gpu_us_aligned(s, iters, &mut align, &mut graph)?,
+        })
+    }
+
+    /// The slower of two ranks' figures, one by one: a multi-GPU step takes as long as its
+    /// slowest rank.
+    pub fn slower(&self, other: &Self) -> Self {
+        EagerGraph {
+            eager_us: self.eager_us.max(other.eager_us),
+            graph_us: self.graph_us.max(other.graph_us),
+            eager_gpu_us: self.eager_gpu_us.max(other.eager_gpu_us),
+            graph_gpu_us: self.graph_gpu_us.max(other.graph_gpu_us),
+        }
+    }
+}
+
 /// One timed run of work measured once per run (a whole generation or solve, whose state is
 /// reset between runs), and what it returned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -197,6 +258,30 @@ mod tests {
     #[should_panic(expected = "median of no values")]
     fn median_of_nothing_panics() {
         median(Vec::new());
+    }
+
+    #[test]
+    fn the_slower_rank_figure_by_figure() {
+        let a = EagerGraph {
+            eager_us: 1.0,
+            graph_us: 4.0,
+            eager_gpu_us: 2.0,
+            graph_gpu_us: 0.5,
+        };
+        let b = EagerGraph {
+            eager_us: 3.0,
+            graph_us: 2.0,
+            eager_gpu_us: 2.5,
+            graph_gpu_us: 0.25,
+        };
+        let want = EagerGraph {
+            eager_us: 3.0,
+            graph_us: 4.0,
+            eager_gpu_us: 2.5,
+            graph_gpu_us: 0.5,
+        };
+        assert_eq!(a.slower(&b), want);
+        assert_eq!(b.slower(&a), want);
     }
 
     #[test]
