@@ -134,7 +134,7 @@ pub enum Last<'a> {
 fn check_spec(spec: &DecoderSpec) {
     let hd = spec.dim / spec.heads.max(1);
     assert!(
-        spec.heads > 0 && hd * spec.heads == spec.dim && hd % 2 == 0,
+        spec.heads > 0 && hd * spec.heads == spec.dim && hd.is_multiple_of(2),
         "decoder: width {} must split into {} heads of an even width",
         spec.dim,
         spec.heads
