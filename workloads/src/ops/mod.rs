@@ -9,9 +9,10 @@
 //! * [`lt`]: a linear layer with bias and GELU as one FP32 cuBLASLt call;
 //! * [`train`]: the non-GEMM kernels of a training step, one GPU or data-parallel.
 //!
-//! The element-wise and training launchers build their launches with [`Launch`]: it checks
-//! each buffer against what the kernel addresses as the buffer is pushed, so each launcher
-//! is its kernel's parameter list and one `SAFETY` comment, its kernel's contract.
+//! The launchers of this crate's own kernels (element-wise, training, and the decode step of
+//! [`crate::decode`]) build their launches with one crate-private builder, `Launch`: it checks
+//! each buffer against what the kernel addresses as the buffer is pushed, so each launcher is
+//! its kernel's parameter list and one `SAFETY` comment, its kernel's contract.
 
 use graph_runtime::cudarc::driver::sys::CUdeviceptr;
 use graph_runtime::cudarc::driver::{
