@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use graph_runtime::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use graph_runtime::{Condition, DeviceState, GraphError, Runtime};
 
 use crate::kernels::{DECODE, DECODE_STOP};
@@ -151,16 +151,17 @@ fn check_spec(spec: &DecoderSpec) {
     );
 }
 
-/// `y = x · w / sqrt(mean(x²) + eps)` over the model's width.
+/// `y = x · w / sqrt(mean(x²) + eps)` over the model's width (`f`: [`DECODE`]'s `rmsnorm`).
 fn rmsnorm(
     rt: &Runtime,
+    f: &CudaFunction,
     x: &CudaSlice<f32>,
     w: &impl DevicePtr<f32>,
     y: &mut CudaSlice<f32>,
     spec: &DecoderSpec,
 ) -> Result<(), GraphError> {
     let d = spec.dim;
-    let launch = Launch::new(rt, DECODE, "rmsnorm")?
+    let launch = Launch::of(rt, f, "rmsnorm")
         .read("x", x, d)
         .read("w", w, d)
         .write("y", y, d)
@@ -190,6 +191,10 @@ pub fn step(
     check_spec(spec);
     let (d, ffn, vocab) = (spec.dim, spec.ffn, spec.vocab);
     let (kv_len, capacity) = (spec.kv_len(), st.tokens.len());
+    // Looked up once per step, not once per launch.
+    let [norm, rope_kv, attention, silu_mul] =
+        ["rmsnorm", "rope_kv", "attention", "silu_mul"].map(|k| rt.function(DECODE, k));
+    let (norm, rope_kv, attention, silu_mul) = (norm?, rope_kv?, attention?, silu_mul?);
     let launch = Launch::new(rt, DECODE, "embed")?
         .read("table", &w.embed, vocab * d)
         .read("token", &st.token, 1)
@@ -207,9 +212,9 @@ pub fn step(
         let w2 = w.w2.slice(l * d * ffn..(l + 1) * d * ffn);
 
         // Attention block.
-        rmsnorm(rt, &st.x, &attn_norm, &mut st.xn, spec)?;
+        rmsnorm(rt, &norm, &st.x, &attn_norm, &mut st.xn, spec)?;
         matvec(rt, &wqkv, &st.xn, &mut st.qkv, 3 * d, d, 0.0)?;
-        let launch = Launch::new(rt, DECODE, "rope_kv")?
+        let launch = Launch::of(rt, &rope_kv, "rope_kv")
             .write("qkv", &mut st.qkv, 3 * d)
             .write("kv", kv, kv_len)
             .read("pos", &st.pos, 1)
@@ -223,7 +228,7 @@ pub fn step(
         // layer l's cache only when 0 <= *pos < max_seq: inside the layers·2·max_seq·dim
         // floats of `kv`.
         unsafe { launch.launch(elems(d)) }?;
-        let launch = Launch::new(rt, DECODE, "attention")?
+        let launch = Launch::of(rt, &attention, "attention")
             .read("qkv", &st.qkv, 3 * d)
             .read("kv", &*kv, kv_len)
             .write("attn", &mut st.attn, d)
@@ -240,9 +245,9 @@ pub fn step(
         matvec(rt, &wo, &st.attn, &mut st.x, d, d, 1.0)?;
 
         // Feed-forward block.
-        rmsnorm(rt, &st.x, &ffn_norm, &mut st.xn, spec)?;
+        rmsnorm(rt, &norm, &st.x, &ffn_norm, &mut st.xn, spec)?;
         matvec(rt, &w13, &st.xn, &mut st.gu, 2 * ffn, d, 0.0)?;
-        let launch = Launch::new(rt, DECODE, "silu_mul")?
+        let launch = Launch::of(rt, &silu_mul, "silu_mul")
             .read("gu", &st.gu, 2 * ffn)
             .write("h", &mut st.h, ffn)
             .int(ffn);
@@ -250,7 +255,7 @@ pub fn step(
         unsafe { launch.launch(elems(ffn)) }?;
         matvec(rt, &w2, &st.h, &mut st.x, d, ffn, 1.0)?;
     }
-    rmsnorm(rt, &st.x, &w.final_norm, &mut st.xn, spec)?;
+    rmsnorm(rt, &norm, &st.x, &w.final_norm, &mut st.xn, spec)?;
     matvec(rt, &w.lm_head, &st.xn, &mut st.logits, vocab, d, 0.0)?;
 
     // The next token: argmax, appended at *pos, then *pos += 1 (and, stopping, the condition).

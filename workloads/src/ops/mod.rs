@@ -63,7 +63,14 @@ pub(crate) fn need(what: &str, have: usize, need: usize) {
     );
 }
 
+/// Most arguments of one [`Launch`] (the optimizer kernel has 14).
+const MAX_ARGS: usize = 16;
+
+/// Most buffers of one [`Launch`].
+const MAX_BUFS: usize = 8;
+
 /// A kernel argument, kept until the launch takes its address.
+#[derive(Clone, Copy)]
 enum Arg<'a> {
     Ptr(CUdeviceptr),
     Int(i32),
@@ -77,27 +84,58 @@ enum Arg<'a> {
 /// the kernel addresses in it and checked against that number on the spot, so a launcher's
 /// `SAFETY` comment states its kernel's contract in terms of those numbers.
 ///
-/// Capturable: it allocates host memory only, and nothing on the device.
+/// Capturable: nothing is allocated, on the device or the host (the arguments are kept
+/// inline, at most [`MAX_ARGS`] of them and [`MAX_BUFS`] buffers).
 pub(crate) struct Launch<'a> {
     kernel: &'a str,
     stream: &'a CudaStream,
     func: CudaFunction,
-    args: Vec<Arg<'a>>,
+    args: [Arg<'a>; MAX_ARGS],
+    nargs: usize,
     /// The buffers' event bookkeeping (cudarc's multi-stream tracking): dropped only after
     /// the launch is queued, as [`DevicePtr::device_ptr`] asks.
-    syncs: Vec<SyncOnDrop<'a>>,
+    syncs: [Option<SyncOnDrop<'a>>; MAX_BUFS],
+    nbufs: usize,
 }
 
 impl<'a> Launch<'a> {
     /// A launch of `kernel` of `source` (compiled once per process by the runtime).
     pub(crate) fn new(rt: &'a Runtime, source: &str, kernel: &'a str) -> Result<Self, GraphError> {
-        Ok(Launch {
+        Ok(Self::of(rt, &rt.function(source, kernel)?, kernel))
+    }
+
+    /// A launch of `func`, a kernel already looked up (named `kernel` in messages).
+    pub(crate) fn of(rt: &'a Runtime, func: &CudaFunction, kernel: &'a str) -> Self {
+        Launch {
             kernel,
             stream: rt.stream(),
-            func: rt.function(source, kernel)?,
-            args: Vec::new(),
-            syncs: Vec::new(),
-        })
+            func: func.clone(),
+            args: [Arg::Int(0); MAX_ARGS],
+            nargs: 0,
+            syncs: [const { None }; MAX_BUFS],
+            nbufs: 0,
+        }
+    }
+
+    fn push(&mut self, arg: Arg<'a>) {
+        assert!(
+            self.nargs < MAX_ARGS,
+            "{}: a launch takes at most {MAX_ARGS} arguments",
+            self.kernel
+        );
+        self.args[self.nargs] = arg;
+        self.nargs += 1;
+    }
+
+    fn push_buf(&mut self, ptr: CUdeviceptr, sync: SyncOnDrop<'a>) {
+        assert!(
+            self.nbufs < MAX_BUFS,
+            "{}: a launch takes at most {MAX_BUFS} buffers",
+            self.kernel
+        );
+        self.syncs[self.nbufs] = Some(sync);
+        self.nbufs += 1;
+        self.push(Arg::Ptr(ptr));
     }
 
     /// A buffer the kernel reads (`const T *`), of which it addresses `len` elements.
@@ -107,8 +145,7 @@ impl<'a> Launch<'a> {
     pub(crate) fn read<T>(mut self, what: &str, buf: &'a impl DevicePtr<T>, len: usize) -> Self {
         self.check(what, buf.len(), len);
         let (ptr, sync) = buf.device_ptr(self.stream);
-        self.args.push(Arg::Ptr(ptr));
-        self.syncs.push(sync);
+        self.push_buf(ptr, sync);
         self
     }
 
@@ -124,8 +161,7 @@ impl<'a> Launch<'a> {
     ) -> Self {
         self.check(what, buf.len(), len);
         let (ptr, sync) = buf.device_ptr_mut(self.stream);
-        self.args.push(Arg::Ptr(ptr));
-        self.syncs.push(sync);
+        self.push_buf(ptr, sync);
         self
     }
 
@@ -134,31 +170,31 @@ impl<'a> Launch<'a> {
     /// # Panics
     /// Beyond `i32::MAX`.
     pub(crate) fn int(mut self, v: usize) -> Self {
-        self.args.push(Arg::Int(int(v)));
+        self.push(Arg::Int(int(v)));
         self
     }
 
     /// An `int` value.
     pub(crate) fn i32(mut self, v: i32) -> Self {
-        self.args.push(Arg::Int(v));
+        self.push(Arg::Int(v));
         self
     }
 
     /// A `float`.
     pub(crate) fn float(mut self, v: f32) -> Self {
-        self.args.push(Arg::Float(v));
+        self.push(Arg::Float(v));
         self
     }
 
     /// An `unsigned int`.
     pub(crate) fn uint(mut self, v: u32) -> Self {
-        self.args.push(Arg::Uint(v));
+        self.push(Arg::Uint(v));
         self
     }
 
     /// A `graph_while` / `graph_if` condition the kernel sets (`GraphCondition`).
     pub(crate) fn condition(mut self, rt: &Runtime, go: &'a Condition) -> Self {
-        self.args.push(Arg::Condition(go.kernel_arg(rt)));
+        self.push(Arg::Condition(go.kernel_arg(rt)));
         self
     }
 
@@ -175,7 +211,7 @@ impl<'a> Launch<'a> {
     /// `cfg` the kernel addresses no more of each buffer than the length it was pushed with.
     pub(crate) unsafe fn launch(self, cfg: LaunchConfig) -> Result<(), GraphError> {
         let mut builder = self.stream.launch_builder(&self.func);
-        for arg in &self.args {
+        for arg in &self.args[..self.nargs] {
             match arg {
                 Arg::Ptr(p) => builder.arg(p),
                 Arg::Int(v) => builder.arg(v),
