@@ -22,12 +22,12 @@
 //! lines).
 
 use bench_report::record::{Record, Side};
-use bench_report::table::{times, us, Table};
+use bench_report::table::{loss_curves, times, us, Table};
 use clap::Parser;
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
-use workloads::check::{first_mismatch, max_rel_err, verified};
+use workloads::check::{max_rel_err, same_training, verified};
 use workloads::testing::{runtime_or_skip, seeded_rng};
-use workloads::timing::{gpu_us, wall_us};
+use workloads::timing::EagerGraph;
 use workloads::train::{Data, Problem, TrainSpec, Trainer};
 
 const SPEC: TrainSpec = TrainSpec {
@@ -71,11 +71,10 @@ fn main() -> Result<(), BoxError> {
 
     // 2. Initial weights, a data set and its targets from a teacher network.
     let problem = Problem::new(SPEC, &mut seeded_rng(6));
-    let init = &problem.init;
     let data = problem.upload(&s)?;
 
     // 3. 200 eager steps: the function called directly, one synchronize at the end.
-    let mut eager = Trainer::new(&rt, SPEC, init)?;
+    let mut eager = problem.trainer(&rt)?;
     for _ in 0..STEPS {
         train_step(&rt, &data, &mut eager)?;
     }
@@ -85,7 +84,7 @@ fn main() -> Result<(), BoxError> {
     // 4. 200 graphed steps from the same weights. The warmup's two steps leave the trainer
     //    as it was: the graph snapshots its `&mut` state before them and restores it after.
     //    Then one launch per step.
-    let mut graphed = Trainer::new(&rt, SPEC, init)?;
+    let mut graphed = problem.trainer(&rt)?;
     let mut graph = TrainStepGraph::capture(&rt, &data, &mut graphed)?;
     let nodes = graph.info().kinds.kernels;
     for _ in 0..STEPS {
@@ -97,32 +96,38 @@ fn main() -> Result<(), BoxError> {
     let verify = verified(graph.verify(Tolerance::BITWISE)?)?;
 
     // 5. Bit for bit: the loss curves and the final weights.
-    let loss_diff = first_mismatch(&eager_losses, &graph_losses);
-    let param_diff = first_mismatch(&eager_params, &graph_params);
+    let bitwise = same_training(
+        (&eager_losses, &graph_losses),
+        Some((&eager_params, &graph_params)),
+    );
 
     // 6. The eager curve against the host reference for the first steps.
     let cpu_err = max_rel_err(&eager_losses[..CPU_STEPS], &problem.host_losses(CPU_STEPS));
 
     // 7. Step time: more steps of both (the curves are already read).
     let iters = 200;
-    let eager_us = wall_us(&s, iters, || train_step(&rt, &data, &mut eager))?;
-    let graph_us = wall_us(&s, iters, || graph.launch().map(|_| ()))?;
-    let eager_gpu_us = gpu_us(&s, iters, || train_step(&rt, &data, &mut eager))?;
-    let graph_gpu_us = gpu_us(&s, iters, || graph.launch().map(|_| ()))?;
+    let EagerGraph {
+        eager_us,
+        graph_us,
+        eager_gpu_us,
+        graph_gpu_us,
+    } = EagerGraph::measure(
+        &s,
+        iters,
+        || train_step(&rt, &data, &mut eager),
+        || graph.launch().map(drop),
+    )?;
 
     let device = rt.context().name().unwrap_or_default();
     println!(
         "training step of an MLP {:?}, batch {}, MSE, clip 1.0, AdamW, on {device}\n",
         SPEC.dims, SPEC.batch
     );
-    let mut curve = Table::new(&[">step", ">eager loss", ">graph loss"]);
-    for k in [0, 1, 9, 49, 99, 149, STEPS - 1] {
-        curve.row(vec![
-            (k + 1).to_string(),
-            format!("{:.6}", eager_losses[k]),
-            format!("{:.6}", graph_losses[k]),
-        ]);
-    }
+    let curve = loss_curves(
+        &eager_losses,
+        &graph_losses,
+        &[0, 1, 9, 49, 99, 149, STEPS - 1],
+    );
     print!("{}", curve.to_markdown());
     println!();
     let mut t = Table::new(&[
@@ -149,7 +154,7 @@ fn main() -> Result<(), BoxError> {
     print!("{}", t.to_markdown());
     println!("\nfirst {CPU_STEPS} eager losses vs f64 host: max relative error {cpu_err:.1e}");
     println!("{verify}");
-    let identical = loss_diff.is_none() && param_diff.is_none();
+    let identical = bitwise.is_ok();
     if args.json {
         let dims = SPEC.dims_text();
         let what = format!("train step MLP {dims}, batch {}", SPEC.batch);
@@ -170,22 +175,7 @@ fn main() -> Result<(), BoxError> {
         println!("{}", rec.line());
     }
 
-    if let Some(d) = loss_diff {
-        return Err(format!(
-            "loss curves differ first at step {}: eager {} graph {}",
-            d.index + 1,
-            d.a,
-            d.b
-        )
-        .into());
-    }
-    if let Some(d) = param_diff {
-        return Err(format!(
-            "final weights differ first at parameter {}: eager {} graph {}",
-            d.index, d.a, d.b
-        )
-        .into());
-    }
+    bitwise?;
     if cpu_err >= CPU_TOLERANCE {
         return Err(format!("eager losses are off the host reference by {cpu_err:.1e}").into());
     }

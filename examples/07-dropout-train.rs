@@ -20,10 +20,10 @@
 //! lines).
 
 use bench_report::record::{Record, Side};
-use bench_report::table::{times, us, Table};
+use bench_report::table::{loss_curves, times, us, Table};
 use clap::Parser;
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
-use workloads::check::{first_mismatch, max_rel_err, verified};
+use workloads::check::{max_rel_err, same_training, verified};
 use workloads::reference::counters_for;
 use workloads::testing::{runtime_or_skip, seeded_rng};
 use workloads::timing::wall_us;
@@ -68,11 +68,10 @@ fn main() -> Result<(), BoxError> {
     };
     let s = rt.stream().clone();
     let problem = Problem::new(SPEC, &mut seeded_rng(7));
-    let init = &problem.init;
     let data = problem.upload(&s)?;
 
     // 2. Eager: 50 steps.
-    let mut eager = Trainer::new(&rt, SPEC, init)?;
+    let mut eager = problem.trainer(&rt)?;
     for _ in 0..STEPS {
         dropout_step(&rt, &data, &mut eager)?;
     }
@@ -82,7 +81,7 @@ fn main() -> Result<(), BoxError> {
     // 3. Graph: capture (two warmup steps train and draw from the graph's generator; the
     //    runtime restores the trainer and the generator), check the generator is back at the
     //    seed's start, then 50 launches.
-    let mut graphed = Trainer::new(&rt, SPEC, init)?;
+    let mut graphed = problem.trainer(&rt)?;
     let mut graph = DropoutStepGraph::capture(&rt, &data, &mut graphed)?;
     let nodes = graph.info().kinds.kernels;
     let after_capture = dropout_of(graph.state_mut().tr).rng.state(&rt)?;
@@ -111,14 +110,7 @@ fn main() -> Result<(), BoxError> {
         "training with dropout p = {P}, MLP {:?}, batch {}, seed {SEED}, on {device}\n",
         SPEC.dims, SPEC.batch
     );
-    let mut curve = Table::new(&[">step", ">eager loss", ">graph loss"]);
-    for k in [0, 1, 2, 9, 24, STEPS - 1] {
-        curve.row(vec![
-            (k + 1).to_string(),
-            format!("{:.6}", eager_losses[k]),
-            format!("{:.6}", graph_losses[k]),
-        ]);
-    }
+    let curve = loss_curves(&eager_losses, &graph_losses, &[0, 1, 2, 9, 24, STEPS - 1]);
     print!("{}", curve.to_markdown());
     println!();
     let mut t = Table::new(&["loop", ">kernels in graph", ">µs per step", ">speedup"]);
@@ -139,13 +131,13 @@ fn main() -> Result<(), BoxError> {
     println!("{verify}");
     println!("last mask keeps {:.1}% (expected {:.0}%); eager losses vs f64 host with host-drawn masks: max relative error {cpu_err:.1e}", 100.0 * kept, 100.0 * (1.0 - P));
 
-    let losses_equal = first_mismatch(&eager_losses, &graph_losses);
+    let losses_equal = same_training((&eager_losses, &graph_losses), None);
     let masks_equal = eager_mask == graph_mask;
     let host_mask_equal = eager_mask == host_mask;
     let restored = after_capture == (SEED, 0);
     // Each step draws one mask: both generators moved on by STEPS draws, on the device.
     let moved = eager_rng == (SEED, STEPS as u64 * per_step) && graph_rng == eager_rng;
-    let agree = losses_equal.is_none()
+    let agree = losses_equal.is_ok()
         && masks_equal
         && host_mask_equal
         && restored
@@ -188,15 +180,7 @@ fn main() -> Result<(), BoxError> {
         )
         .into());
     }
-    if let Some(d) = losses_equal {
-        return Err(format!(
-            "loss curves differ first at step {}: eager {} graph {}",
-            d.index + 1,
-            d.a,
-            d.b
-        )
-        .into());
-    }
+    losses_equal?;
     if !masks_equal {
         return Err("the last dropout masks of eager and graph differ".into());
     }

@@ -36,8 +36,8 @@ use workloads::check::first_mismatch;
 use workloads::machine::nccl_env;
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::ops::elementwise::{bias_gelu, bias_residual, init_uniform, BlockAt};
-use workloads::testing::gpus_or_skip;
-use workloads::timing::{gpu_us, gpu_us_aligned, wall_us, wall_us_aligned};
+use workloads::testing::{exit_on_error, gpus_or_skip};
+use workloads::timing::EagerGraph;
 
 /// Outputs of one GPU and two agree when the largest difference, relative to the largest
 /// output, is below this.
@@ -218,20 +218,14 @@ struct Row {
     batch: usize,
     nodes: usize,
     kernels: usize,
-    eager_us: f64,
-    graph_us: f64,
-    eager_gpu_us: f64,
-    graph_gpu_us: f64,
+    t: EagerGraph,
     bitwise: bool,
     out: Vec<f32>,
     single: Option<Single>,
 }
 
 struct Single {
-    eager_us: f64,
-    graph_us: f64,
-    eager_gpu_us: f64,
-    graph_gpu_us: f64,
+    t: EagerGraph,
     bitwise: bool,
     max_rel_diff: f32,
 }
@@ -269,11 +263,13 @@ fn rank_main(comm: &Communicator, cfg: &Config) -> Result<Vec<Row>, GraphError> 
         let out = s.clone_dtoh(graph.replay(&x)?.y)?;
         let bitwise = first_mismatch(&eager, &out).is_none();
 
-        let mut run_eager = || tp_mlp(rt, &x, comm, &w, &mut eager_work, &mut y, batch);
-        let eager_us = wall_us_aligned(s, iters, align, &mut run_eager)?;
-        let eager_gpu_us = gpu_us_aligned(s, iters, align, &mut run_eager)?;
-        let graph_us = wall_us_aligned(s, iters, align, || graph.replay(&x).map(drop))?;
-        let graph_gpu_us = gpu_us_aligned(s, iters, align, || graph.replay(&x).map(drop))?;
+        let t = EagerGraph::measure_aligned(
+            s,
+            iters,
+            align,
+            || tp_mlp(rt, &x, comm, &w, &mut eager_work, &mut y, batch),
+            || graph.replay(&x).map(drop),
+        )?;
         let info = graph.info();
         let (nodes, kernels) = (info.nodes(), info.kinds.kernels);
         drop(graph);
@@ -288,10 +284,7 @@ fn rank_main(comm: &Communicator, cfg: &Config) -> Result<Vec<Row>, GraphError> 
             batch,
             nodes,
             kernels,
-            eager_us,
-            graph_us,
-            eager_gpu_us,
-            graph_gpu_us,
+            t,
             bitwise,
             out,
             single,
@@ -322,22 +315,20 @@ fn one_gpu(
         .iter()
         .zip(two_gpus)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs() / scale));
-    let mut run_eager = || mlp(rt, x, w, &mut eager_work, &mut y, batch);
     Ok(Single {
-        eager_us: wall_us(s, iters, &mut run_eager)?,
-        eager_gpu_us: gpu_us(s, iters, &mut run_eager)?,
-        graph_us: wall_us(s, iters, || graph.replay(x).map(drop))?,
-        graph_gpu_us: gpu_us(s, iters, || graph.replay(x).map(drop))?,
+        t: EagerGraph::measure(
+            s,
+            iters,
+            || mlp(rt, x, w, &mut eager_work, &mut y, batch),
+            || graph.replay(x).map(drop),
+        )?,
         bitwise: first_mismatch(&eager, &out).is_none(),
         max_rel_diff,
     })
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error(run());
 }
 
 fn run() -> Result<(), BoxError> {
@@ -388,9 +379,10 @@ fn run() -> Result<(), BoxError> {
     for (i, r0) in ranks[0].iter().enumerate() {
         let r1 = &ranks[1][i];
         let single = r0.single.as_ref().expect("rank 0 measures one GPU");
-        let two = |f: fn(&Row) -> f64| f(r0).max(f(r1));
-        let (eager_us, graph_us) = (two(|r| r.eager_us), two(|r| r.graph_us));
-        let (eager_gpu, graph_gpu) = (two(|r| r.eager_gpu_us), two(|r| r.graph_gpu_us));
+        // The slower rank's figures: a step takes as long as its slowest rank.
+        let slow = r0.t.slower(&r1.t);
+        let (eager_us, graph_us) = (slow.eager_us, slow.graph_us);
+        let (eager_gpu, graph_gpu) = (slow.eager_gpu_us, slow.graph_gpu_us);
         let bitwise = r0.bitwise && r1.bitwise && single.bitwise;
         let ranks_equal = first_mismatch(&r0.out, &r1.out).is_none();
         let close = single.max_rel_diff <= TOLERANCE;
@@ -411,18 +403,18 @@ fn run() -> Result<(), BoxError> {
         }
         wall.row(vec![
             r0.batch.to_string(),
-            us(single.eager_us),
-            us(single.graph_us),
+            us(single.t.eager_us),
+            us(single.t.graph_us),
             us(eager_us),
             us(graph_us),
             times(eager_us / graph_us),
-            times(single.graph_us / graph_us),
+            times(single.t.graph_us / graph_us),
         ]);
         gpu.row(vec![
             r0.batch.to_string(),
             r0.nodes.to_string(),
-            us(single.eager_gpu_us),
-            us(single.graph_gpu_us),
+            us(single.t.eager_gpu_us),
+            us(single.t.graph_gpu_us),
             us(eager_gpu),
             us(graph_gpu),
             if bitwise { "bitwise" } else { "DIFFERENT" }.into(),
@@ -454,10 +446,10 @@ fn run() -> Result<(), BoxError> {
         .with("nodes", r0.nodes)
         .with("eager_gpu_us", eager_gpu)
         .with("graph_gpu_us", graph_gpu)
-        .with("one_gpu_eager_us", single.eager_us)
-        .with("one_gpu_graph_us", single.graph_us)
-        .with("one_gpu_eager_gpu_us", single.eager_gpu_us)
-        .with("one_gpu_graph_gpu_us", single.graph_gpu_us)
+        .with("one_gpu_eager_us", single.t.eager_us)
+        .with("one_gpu_graph_us", single.t.graph_us)
+        .with("one_gpu_eager_gpu_us", single.t.eager_gpu_us)
+        .with("one_gpu_graph_gpu_us", single.t.graph_gpu_us)
         .with("max_rel_diff_vs_one_gpu", f64::from(single.max_rel_diff));
         json.push(record.line());
     }

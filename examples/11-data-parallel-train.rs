@@ -42,7 +42,7 @@ use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
 use graph_runtime::{cuda_graph, BoxError, DeviceState, GraphError, Runtime};
-use workloads::check::first_mismatch;
+use workloads::check::{first_mismatch, same_training};
 use workloads::machine::nccl_env;
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::ops::train::{
@@ -50,8 +50,8 @@ use workloads::ops::train::{
     select_rows, sumsq_partials, RankRows,
 };
 use workloads::reference::ParamLayout;
-use workloads::testing::{gpus_or_skip, seeded_rng};
-use workloads::timing::{gpu_us_aligned, wall_us_aligned};
+use workloads::testing::{exit_on_error, gpus_or_skip, seeded_rng};
+use workloads::timing::EagerGraph;
 use workloads::train::{Data, Problem, TrainSpec, NORM_BLOCKS, OPTIMIZER};
 
 /// The MLP: 64 → 256 → 256 → 16.
@@ -260,10 +260,7 @@ struct Row {
     batch: usize,
     nodes: usize,
     kernels: usize,
-    eager_us: f64,
-    graph_us: f64,
-    eager_gpu_us: f64,
-    graph_gpu_us: f64,
+    t: EagerGraph,
     eager_losses: Vec<f32>,
     graph_losses: Vec<f32>,
     eager_params: Vec<f32>,
@@ -304,20 +301,19 @@ fn rank_main(comm: &Communicator, batches: &[usize], iters: usize) -> Result<Vec
         let graph_losses = s.clone_dtoh(&graph.state_mut().tr.losses)?;
         let graph_params = s.clone_dtoh(&graph.state_mut().tr.params)?;
 
-        let mut run_eager = || dp_step(rt, comm, &data, &mut eager);
-        let eager_us = wall_us_aligned(s, iters, align, &mut run_eager)?;
-        let eager_gpu_us = gpu_us_aligned(s, iters, align, &mut run_eager)?;
-        let graph_us = wall_us_aligned(s, iters, align, || graph.launch().map(drop))?;
-        let graph_gpu_us = gpu_us_aligned(s, iters, align, || graph.launch().map(drop))?;
+        let t = EagerGraph::measure_aligned(
+            s,
+            iters,
+            align,
+            || dp_step(rt, comm, &data, &mut eager),
+            || graph.launch().map(drop),
+        )?;
         let info = graph.info();
         rows.push(Row {
             batch,
             nodes: info.nodes(),
             kernels: info.kinds.kernels,
-            eager_us,
-            graph_us,
-            eager_gpu_us,
-            graph_gpu_us,
+            t,
             eager_losses,
             graph_losses,
             eager_params,
@@ -328,10 +324,7 @@ fn rank_main(comm: &Communicator, batches: &[usize], iters: usize) -> Result<Vec
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error(run());
 }
 
 fn run() -> Result<(), BoxError> {
@@ -399,24 +392,17 @@ fn run() -> Result<(), BoxError> {
     let (mut failures, mut json) = (Vec::new(), Vec::new());
     for (i, r0) in ranks[0].iter().enumerate() {
         let r1 = &ranks[1][i];
-        let two = |f: fn(&Row) -> f64| f(r0).max(f(r1));
-        let (eager_us, graph_us) = (two(|r| r.eager_us), two(|r| r.graph_us));
-        let (eager_gpu, graph_gpu) = (two(|r| r.eager_gpu_us), two(|r| r.graph_gpu_us));
+        // The slower rank's figures: a step takes as long as its slowest rank.
+        let slow = r0.t.slower(&r1.t);
+        let (eager_us, graph_us) = (slow.eager_us, slow.graph_us);
+        let (eager_gpu, graph_gpu) = (slow.eager_gpu_us, slow.graph_gpu_us);
         let mut problems = Vec::new();
         for (rank, r) in [r0, r1].into_iter().enumerate() {
-            if let Some(d) = first_mismatch(&r.eager_losses, &r.graph_losses) {
-                problems.push(format!(
-                    "rank {rank}: losses differ at step {}: eager {} graph {}",
-                    d.index + 1,
-                    d.a,
-                    d.b
-                ));
-            }
-            if let Some(d) = first_mismatch(&r.eager_params, &r.graph_params) {
-                problems.push(format!(
-                    "rank {rank}: final weights differ at {}: eager {} graph {}",
-                    d.index, d.a, d.b
-                ));
+            if let Err(e) = same_training(
+                (&r.eager_losses, &r.graph_losses),
+                Some((&r.eager_params, &r.graph_params)),
+            ) {
+                problems.push(format!("rank {rank}: {e}"));
             }
         }
         if first_mismatch(&r0.graph_params, &r1.graph_params).is_some() {

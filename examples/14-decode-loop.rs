@@ -47,26 +47,25 @@
 //! `example05`: 424 µs of kernels, on-device loop +1.2%.
 //!
 //! The model on the GPU (weights, state, one step's kernels, the stopping argmax) is
-//! `workloads::decode_loop`; this file holds the three graphs over it and the measurements.
+//! `workloads::decode`, shared with `05-decode-step`; this file holds the three graphs over
+//! it and the measurements.
 //!
 //! Run: `cargo run --release --example 14-decode-loop` (`-- --json` adds one JSON line per
 //! size; `-- --sizes tiny,small` picks sizes).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bench_report::record::{Record, Side};
 use bench_report::table::{us, Table};
 use clap::{Parser, ValueEnum};
-use graph_runtime::cudarc::driver::sys::CUevent_flags;
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
-use workloads::decode_loop::{
+use workloads::decode::{
     check_against_host, generated, max_tokens, restart, step, upload, DecodeState, Last, Weights,
 };
 use workloads::reference::{Decoder, DecoderSpec};
 use workloads::testing::{runtime_or_skip, seeded_rng};
-use workloads::timing::median;
+use workloads::timing::{median, once, wall_once};
 
 /// Greedy decoding until an end token: one graph launch per sequence (`graph_while`) against
 /// one replay per token with a host read of the token.
@@ -231,7 +230,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     let fresh = || -> Result<(CudaSlice<f32>, DecodeState), GraphError> {
         Ok((
             s.alloc_zeros::<f32>(spec.kv_len())?,
-            DecodeState::new(&s, &spec)?,
+            DecodeState::new(&s, &spec, max_tokens(&spec))?,
         ))
     };
 
@@ -244,19 +243,18 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     }
     let full = generated(&s, &st)?;
     let (end, expected) = pick_end(&full);
-    let host_ok = check_against_host(&dec, &full, CPU_TOKENS);
+    let host_ok = check_against_host(&dec, &full, CPU_TOKENS).map(drop);
 
     // b. The eager loop: graph_while on the host, a read of the condition per token.
     let mut eager_runs = Vec::new();
     let mut sequences = Vec::new();
     for _ in 0..runs {
         restart(&s, &mut kv, &mut st)?;
-        s.synchronize()?;
-        let t = Instant::now();
-        decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1)?;
-        s.synchronize()?;
+        let ((), us) = wall_once(&s, || {
+            decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1)
+        })?;
         let seq = generated(&s, &st)?;
-        eager_runs.push(t.elapsed().as_secs_f64() * 1e6 / seq.len() as f64);
+        eager_runs.push(us / seq.len() as f64);
         sequences.push(seq);
     }
 
@@ -270,18 +268,18 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             let (mut kv, st) = (state.kv, state.st);
             restart(&s, &mut kv, st)?;
         }
-        s.synchronize()?;
-        let t = Instant::now();
-        let mut count = 0;
-        loop {
-            one.launch()?;
-            count += 1;
-            let token = s.clone_dtoh(&one.state_mut().st.token)?[0];
-            if token == end || count == n {
-                break;
+        let (count, us) = wall_once(&s, || {
+            let mut count = 0;
+            loop {
+                one.launch()?;
+                count += 1;
+                let token = s.clone_dtoh(&one.state_mut().st.token)?[0];
+                if token == end || count == n {
+                    return Ok(count);
+                }
             }
-        }
-        replay_runs.push(t.elapsed().as_secs_f64() * 1e6 / count as f64);
+        })?;
+        replay_runs.push(us / count as f64);
         sequences.push(generated(&s, one.state_mut().st)?);
     }
 
@@ -303,22 +301,16 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
                 let (mut kv, st) = (state.kv, state.st);
                 restart(&s, &mut kv, st)?;
             }
-            s.synchronize()?;
-            let t = Instant::now();
-            let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            looped.launch()?;
-            let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            s.synchronize()?;
-            let wall = t.elapsed().as_secs_f64() * 1e6;
+            let t = once(&s, || looped.launch().map(drop))?;
             let seq = generated(&s, looped.state_mut().st)?;
             let n = seq.len() as f64;
             match (bounded, k) {
-                (true, _) => bounded_runs.push(wall / n),
+                (true, _) => bounded_runs.push(t.wall_us / n),
                 (false, 1) => {
-                    loop_runs.push(wall / n);
-                    loop_gpu_runs.push(start.elapsed_ms(&stop)? as f64 * 1e3 / n);
+                    loop_runs.push(t.wall_us / n);
+                    loop_gpu_runs.push(t.gpu_us / n);
                 }
-                _ => unrolled_runs.push(wall / n),
+                _ => unrolled_runs.push(t.wall_us / n),
             }
             sequences.push(seq);
         }
@@ -335,14 +327,13 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             let (mut kv, st) = (state.kv, state.st);
             restart(&s, &mut kv, st)?;
         }
-        s.synchronize()?;
-        let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for _ in 0..launches {
-            unrolled.launch()?;
-        }
-        let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        stop.synchronize()?;
-        gpu_runs.push(start.elapsed_ms(&stop)? as f64 * 1e3 / (launches * UNROLL) as f64);
+        let t = once(&s, || {
+            for _ in 0..launches {
+                unrolled.launch()?;
+            }
+            Ok(())
+        })?;
+        gpu_runs.push(t.gpu_us / (launches * UNROLL) as f64);
     }
 
     let want = &full[..expected];

@@ -31,16 +31,14 @@
 //! `-- --grid 64 --tol 1e-5` for another problem).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bench_report::record::{Record, Side};
 use bench_report::table::{us, Table};
 use clap::Parser;
-use graph_runtime::cudarc::driver::sys::CUevent_flags;
 use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, BoxError, Compare, DeviceState, GraphError, Runtime};
 use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
-use workloads::timing::median;
+use workloads::timing::{median, once, wall_once};
 
 /// Jacobi on the 2-D Poisson problem until the relative residual is below a tolerance: the
 /// whole solve in one graph launch against one replay per iteration with a host read.
@@ -297,52 +295,43 @@ fn main() -> Result<(), BoxError> {
     for (run, b) in rhs.iter().enumerate() {
         // a. Eagerly: graph_while reads the condition after every iteration.
         eager.reset(&s, b)?;
-        s.synchronize()?;
-        let t = Instant::now();
-        jacobi_solve(&rt, &mut eager, m, tol, max)?;
-        s.synchronize()?;
-        eager_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let ((), us) = wall_once(&s, || jacobi_solve(&rt, &mut eager, m, tol, max))?;
+        eager_ms.push(us / 1e3);
         let e = read(&s, &eager)?;
 
         // b. The on-device loop: one launch.
         looped.state_mut().sys.reset(&s, b)?;
-        s.synchronize()?;
-        let t = Instant::now();
-        let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        looped.launch()?;
-        let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        s.synchronize()?;
-        loop_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        loop_gpu_ms.push(f64::from(start.elapsed_ms(&stop)?));
+        let t = once(&s, || looped.launch().map(drop))?;
+        loop_ms.push(t.wall_us / 1e3);
+        loop_gpu_ms.push(t.gpu_us / 1e3);
         let g = read(&s, looped.state_mut().sys)?;
 
         // c. One replay per iteration, the residual read back after each.
         one.state_mut().sys.reset(&s, b)?;
-        s.synchronize()?;
-        let t = Instant::now();
-        let mut done = 0;
-        loop {
-            one.launch()?;
-            done += 1;
-            let residual = s.clone_dtoh(&one.state_mut().sys.stats)?[0];
-            if !Compare::Gt.holds(residual, tol) || done == max {
-                break;
+        let ((), us) = wall_once(&s, || {
+            let mut done = 0;
+            loop {
+                one.launch()?;
+                done += 1;
+                let residual = s.clone_dtoh(&one.state_mut().sys.stats)?[0];
+                if !Compare::Gt.holds(residual, tol) || done == max {
+                    return Ok(());
+                }
             }
-        }
-        replay_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        })?;
+        replay_ms.push(us / 1e3);
         let r = read(&s, one.state_mut().sys)?;
 
         // d. The kernels alone: as many iterations, UNROLL per launch, events.
         unrolled.state_mut().sys.reset(&s, b)?;
         let launches = ((g.sweeps as usize / 2) / UNROLL).max(1);
-        s.synchronize()?;
-        let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        for _ in 0..launches {
-            unrolled.launch()?;
-        }
-        let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        stop.synchronize()?;
-        gpu_iter_us.push(f64::from(start.elapsed_ms(&stop)?) * 1e3 / (launches * UNROLL) as f64);
+        let t = once(&s, || {
+            for _ in 0..launches {
+                unrolled.launch()?;
+            }
+            Ok(())
+        })?;
+        gpu_iter_us.push(t.gpu_us / (launches * UNROLL) as f64);
 
         let host = host_relative_residual(m, b, &g.x);
         let same = e.x == g.x && r.x == g.x && e.sweeps == g.sweeps && r.sweeps == g.sweeps;

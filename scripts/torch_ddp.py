@@ -27,9 +27,7 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 
 try:
     import torch
@@ -41,55 +39,27 @@ except ImportError as e:
     print(f"skipped: PyTorch is not installed ({e})", file=sys.stderr)
     sys.exit(0)
 
+import torch_models as tm  # noqa: E402 (after the check that PyTorch is there)
+
 DIMS = [64, 256, 256, 16]
 BATCHES = 8
 STEPS = 200
-REPEATS = 7
 WARMUP = 11
 
 
 def mlp():
-    return torch.nn.Sequential(
-        torch.nn.Linear(DIMS[0], DIMS[1]),
-        torch.nn.GELU(approximate="tanh"),
-        torch.nn.Linear(DIMS[1], DIMS[2]),
-        torch.nn.GELU(approximate="tanh"),
-        torch.nn.Linear(DIMS[2], DIMS[3]),
-    )
+    """The model on the host (each rank loads it onto its GPU)."""
+    return tm.make_mlp(DIMS, device="cpu")
 
 
 def timed(fn, iters, stream):
     """Median host wall time per call (us), the ranks aligned before each run."""
-    per = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for _ in range(iters):
-                fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e6 / iters)
-    return statistics.median(per)
+    return tm.per_call_us(fn, iters, align=dist.barrier, stream=stream)
 
 
 def gpu_timed(fn, iters, stream):
     """Median GPU time per call (us) from CUDA events around the calls."""
-    per = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-        end.synchronize()
-        per.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(per)
+    return tm.per_call_us(fn, iters, gpu=True, align=dist.barrier, stream=stream)
 
 
 class Trainer:
@@ -127,6 +97,13 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.body()
 
+    def run(self, steps):
+        """`steps` eager steps on the trainer's stream, then a synchronize."""
+        with torch.cuda.stream(self.stream):
+            for _ in range(steps):
+                self.eager_step()
+        torch.cuda.synchronize()
+
     def reset(self, init_state):
         with torch.cuda.stream(self.stream):
             with torch.no_grad():
@@ -159,18 +136,12 @@ def run_batch(rank, world, batch, iters, dev):
 
     # Eager: 200 steps, the loss curve.
     eager = Trainer(rank, world, batch, dev, stream, init_state, xs, ts)
-    with torch.cuda.stream(stream):
-        for _ in range(STEPS):
-            eager.eager_step()
-    torch.cuda.synchronize()
+    eager.run(STEPS)
     eager_losses = eager.losses.clone()
 
     # Graph: warm up on the side stream, capture on it, restart, 200 replays.
     graphed = Trainer(rank, world, batch, dev, stream, init_state, xs, ts)
-    with torch.cuda.stream(stream):
-        for _ in range(WARMUP):
-            graphed.eager_step()
-    torch.cuda.synchronize()
+    graphed.run(WARMUP)
     graph = torch.cuda.CUDAGraph()
     graphed.opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph, stream=stream):

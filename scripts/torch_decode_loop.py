@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 try:
     import torch
@@ -68,36 +67,23 @@ def run_size(name, tokens, runs):
         full = dec.tokens.tolist()
         end, expected = pick_end(full)
 
-        dec.restart()
-        tm.warm_on_side_stream(dec.step)
-        dec.restart()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            dec.step()
+        g = dec.capture_step()
 
-        item_times, seqs = [], []
-        for _ in range(runs):
-            dec.restart()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
+        def until_end():
             count = 0
             while True:
                 g.replay()
                 count += 1
                 if dec.token.item() == end or count == tokens:
-                    break
-            item_times.append((time.perf_counter() - t) * 1e6 / count)
+                    return count
+
+        item_times, seqs = [], []
+        for _ in range(runs):
+            us, count = dec.time_generation(until_end)
+            item_times.append(us)
             seqs.append(dec.tokens[:count].tolist())
 
-        plain_times = []
-        for _ in range(runs):
-            dec.restart()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(expected):
-                g.replay()
-            torch.cuda.synchronize()
-            plain_times.append((time.perf_counter() - t) * 1e6 / expected)
+        plain_times = [dec.time_generation(tm.calls(g.replay, expected))[0] for _ in range(runs)]
     agree = all(s == full[:expected] for s in seqs)
     return dict(end=end, generated=expected, item_us=statistics.median(item_times),
                 plain_us=statistics.median(plain_times), agree=agree)

@@ -49,30 +49,43 @@ def emit(bench, workload, what, shape, **fields):
     print(json.dumps({**record, **fields}), flush=True)
 
 
-def wall_us(fn, iters):
+def per_call_us(fn, iters, gpu=False, align=None, stream=None):
+    """Median over REPEATS of the time per call (us) of `iters` back-to-back calls of `fn`: the
+    host wall time from an idle GPU until it is idle again, or (`gpu`) the time between CUDA
+    events recorded around the calls. `align` runs before each batch once the GPU is idle (a
+    barrier between ranks); the calls go to `stream` (None: the current stream)."""
     per = []
     for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e6 / iters)
+        if align is not None:
+            torch.cuda.synchronize()
+            align()
+            torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            if gpu:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(iters):
+                    fn()
+                end.record()
+                end.synchronize()
+                per.append(start.elapsed_time(end) * 1e3 / iters)
+            else:
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                torch.cuda.synchronize()
+                per.append((time.perf_counter() - t) * 1e6 / iters)
     return statistics.median(per)
+
+
+def wall_us(fn, iters):
+    return per_call_us(fn, iters)
 
 
 def gpu_us(fn, iters):
-    per = []
-    for _ in range(REPEATS):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        per.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(per)
+    return per_call_us(fn, iters, gpu=True)
 
 
 def iters_for(estimate_us, budget_us=50_000.0, lo=5, hi=2000):
@@ -174,6 +187,27 @@ class Decoder:
         self.k.zero_()
         self.v.zero_()
 
+    def capture_step(self):
+        """One step captured as a CUDA graph. Starts over before the warmup steps and again
+        before capturing, so that every step stays inside the cache whatever ran before."""
+        self.restart()
+        warm_on_side_stream(self.step)
+        self.restart()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.step()
+        return g
+
+    def time_generation(self, generate):
+        """Restarts, then runs `generate()` (which returns how many tokens it made) between two
+        synchronizes: (us per token, tokens)."""
+        self.restart()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        count = generate()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e6 / count, count
+
     @staticmethod
     def rmsnorm(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + DEC["eps"]) * w
@@ -213,37 +247,28 @@ class Decoder:
         self.pos.add_(1)
 
 
+def calls(fn, n):
+    """A generation of `n` calls of `fn`, returning `n`."""
+    def generate():
+        for _ in range(n):
+            fn()
+        return n
+    return generate
+
+
 def decode_bench(runs=5):
     tokens = DEC["max_seq"]
     dec = Decoder()
     with torch.no_grad():
         eager_times, eager_seqs = [], []
         for _ in range(runs):
-            dec.restart()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(tokens):
-                dec.step()
-            torch.cuda.synchronize()
-            eager_times.append((time.perf_counter() - t) * 1e6 / tokens)
+            eager_times.append(dec.time_generation(calls(dec.step, tokens))[0])
             eager_seqs.append(dec.tokens.clone())
-        # The eager runs left the position at the end of the cache: start over before the
-        # warmup steps, and again before capturing, so every step stays inside the cache.
-        dec.restart()
-        warm_on_side_stream(dec.step)
-        dec.restart()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            dec.step()
+        # The eager runs left the position at the end of the cache: capture_step starts over.
+        g = dec.capture_step()
         graph_times, graph_seqs = [], []
         for _ in range(runs):
-            dec.restart()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(tokens):
-                g.replay()
-            torch.cuda.synchronize()
-            graph_times.append((time.perf_counter() - t) * 1e6 / tokens)
+            graph_times.append(dec.time_generation(calls(g.replay, tokens))[0])
             graph_seqs.append(dec.tokens.clone())
     ref = eager_seqs[0]
     agree = all(torch.equal(s, ref) for s in eager_seqs + graph_seqs)
@@ -260,13 +285,14 @@ def decode_bench(runs=5):
 # Training step
 
 
-def make_mlp(dims):
+def make_mlp(dims, device="cuda"):
+    """Linear layers of widths `dims` with GELU (tanh) between them, on `device`."""
     layers = []
     for i in range(len(dims) - 1):
         layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
         if i + 2 < len(dims):
             layers.append(torch.nn.GELU(approximate="tanh"))
-    return torch.nn.Sequential(*layers).cuda()
+    return torch.nn.Sequential(*layers).to(device)
 
 
 class TrainStep:

@@ -104,6 +104,23 @@ pub fn times(v: f64) -> String {
     }
 }
 
+/// Two loss curves side by side, eager and graphed, at the 0-based `steps` (shown from 1):
+/// the curve table of the training examples.
+///
+/// # Panics
+/// If a step is past the end of either curve.
+pub fn loss_curves(eager: &[f32], graph: &[f32], steps: &[usize]) -> Table {
+    let mut t = Table::new(&[">step", ">eager loss", ">graph loss"]);
+    for &k in steps {
+        t.row(vec![
+            (k + 1).to_string(),
+            format!("{:.6}", eager[k]),
+            format!("{:.6}", graph[k]),
+        ]);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +141,15 @@ mod tests {
     #[should_panic(expected = "a row of 1 cells in a table of 2 columns")]
     fn rows_must_fill_the_table() {
         Table::new(&["a", "b"]).row(vec!["x".into()]);
+    }
+
+    #[test]
+    fn loss_curves_side_by_side() {
+        let t = loss_curves(&[1.0, 0.5, 0.25], &[1.0, 0.5, 0.125], &[0, 2]);
+        assert_eq!(
+            t.to_markdown(),
+            "| step | eager loss | graph loss |\n|---:|---:|---:|\n| 1 | 1.000000 | 1.000000 |\n| 3 | 0.250000 | 0.125000 |\n"
+        );
     }
 
     #[test]

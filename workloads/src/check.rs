@@ -42,6 +42,29 @@ pub fn first_mismatch(a: &[f32], b: &[f32]) -> Option<Mismatch> {
     })
 }
 
+/// Compares an eager and a graphed training run bit for bit: their loss curves and, when
+/// given, their final parameters. `Err` says what differs first (steps counted from 1).
+pub fn same_training(
+    losses: (&[f32], &[f32]),
+    params: Option<(&[f32], &[f32])>,
+) -> Result<(), String> {
+    if let Some(d) = first_mismatch(losses.0, losses.1) {
+        return Err(format!(
+            "the loss curves differ first at step {}: eager {} graph {}",
+            d.index + 1,
+            d.a,
+            d.b
+        ));
+    }
+    if let Some(d) = params.and_then(|(eager, graph)| first_mismatch(eager, graph)) {
+        return Err(format!(
+            "the final weights differ first at parameter {}: eager {} graph {}",
+            d.index, d.a, d.b
+        ));
+    }
+    Ok(())
+}
+
 /// The largest `|a - b| / max(1, |b|)`: an error that is absolute near zero and relative
 /// for large values.
 ///
@@ -99,6 +122,20 @@ mod tests {
         assert_eq!(m.b, 2.0);
         // Identical NaN bits are equal.
         assert_eq!(first_mismatch(&[f32::NAN], &[f32::NAN]), None);
+    }
+
+    #[test]
+    fn training_runs_compared() {
+        let (l, p) = ([1.0, 0.5], [3.0, 4.0]);
+        assert_eq!(same_training((&l, &l), Some((&p, &p))), Ok(()));
+        assert_eq!(same_training((&l, &l), None), Ok(()));
+        let e = same_training((&l, &[1.0, 0.25]), Some((&p, &p))).unwrap_err();
+        assert!(e.contains("loss curves differ first at step 2"), "{e}");
+        let e = same_training((&l, &l), Some((&p, &[3.0, -4.0]))).unwrap_err();
+        assert!(
+            e.contains("final weights differ first at parameter 1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -186,30 +186,11 @@ extern "C" __global__ void linear_bias_gelu(const float *x, const float *__restr
 }
 "#;
 
-/// Kernels of the training examples (`06-train-step`, `07-dropout-train`, and the
-/// data-parallel `11-data-parallel-train`): the pieces of a small MLP's forward and backward
-/// pass that are not GEMMs, an MSE loss, the global gradient norm and AdamW. Row-major
-/// matrices; `n` is an element count.
-///
-/// Everything that depends on the training step reads the step counter through a pointer
-/// (`const int *step`), so a captured graph sees the counter move on every replay. Every
-/// reduction sums in a fixed order for a fixed launch configuration, so two runs of the same
-/// launches give bitwise-equal results.
-pub const TRAIN: &str = r#"
-#define GELU_K0 0.7978845608028654f
-#define GELU_K1 0.044715f
-
-__device__ __forceinline__ float gelu_tanh(float v) {
-    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
-    return 0.5f * v * (1.0f + tanhf(u));
-}
-
-__device__ __forceinline__ float gelu_tanh_grad(float v) {
-    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
-    float t = tanhf(u);
-    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
-}
-
+/// The block-wide sum of the training and decode kernels ([`TRAIN`]'s loss and gradient
+/// norm, [`DECODE`]'s RMSNorm and softmax), one CUDA source for both compilation units.
+macro_rules! block_sum {
+    () => {
+        r#"
 // Sum over the block, the same order every time for a given blockDim (a multiple of 32, at
 // most 1024). Every thread gets the result.
 __device__ float block_sum(float v) {
@@ -224,7 +205,38 @@ __device__ float block_sum(float v) {
     for (int w = 0; w < warps; ++w) total += warp_sums[w];
     return total;
 }
+"#
+    };
+}
 
+/// Kernels of the training examples (`06-train-step`, `07-dropout-train`, and the
+/// data-parallel `11-data-parallel-train`): the pieces of a small MLP's forward and backward
+/// pass that are not GEMMs, an MSE loss, the global gradient norm and AdamW. Row-major
+/// matrices; `n` is an element count.
+///
+/// Everything that depends on the training step reads the step counter through a pointer
+/// (`const int *step`), so a captured graph sees the counter move on every replay. Every
+/// reduction sums in a fixed order for a fixed launch configuration, so two runs of the same
+/// launches give bitwise-equal results.
+pub const TRAIN: &str = concat!(
+    r#"
+#define GELU_K0 0.7978845608028654f
+#define GELU_K1 0.044715f
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+    return 0.5f * v * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float v) {
+    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+    float t = tanhf(u);
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+}
+
+"#,
+    block_sum!(),
+    r#"
 // z[r, c] = x[r, c] + b[c]; y = gelu(z). z is kept for the backward pass.
 extern "C" __global__ void bias_gelu_fwd(const float *x, const float *b, float *z, float *y, int rows, int cols) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -373,34 +385,64 @@ extern "C" __global__ void dropout_bwd(const float *dy, const unsigned char *mas
     float scale = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
     if (i < n) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
 }
-"#;
+"#
+);
 
-/// Kernels of the decode example (`05-decode-step`): one token of a small pre-norm
-/// transformer at batch 1. The token id and its position are read from device memory, so
+/// The greedy choice of both decode steps' last kernel ([`DECODE`]'s `argmax_advance`,
+/// [`DECODE_STOP`]'s `argmax_advance_stop`), one CUDA source for both compilation units.
+macro_rules! block_argmax {
+    () => {
+        r#"
+// The index of the largest of `vocab` logits (the lowest among equal maxima; 0 when none is
+// above -inf, NaNs included, so the result is always a token), by a whole block of a power of
+// two threads, at most 1024. Every thread gets the result.
+__device__ int block_argmax(const float *logits, int vocab) {
+    __shared__ float best_v[1024];
+    __shared__ int best_i[1024];
+    float bv = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = logits[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            float ov = best_v[threadIdx.x + stride];
+            int oi = best_i[threadIdx.x + stride];
+            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    int best = best_i[0];
+    return best < vocab ? best : 0;
+}
+"#
+    };
+}
+
+/// Kernels of the decoder of `05-decode-step` and `14-decode-loop` ([`crate::decode`]): one
+/// token of a small pre-norm transformer at batch 1. The token id and its position are read from device memory, so
 /// one captured graph serves every position; `argmax_advance` writes the next token and
 /// moves the position on.
 ///
 /// The KV cache is `[layer][k or v][max_seq][dim]`; `qkv` is `[q (dim) | k (dim) | v (dim)]`
 /// with heads of `head_dim` consecutive values; rotary embedding rotates the pairs
 /// `(2i, 2i + 1)` of each head by `pos * theta^(-2i / head_dim)`.
-pub const DECODE: &str = r#"
+pub const DECODE: &str = concat!(
+    r#"
 #define MAX_SEQ 1024
 #define NEG_INF __int_as_float(0xff800000)
 
-// Sum and max over the block (blockDim a multiple of 32, at most 1024), the same order every
-// time. Every thread gets the result.
-__device__ float block_sum(float v) {
-    __shared__ float warp_vals[32];
-    __syncthreads();
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_vals[warp] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_vals[w];
-    return total;
-}
-
+"#,
+    block_sum!(),
+    r#"
+// Max over the block (blockDim a multiple of 32, at most 1024). Every thread gets the result.
 __device__ float block_max(float v) {
     __shared__ float warp_vals[32];
     __syncthreads();
@@ -429,14 +471,16 @@ extern "C" __global__ void rmsnorm(const float *x, const float *w, float *y, int
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * inv * w[i];
 }
 
-// Rotates q and k in place at position *pos and stores k and v in the cache of `layer`.
-// One thread per element of `dim`: thread i rotates pair i of q (i < dim / 2) or pair
-// i - dim / 2 of k, and copies v[i].
+// Rotates q and k in place at position *pos and stores k and v in the cache of `layer`
+// (nothing at all when *pos is outside [0, max_seq)). One thread per element of `dim`:
+// thread i rotates pair i of q (i < dim / 2) or pair i - dim / 2 of k, and copies v[i].
 extern "C" __global__ void rope_kv(float *qkv, float *kv, const int *pos, int layer, int dim,
                                    int head_dim, int max_seq, float theta) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= dim) return;
     int p = *pos;
+    // A position past the cache (a step called more often than the cache holds) writes
+    // nothing, so no launch can write outside the cache.
+    if (i >= dim || p < 0 || p >= max_seq) return;
     int half = dim / 2;
     int pair = i < half ? i : i - half;
     float *vec = i < half ? qkv : qkv + dim;
@@ -505,81 +549,42 @@ extern "C" __global__ void silu_mul(const float *gu, float *h, int ffn) {
     }
 }
 
-// Greedy decoding, one block: token = argmax(logits) (the lowest index among equal
-// maxima), tokens[*pos] = token, *pos += 1.
+"#,
+    block_argmax!(),
+    r#"
+// Greedy decoding, one block of 1024: token = argmax(logits), tokens[*pos] = token while
+// *pos < max_tokens, *pos += 1.
 extern "C" __global__ void argmax_advance(const float *logits, int vocab, int *token, int *pos,
                                           int *tokens, int max_tokens) {
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
-    float bv = NEG_INF;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = logits[i];
-        if (v > bv) { bv = v; bi = i; }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            float ov = best_v[threadIdx.x + stride];
-            int oi = best_i[threadIdx.x + stride];
-            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
+    int next = block_argmax(logits, vocab);
     if (threadIdx.x == 0) {
         int p = *pos;
-        int next = best_i[0];
         *token = next;
         if (p >= 0 && p < max_tokens) tokens[p] = next;
         *pos = p + 1;
     }
 }
-"#;
+"#
+);
 
-/// Kernel of the on-device decode loop (`14-decode-loop`, [`crate::decode_loop`]): the step's
+/// Kernel of the on-device decode loop (`14-decode-loop`, [`crate::decode`]): the step's
 /// last kernel when the loop runs on the device: greedy argmax as in [`DECODE`]'s
 /// `argmax_advance`, then the loop's condition: go on while the token is not the end token
 /// and the output has room. Once that is no longer so, `done` is set and later calls (the
 /// rest of an unrolled iteration) change nothing.
 pub const DECODE_STOP: &str = concat!(
     graph_runtime::condition_device_api!(),
+    block_argmax!(),
     r#"
 extern "C" __global__ void argmax_advance_stop(const float *logits, int vocab, int *token, int *pos,
                                                int *done, int *tokens, int max_tokens, int end_token,
                                                GraphCondition go) {
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
-    float bv = __int_as_float(0xff800000);
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = logits[i];
-        if (v > bv) { bv = v; bi = i; }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            float ov = best_v[threadIdx.x + stride];
-            int oi = best_i[threadIdx.x + stride];
-            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
+    int next = block_argmax(logits, vocab);
     if (threadIdx.x == 0) {
         if (*done) {
             graph_condition_set(go, false);
         } else {
             int p = *pos;
-            int next = best_i[0];
             *token = next;
             if (p >= 0 && p < max_tokens) tokens[p] = next;
             *pos = p + 1;

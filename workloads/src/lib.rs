@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | [`kernels`] | the CUDA C++ sources (NVRTC) of every kernel the tests and examples launch |
 //! | [`ops`] | GPU operations: cuBLAS row-major products, element-wise kernels (bias + GELU, bias + residual, a fill by position), the fused linear kernel, the cuBLASLt linear plan, the training kernels (one GPU and data-parallel); each launcher checks its buffers and holds the one `unsafe` launch with its `SAFETY` contract |
-//! | [`decode_loop`] | the decoder of `14-decode-loop` on the GPU: weights and state as `DeviceState`, one step's launches (plain argmax, or the argmax that sets a `graph_while` condition), restart and the check against the host model |
+//! | [`decode`] | the decoder of `05-decode-step` and `14-decode-loop` on the GPU: weights and state as `DeviceState`, one step's launches (plain argmax, or the argmax that sets a `graph_while` condition), restart and the check against the host model |
 //! | [`train`] | the training step of `06-train-step` and `07-dropout-train` (an MLP, MSE, clipping, AdamW, optional dropout) and its data |
 //! | [`reference`](mod@reference) | host reference models in `f64`: the MLP, the decoder, the trainer |
 //! | [`timing`] | wall and GPU timings, medians of [`timing::REPEATS`], also with the ranks of a multi-GPU program aligned before each batch |
@@ -25,7 +25,7 @@
 //! an example skips.
 
 pub mod check;
-pub mod decode_loop;
+pub mod decode;
 pub mod kernels;
 pub mod machine;
 pub mod ops;

@@ -4,6 +4,9 @@
 //! back to back, then one synchronize, divided by `iters`: what a caller that keeps the GPU
 //! busy sees per call. A *GPU* time comes from CUDA events around the same loop.
 //!
+//! [`once`] and [`wall_once`] time a single run instead, for work whose state is reset
+//! between runs.
+//!
 //! The `_aligned` variants call a function before each batch of calls, after the stream is
 //! idle: a barrier between the ranks of a multi-GPU program, so that every rank's batch
 //! starts together and no rank times its wait for another.
@@ -56,13 +59,13 @@ fn per_call_us(
         }
         let us = match clock {
             Clock::Wall => {
-                s.synchronize()?;
-                let t = Instant::now();
-                for _ in 0..iters {
-                    f()?;
-                }
-                s.synchronize()?;
-                t.elapsed().as_secs_f64() * 1e6
+                wall_once(s, || {
+                    for _ in 0..iters {
+                        f()?;
+                    }
+                    Ok(())
+                })?
+                .1
             }
             Clock::Gpu => {
                 let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -123,6 +126,113 @@ pub fn gpu_us_aligned(
     per_call_us(s, iters, f, Clock::Gpu, Some(&mut align))
 }
 
+/// Wall and GPU time per call (µs, medians of [`REPEATS`]) of a function called eagerly and
+/// of its graph: the four figures of a benchmark example's row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EagerGraph {
+    /// Wall time per eager call.
+    pub eager_us: f64,
+    /// Wall time per graph launch (or replay).
+    pub graph_us: f64,
+    /// GPU time per eager call.
+    pub eager_gpu_us: f64,
+    /// GPU time per graph launch.
+    pub graph_gpu_us: f64,
+}
+
+impl EagerGraph {
+    /// Times `eager`, then `graph`, each `iters` calls per measurement: wall time, then GPU
+    /// time ([`wall_us`], [`gpu_us`]).
+    pub fn measure(
+        s: &CudaStream,
+        iters: usize,
+        mut eager: impl FnMut() -> Result<(), GraphError>,
+        mut graph: impl FnMut() -> Result<(), GraphError>,
+    ) -> Result<Self, GraphError> {
+        Ok(EagerGraph {
+            eager_us: wall_us(s, iters, &mut eager)?,
+            eager_gpu_us: gpu_us(s, iters, &mut eager)?,
+            graph_us: wall_us(s, iters, &mut graph)?,
+            graph_gpu_us: gpu_us(s, iters, &mut graph)?,
+        })
+    }
+
+    /// [`EagerGraph::measure`] with `align` called before each batch of calls, once the stream
+    /// is idle ([`wall_us_aligned`], [`gpu_us_aligned`]): every rank of a multi-GPU program
+    /// calls it at the same time.
+    pub fn measure_aligned(
+        s: &CudaStream,
+        iters: usize,
+        mut align: impl FnMut() -> Result<(), GraphError>,
+        mut eager: impl FnMut() -> Result<(), GraphError>,
+        mut graph: impl FnMut() -> Result<(), GraphError>,
+    ) -> Result<Self, GraphError> {
+        Ok(EagerGraph {
+            eager_us: wall_us_aligned(s, iters, &mut align, &mut eager)?,
+            eager_gpu_us: gpu_us_aligned(s, iters, &mut align, &mut eager)?,
+            graph_us: wall_us_aligned(s, iters, &mut align, &mut graph)?,
+            graph_gpu_us: gpu_us_aligned(s, iters, &mut align, &mut graph)?,
+        })
+    }
+
+    /// The slower of two ranks' figures, one by one: a multi-GPU step takes as long as its
+    /// slowest rank.
+    pub fn slower(&self, other: &Self) -> Self {
+        EagerGraph {
+            eager_us: self.eager_us.max(other.eager_us),
+            graph_us: self.graph_us.max(other.graph_us),
+            eager_gpu_us: self.eager_gpu_us.max(other.eager_gpu_us),
+            graph_gpu_us: self.graph_gpu_us.max(other.graph_gpu_us),
+        }
+    }
+}
+
+/// One timed run of work measured once per run (a whole generation or solve, whose state is
+/// reset between runs), and what it returned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Once<R> {
+    /// What the work returned.
+    pub value: R,
+    /// Host wall time (µs) from just before the work until the stream is idle.
+    pub wall_us: f64,
+    /// GPU time (µs) between CUDA events recorded on the stream around the work.
+    pub gpu_us: f64,
+}
+
+/// Runs `f` once, the stream idle before and synchronized after: its wall time and its GPU
+/// time ([`Once`]). For the wall time alone, [`wall_once`] records no events.
+pub fn once<R>(
+    s: &CudaStream,
+    f: impl FnOnce() -> Result<R, GraphError>,
+) -> Result<Once<R>, GraphError> {
+    s.synchronize()?;
+    let t = Instant::now();
+    let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let value = f()?;
+    let stop = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    s.synchronize()?;
+    let wall_us = t.elapsed().as_secs_f64() * 1e6;
+    let gpu_us = start.elapsed_ms(&stop)? as f64 * 1e3;
+    Ok(Once {
+        value,
+        wall_us,
+        gpu_us,
+    })
+}
+
+/// Runs `f` once, the stream idle before and synchronized after: what it returned and the
+/// host wall time (µs) until the stream is idle.
+pub fn wall_once<R>(
+    s: &CudaStream,
+    f: impl FnOnce() -> Result<R, GraphError>,
+) -> Result<(R, f64), GraphError> {
+    s.synchronize()?;
+    let t = Instant::now();
+    let value = f()?;
+    s.synchronize()?;
+    Ok((value, t.elapsed().as_secs_f64() * 1e6))
+}
+
 /// How many calls of about `estimate_us` each fill `budget_us`, clamped to `[min, max]`.
 pub fn iters_for(estimate_us: f64, budget_us: f64, min: usize, max: usize) -> usize {
     let n = if estimate_us.is_finite() && estimate_us > 0.0 {
@@ -148,6 +258,30 @@ mod tests {
     #[should_panic(expected = "median of no values")]
     fn median_of_nothing_panics() {
         median(Vec::new());
+    }
+
+    #[test]
+    fn the_slower_rank_figure_by_figure() {
+        let a = EagerGraph {
+            eager_us: 1.0,
+            graph_us: 4.0,
+            eager_gpu_us: 2.0,
+            graph_gpu_us: 0.5,
+        };
+        let b = EagerGraph {
+            eager_us: 3.0,
+            graph_us: 2.0,
+            eager_gpu_us: 2.5,
+            graph_gpu_us: 0.25,
+        };
+        let want = EagerGraph {
+            eager_us: 3.0,
+            graph_us: 4.0,
+            eager_gpu_us: 2.5,
+            graph_gpu_us: 0.5,
+        };
+        assert_eq!(a.slower(&b), want);
+        assert_eq!(b.slower(&a), want);
     }
 
     #[test]

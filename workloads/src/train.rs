@@ -137,6 +137,11 @@ impl Problem {
         })
     }
 
+    /// A trainer at the initial parameters, moments, counter and losses zero.
+    pub fn trainer(&self, rt: &Runtime) -> Result<Trainer, GraphError> {
+        Trainer::new(rt, self.spec, &self.init)
+    }
+
     /// The dropout mask the device draws at step `k`, computed on the host from the seed
     /// (each step's draw starts where the previous one stopped).
     pub fn mask(&self, k: usize) -> Option<Vec<u8>> {

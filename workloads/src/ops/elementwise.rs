@@ -6,70 +6,47 @@
 //! Each launcher asserts that its buffers hold what the kernel addresses, then launches on the
 //! runtime's stream (capturable: no allocation, no sync). Row-major `[rows, cols]` matrices.
 
-use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use graph_runtime::cudarc::driver::{DevicePtr, DevicePtrMut};
 use graph_runtime::{GraphError, Runtime};
 
-use super::{elems, int, need, row_bias_kernel};
+use super::{elems, row_bias_kernel, Launch};
 use crate::kernels::ELEMENTWISE;
 
 /// `y = gelu(z + bias)` per row of `[rows, cols]` matrices (tanh approximation).
-pub fn bias_gelu<Z, B, Y>(
+pub fn bias_gelu(
     rt: &Runtime,
-    z: &Z,
-    bias: &B,
-    y: &mut Y,
+    z: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    y: &mut impl DevicePtrMut<f32>,
     rows: usize,
     cols: usize,
-) -> Result<(), GraphError>
-where
-    Z: DevicePtr<f32>,
-    B: DevicePtr<f32>,
-    Y: DevicePtrMut<f32>,
-{
+) -> Result<(), GraphError> {
     row_bias_kernel(rt, (ELEMENTWISE, "bias_gelu"), z, bias, y, rows, cols)
 }
 
 /// `out = res + (y + bias)` per row of `[rows, cols]` matrices: a row-parallel layer's bias,
 /// added once after the all-reduce of its partial sums, and the residual connection. `out`
 /// must be another buffer than `y` and `res` (the borrows see to it).
-pub fn bias_residual<Y, B, R, O>(
+pub fn bias_residual(
     rt: &Runtime,
-    y: &Y,
-    bias: &B,
-    res: &R,
-    out: &mut O,
+    y: &impl DevicePtr<f32>,
+    bias: &impl DevicePtr<f32>,
+    res: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<f32>,
     rows: usize,
     cols: usize,
-) -> Result<(), GraphError>
-where
-    Y: DevicePtr<f32>,
-    B: DevicePtr<f32>,
-    R: DevicePtr<f32>,
-    O: DevicePtrMut<f32>,
-{
+) -> Result<(), GraphError> {
     let n = rows * cols;
-    need("bias_residual y", y.len(), n);
-    need("bias_residual bias", bias.len(), cols);
-    need("bias_residual res", res.len(), n);
-    need("bias_residual out", out.len(), n);
-    let f = rt.function(ELEMENTWISE, "bias_residual")?;
-    let s = rt.stream();
-    let ((yp, _a), (bp, _b), (rp, _c)) = (y.device_ptr(s), bias.device_ptr(s), res.device_ptr(s));
-    let (op, _d) = out.device_ptr_mut(s);
-    let (r, c) = (int(rows), int(cols));
+    let launch = Launch::new(rt, ELEMENTWISE, "bias_residual")?
+        .read("y", y, n)
+        .read("bias", bias, cols)
+        .read("res", res, n)
+        .write("out", out, n)
+        .int(rows)
+        .int(cols);
     // SAFETY: one thread per element reads rows · cols of `y` and `res` and cols of `bias`,
-    // and writes rows · cols of `out` (asserted above).
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&yp)
-            .arg(&bp)
-            .arg(&rp)
-            .arg(&op)
-            .arg(&r)
-            .arg(&c)
-            .launch(elems(n))?;
-    }
-    Ok(())
+    // and writes rows · cols of `out`.
+    unsafe { launch.launch(elems(n)) }
 }
 
 /// Where a block of a matrix sits in the whole: the whole matrix's columns and the block's
@@ -99,17 +76,15 @@ impl BlockAt {
 /// `[-1, 1)`, a hash of `seed` and the entry's position in the whole matrix. A block filled
 /// on one GPU therefore holds the numbers of the same block of the whole matrix filled on
 /// another.
-pub fn init_uniform<O: DevicePtrMut<f32>>(
+pub fn init_uniform(
     rt: &Runtime,
-    out: &mut O,
+    out: &mut impl DevicePtrMut<f32>,
     rows: usize,
     cols: usize,
     at: BlockAt,
     seed: u32,
     scale: f32,
 ) -> Result<(), GraphError> {
-    let n = rows * cols;
-    need("init_uniform out", out.len(), n);
     assert!(
         at.col0 + cols <= at.full_cols,
         "init_uniform: columns {}..{} of a matrix of {}",
@@ -117,29 +92,17 @@ pub fn init_uniform<O: DevicePtrMut<f32>>(
         at.col0 + cols,
         at.full_cols
     );
-    let f = rt.function(ELEMENTWISE, "init_uniform")?;
-    let s = rt.stream();
-    let (op, _a) = out.device_ptr_mut(s);
-    let (r, c, r0, c0, fc) = (
-        int(rows),
-        int(cols),
-        int(at.row0),
-        int(at.col0),
-        int(at.full_cols),
-    );
-    // SAFETY: one thread per element writes rows · cols floats of `out` (asserted above); the
-    // position is only hashed, never used as an address.
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&op)
-            .arg(&r)
-            .arg(&c)
-            .arg(&r0)
-            .arg(&c0)
-            .arg(&fc)
-            .arg(&seed)
-            .arg(&scale)
-            .launch(elems(n))?;
-    }
-    Ok(())
+    let n = rows * cols;
+    let launch = Launch::new(rt, ELEMENTWISE, "init_uniform")?
+        .write("out", out, n)
+        .int(rows)
+        .int(cols)
+        .int(at.row0)
+        .int(at.col0)
+        .int(at.full_cols)
+        .uint(seed)
+        .float(scale);
+    // SAFETY: one thread per element writes rows · cols floats of `out`; the position is
+    // only hashed, never used as an address.
+    unsafe { launch.launch(elems(n)) }
 }

@@ -136,6 +136,17 @@ pub fn gpus_or_skip(program: &str, gpus: usize) -> bool {
     }
 }
 
+/// Ends a program whose work returned `result`: an error is printed with its `Display` (a
+/// typed error's words: what happened and what to do) and the process exits with status 1.
+/// For the programs whose errors come from several GPUs or libraries (NCCL), where `main`
+/// returning the error would print its `Debug` form.
+pub fn exit_on_error(result: Result<(), graph_runtime::BoxError>) {
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// A runtime on device 0 for the program `program`, or `None` (after printing why) when this
 /// machine has no GPU: what an example calls first.
 ///
