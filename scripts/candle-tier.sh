@@ -13,7 +13,9 @@
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
 # A clean run took 42 minutes on 2 cores shared with other builds, most of it nvcc compiling
-# candle's kernels (twice: `--workspace` and `-p` resolve their build dependencies differently).
+# candle's kernels, twice: the lint (a check build) and the test build give candle-kernels'
+# build script differently built dependencies (cudaforge's), so each runs nvcc; the package
+# selection makes no difference.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
