@@ -437,9 +437,15 @@ mod tests {
         }
         // The kernel macros are undefined at the end: none leaks into a source that adds to
         // this one.
-        for def in RNG_KERNELS.lines().filter_map(|l| l.strip_prefix("#define RNG_")) {
+        for def in RNG_KERNELS
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define RNG_"))
+        {
             let name = def.split(['(', ' ']).next().unwrap_or_default();
-            assert!(RNG_KERNELS.contains(&format!("#undef RNG_{name}\n")), "RNG_{name}");
+            assert!(
+                RNG_KERNELS.contains(&format!("#undef RNG_{name}\n")),
+                "RNG_{name}"
+            );
         }
         // The device API defines no kernels of its own and holds no `typedef`s that could
         // clash with a user's.
