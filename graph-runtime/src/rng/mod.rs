@@ -142,7 +142,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
 use crate::runtime::Runtime;
-use crate::state::{DeviceRegion, DeviceState};
+use crate::state::{lent_shared, DeviceRegion, DeviceState};
 
 mod device;
 mod draws;
@@ -222,24 +222,14 @@ fn refuse_in_capture(
     })
 }
 
-/// A generator's device state is what a graph that draws from it reads by address. It is
-/// lent back as `&Generator`: every draw takes `&self`, and a shared borrow cannot replace
-/// the generator under the graph.
 // SAFETY: one region, the generator's state buffer, which its `Arc` keeps allocated.
-unsafe impl DeviceState for Generator {
-    type Lent<'a>
-        = &'a Generator
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        self.inner.state.regions(visit);
-    }
-
-    fn lend(&mut self) -> &Generator {
-        self
-    }
-}
+lent_shared!(
+    /// A generator's device state is what a graph that draws from it reads by address. It is
+    /// lent back as `&Generator`: every draw takes `&self`, and a shared borrow cannot
+    /// replace the generator under the graph.
+    Generator,
+    |g, visit| g.inner.state.regions(visit),
+);
 
 /// The snapshot buffer a graph's `save_state`/`restore_state` copy into and out of.
 // SAFETY: one region, the snapshot buffer it owns.
