@@ -23,17 +23,12 @@ impl Communicator {
     ///
     /// [`ncclAllReduce`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allreduce)
     #[track_caller]
-    pub fn all_reduce<T, S, R>(
+    pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
         recv: &mut R,
         op: ReduceOp,
-    ) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
+    ) -> Result<(), GraphError> {
         let (op, location) = (CollectiveOp::AllReduce(op), Location::caller());
         self.collective("all_reduce", op, Operands::Apart(send, recv), location)
     }
@@ -42,11 +37,11 @@ impl Communicator {
     ///
     /// [`ncclAllReduce`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allreduce)
     #[track_caller]
-    pub fn all_reduce_in_place<T, B>(&self, buf: &mut B, op: ReduceOp) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        B: DevicePtrMut<T>,
-    {
+    pub fn all_reduce_in_place<T: NcclType, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+    ) -> Result<(), GraphError> {
         let (op, location) = (CollectiveOp::AllReduce(op), Location::caller());
         self.collective("all_reduce_in_place", op, Operands::InPlace(buf), location)
     }
@@ -56,12 +51,11 @@ impl Communicator {
     ///
     /// [`ncclAllGather`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allgather)
     #[track_caller]
-    pub fn all_gather<T, S, R>(&self, send: &S, recv: &mut R) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
+    pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), GraphError> {
         let (op, location) = (CollectiveOp::AllGather, Location::caller());
         self.collective("all_gather", op, Operands::Apart(send, recv), location)
     }
@@ -72,17 +66,12 @@ impl Communicator {
     ///
     /// [`ncclReduceScatter`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#reducescatter)
     #[track_caller]
-    pub fn reduce_scatter<T, S, R>(
+    pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
         recv: &mut R,
         op: ReduceOp,
-    ) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
+    ) -> Result<(), GraphError> {
         let (op, location) = (CollectiveOp::ReduceScatter(op), Location::caller());
         self.collective("reduce_scatter", op, Operands::Apart(send, recv), location)
     }
@@ -91,11 +80,11 @@ impl Communicator {
     ///
     /// [`ncclBroadcast`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#broadcast)
     #[track_caller]
-    pub fn broadcast<T, B>(&self, buf: &mut B, root: usize) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        B: DevicePtrMut<T>,
-    {
+    pub fn broadcast<T: NcclType, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        root: usize,
+    ) -> Result<(), GraphError> {
         if root >= self.world_size() {
             return Err(CollectiveError::RankOutOfRange {
                 rank: root,
