@@ -24,15 +24,13 @@ impl Runtime {
         let location = Location::caller();
         require_driver("Runtime::condition", NEEDS_CONDITIONALS, location)?;
         if phase::in_conditional_body() {
-            return Err(GraphError::ConditionMisuse {
-                construct: "Runtime::condition",
+            return Err(misuse(
+                "Runtime::condition",
                 location,
-                problem: "a condition cannot be created inside the closure of a `graph_while`, `graph_if` or \
-                          `graph_if_else`: it allocates, and CUDA allows no allocation in a conditional body. \
-                          Fix: create it at the top of the function and re-arm it inside with \
-                          `cond.set(rt, true)`"
-                    .into(),
-            });
+                "a condition cannot be created inside the closure of a `graph_while`, `graph_if` or \
+                 `graph_if_else`: it allocates, and CUDA allows no allocation in a conditional body. \
+                 Fix: create it at the top of the function and re-arm it inside with `cond.set(rt, true)`",
+            ));
         }
         let mem = self.stream().alloc_zeros::<u32>(2)?;
         let condition = match phase::phase() {
@@ -112,16 +110,14 @@ impl Runtime {
         max_iterations: Option<u32>,
         mut body: impl FnMut(&Runtime) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let bound = match max_iterations {
-            Some(0) => {
-                // Not one iteration: the body is neither run nor recorded.
-                return require_driver(Construct::While.name(), NEEDS_CONDITIONALS, location);
-            }
-            other => other,
-        };
-        let mut branches = |rt: &Runtime, _: usize| body(rt);
-        self.conditional(Construct::While, cond, bound, location, &mut branches)
+        if max_iterations == Some(0) {
+            // Not one iteration: the body is neither run nor recorded.
+            let location = Location::caller();
+            return require_driver(Construct::While.name(), NEEDS_CONDITIONALS, location);
+        }
+        self.conditional(Construct::While, cond, max_iterations, &mut |rt, _| {
+            body(rt)
+        })
     }
 
     /// A branch on the GPU: runs `then` once when `cond` is non-zero.
@@ -135,9 +131,7 @@ impl Runtime {
         cond: &Condition,
         mut then: impl FnMut(&Runtime) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let mut branches = |rt: &Runtime, _: usize| then(rt);
-        self.conditional(Construct::If, cond, None, location, &mut branches)
+        self.conditional(Construct::If, cond, None, &mut |rt, _| then(rt))
     }
 
     /// A two-way branch on the GPU: runs `branch(rt, true)` when `cond` is non-zero and
@@ -172,29 +166,32 @@ impl Runtime {
         cond: &Condition,
         mut branch: impl FnMut(&Runtime, bool) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let mut branches = |rt: &Runtime, i: usize| branch(rt, i == 0);
-        self.conditional(Construct::IfElse, cond, None, location, &mut branches)
+        self.conditional(Construct::IfElse, cond, None, &mut |rt, i| {
+            branch(rt, i == 0)
+        })
     }
 
+    /// What the three constructs share: the checks, then the host loop or branch (`eager`)
+    /// or the recording (`captured`). `Location::caller()` is the user's call: every step
+    /// to here is `#[track_caller]`.
+    #[track_caller]
     pub(super) fn conditional(
         &self,
         construct: Construct,
         cond: &Condition,
         bound: Option<u32>,
-        location: &'static Location<'static>,
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
+        let location = Location::caller();
         require_driver(construct.name(), construct.needs(), location)?;
         if phase::in_fork() {
-            return Err(GraphError::ConditionMisuse {
-                construct: construct.name(),
+            return Err(misuse(
+                construct.name(),
                 location,
-                problem: "it cannot run inside the closure of `fork`: a captured conditional pauses the \
-                          capture of the runtime's stream, which would cut the side stream off. Fix: call it \
-                          before or after the fork, or fork inside its closure"
-                    .into(),
-            });
+                "it cannot run inside the closure of `fork`: a captured conditional pauses the capture of \
+                 the runtime's stream, which would cut the side stream off. Fix: call it before or after \
+                 the fork, or fork inside its closure",
+            ));
         }
         let first = *cond.tested_at.get_or_init(|| location);
         if first != location {
@@ -356,20 +353,34 @@ pub(super) fn launch_bound(
     Ok(())
 }
 
+/// A [`GraphError::ConditionMisuse`] of `construct`, called at `location`: `problem` says
+/// what is wrong and what to write instead.
+fn misuse(
+    construct: &'static str,
+    location: &'static Location<'static>,
+    problem: impl Into<String>,
+) -> GraphError {
+    GraphError::ConditionMisuse {
+        construct,
+        location,
+        problem: problem.into(),
+    }
+}
+
 pub(super) fn foreign_capture(
     construct: &'static str,
     location: &'static Location<'static>,
     graph: &'static str,
 ) -> GraphError {
-    GraphError::ConditionMisuse {
+    misuse(
         construct,
         location,
-        problem: format!(
+        format!(
             "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
              capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
              read would invalidate that capture). Fix: capture the function with the generated `capture`"
         ),
-    }
+    )
 }
 
 pub(super) fn tested_twice(
@@ -378,17 +389,17 @@ pub(super) fn tested_twice(
     first: &'static Location<'static>,
     location: &'static Location<'static>,
 ) -> GraphError {
-    GraphError::ConditionMisuse {
+    misuse(
         construct,
         location,
-        problem: format!(
+        format!(
             "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
              conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
              `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
              again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
             cond.location
         ),
-    }
+    )
 }
 
 pub(super) fn from_elsewhere(
@@ -396,10 +407,10 @@ pub(super) fn from_elsewhere(
     cond: &Condition,
     location: &'static Location<'static>,
 ) -> GraphError {
-    GraphError::ConditionMisuse {
+    misuse(
         construct,
         location,
-        problem: format!(
+        format!(
             "the condition it tests was created at {} {}, and a condition belongs to the run (eager, or \
              one capture) that created it. Fix: create the condition in the same body run, before the call",
             cond.location,
@@ -409,5 +420,5 @@ pub(super) fn from_elsewhere(
                 "eagerly, outside this capture"
             }
         ),
-    }
+    )
 }
