@@ -35,8 +35,9 @@ impl Runtime {
         let mem = self.stream().alloc_zeros::<u32>(2)?;
         let condition = match phase::phase() {
             Phase::Capture { graph } => {
-                let root = with_record(|r| (r.root, r.id))
-                    .ok_or_else(|| foreign_capture("Runtime::condition", location, graph))?;
+                let root = with_record(|r| (r.root, r.id)).ok_or_else(|| {
+                    misuse("Runtime::condition", location, foreign_capture(graph))
+                })?;
                 self.context().bind_to_thread()?;
                 // SAFETY: `root` is the graph the runtime's stream is capturing into, on this
                 // runtime's context (bound above); the driver supports CUDA 12.4 (checked).
@@ -195,7 +196,11 @@ impl Runtime {
         }
         let first = *cond.tested_at.get_or_init(|| location);
         if first != location {
-            return Err(tested_twice(construct.name(), cond, first, location));
+            return Err(misuse(
+                construct.name(),
+                location,
+                tested_twice(cond, first),
+            ));
         }
         match phase::phase() {
             Phase::Capture { graph } => {
@@ -215,13 +220,17 @@ impl Runtime {
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
         if cond.handle.is_some() {
-            return Err(from_elsewhere(construct.name(), cond, location));
+            return Err(misuse(construct.name(), location, from_elsewhere(cond)));
         }
         // A capture this runtime did not begin (a raw cudarc capture around the call) would
         // be invalidated by the synchronize.
         let status = self.stream().capture_status()?;
         if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(foreign_capture(construct.name(), location, "a graph"));
+            return Err(misuse(
+                construct.name(),
+                location,
+                foreign_capture("a graph"),
+            ));
         }
         if bound.is_some() {
             // Loaded now, so that the capture only looks it up.
@@ -274,11 +283,11 @@ impl Runtime {
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
         let state = with_record(|r| (r.id, r.validating > 0, r.mode))
-            .ok_or_else(|| foreign_capture(construct.name(), location, graph))?;
+            .ok_or_else(|| misuse(construct.name(), location, foreign_capture(graph)))?;
         let (capture, validating, mode) = state;
         let handle = match cond.handle {
             Some(h) if cond.capture == capture => h,
-            _ => return Err(from_elsewhere(construct.name(), cond, location)),
+            _ => return Err(misuse(construct.name(), location, from_elsewhere(cond))),
         };
         let stream = self.stream().cu_stream();
         if bound.is_some() {
@@ -318,7 +327,11 @@ impl Runtime {
         let tested = with_record(|r| r.handles.iter().any(|h| h.handle == handle && h.used));
         if tested == Some(true) {
             // The same call recorded twice (a helper called twice with one condition).
-            return Err(tested_twice(construct.name(), cond, location, location));
+            return Err(misuse(
+                construct.name(),
+                location,
+                tested_twice(cond, location),
+            ));
         }
         let site = Site {
             rt: self,
@@ -354,7 +367,7 @@ pub(super) fn launch_bound(
 }
 
 /// A [`GraphError::ConditionMisuse`] of `construct`, called at `location`: `problem` says
-/// what is wrong and what to write instead.
+/// what is wrong and what to write instead (the functions below write the shared ones).
 fn misuse(
     construct: &'static str,
     location: &'static Location<'static>,
@@ -367,58 +380,36 @@ fn misuse(
     }
 }
 
-pub(super) fn foreign_capture(
-    construct: &'static str,
-    location: &'static Location<'static>,
-    graph: &'static str,
-) -> GraphError {
-    misuse(
-        construct,
-        location,
-        format!(
-            "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
-             capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
-             read would invalidate that capture). Fix: capture the function with the generated `capture`"
-        ),
+/// Why a construct refuses a capture that `#[cuda_graph]` did not begin (into `graph`).
+pub(super) fn foreign_capture(graph: &'static str) -> String {
+    format!(
+        "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
+         capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
+         read would invalidate that capture). Fix: capture the function with the generated `capture`"
     )
 }
 
-pub(super) fn tested_twice(
-    construct: &'static str,
-    cond: &Condition,
-    first: &'static Location<'static>,
-    location: &'static Location<'static>,
-) -> GraphError {
-    misuse(
-        construct,
-        location,
-        format!(
-            "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
-             conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
-             `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
-             again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
-            cond.location
-        ),
+/// Why a second construct may not test `cond`, which the construct at `first` tests.
+pub(super) fn tested_twice(cond: &Condition, first: &'static Location<'static>) -> String {
+    format!(
+        "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
+         conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
+         `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
+         again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
+        cond.location
     )
 }
 
-pub(super) fn from_elsewhere(
-    construct: &'static str,
-    cond: &Condition,
-    location: &'static Location<'static>,
-) -> GraphError {
-    misuse(
-        construct,
-        location,
-        format!(
-            "the condition it tests was created at {} {}, and a condition belongs to the run (eager, or \
-             one capture) that created it. Fix: create the condition in the same body run, before the call",
-            cond.location,
-            if cond.handle.is_some() {
-                "in another capture"
-            } else {
-                "eagerly, outside this capture"
-            }
-        ),
+/// Why a construct may not test `cond`, which another run (eager or a capture) created.
+pub(super) fn from_elsewhere(cond: &Condition) -> String {
+    format!(
+        "the condition it tests was created at {} {}, and a condition belongs to the run (eager, or \
+         one capture) that created it. Fix: create the condition in the same body run, before the call",
+        cond.location,
+        if cond.handle.is_some() {
+            "in another capture"
+        } else {
+            "eagerly, outside this capture"
+        }
     )
 }
