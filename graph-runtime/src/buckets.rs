@@ -373,9 +373,8 @@ impl Buckets {
         for (k, &bucket) in sizes.iter().enumerate().rev() {
             let t = Instant::now();
             let mut run = |step: Step| body(bucket, step);
-            let g =
-                crate::capture::capture_graph(rt, site, book, &no_inputs, static_bytes, &mut run)
-                    .map_err(|e| GraphError::Bucket {
+            let g = crate::capture::capture(rt, site, book, &no_inputs, static_bytes, &mut run)
+                .map_err(|e| GraphError::Bucket {
                     graph: site.name,
                     bucket,
                     source: Box::new(e),

@@ -239,23 +239,18 @@ pub trait InputSource<B: StaticBuffer>: sealed::SealedSource {
     }
 }
 
+/// A whole buffer is copied as its view (the same address, length, stream and events).
 impl<T: DeviceRepr + ValidAsZeroBits + 'static> InputSource<CudaSlice<T>> for CudaSlice<T> {
     fn shape(&self) -> usize {
         self.len()
     }
 
     fn device_source(&self, stream: &CudaStream) -> Option<u64> {
-        (self.stream().cu_stream() == stream.cu_stream()).then(|| self.device_ptr(stream).0)
+        self.as_view().device_source(stream)
     }
 
-    fn copy_into(
-        &self,
-        mut dst: CudaViewMut<'_, T>,
-        staging: &Staging<'_>,
-    ) -> Result<(), GraphError> {
-        staging.wait_for(self.stream())?;
-        staging.stream().memcpy_dtod(self, &mut dst)?;
-        staging.release_to(self.stream())
+    fn copy_into(&self, dst: CudaViewMut<'_, T>, staging: &Staging<'_>) -> Result<(), GraphError> {
+        self.as_view().copy_into(dst, staging)
     }
 }
 

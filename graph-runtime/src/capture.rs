@@ -256,12 +256,14 @@ enum WarmupFailure {
     },
 }
 
-/// Warmup, capture, instantiate and upload `body`. See the module docs.
+/// Warmup, capture, instantiate and upload `body`: the procedure behind every generated
+/// `capture` and every graph of a bucket family. See the module docs.
 ///
 /// `book` holds the addresses of the graph's state and outputs (the body checks them when
 /// asked with [`Step::Check`]) and says which state to snapshot around the warmup;
 /// `static_bytes` is what the graph's static buffers take, for its report.
-pub(crate) fn capture_graph(
+#[doc(hidden)]
+pub fn capture(
     rt: &Runtime,
     site: &'static GraphSite,
     book: &AddressBook,
@@ -580,18 +582,4 @@ fn end_capture(
             Err(GraphError::from_driver(graph, cause))
         }
     }
-}
-
-/// Warmup, capture, instantiate: the procedure behind every generated `capture`.
-#[doc(hidden)]
-#[inline]
-pub fn capture(
-    rt: &Runtime,
-    site: &'static GraphSite,
-    book: &AddressBook,
-    inputs: &InputNodes,
-    static_bytes: usize,
-    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
-) -> Result<Graph, GraphError> {
-    capture_graph(rt, site, book, inputs, static_bytes, body)
 }

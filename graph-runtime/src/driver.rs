@@ -519,9 +519,8 @@ pub(crate) unsafe fn mem_free_node_ptr(
     Ok(ptr)
 }
 
-/// The node a capturing stream's last operation added (its one capture dependency).
-///
-/// [`cuStreamGetCaptureInfo_v3`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html)
+/// The node a capturing stream's last operation added (its one capture dependency), read
+/// with [`capture_point`].
 ///
 /// # Safety
 /// `stream` is a live stream that is capturing on this thread, and its last operation added
@@ -529,28 +528,12 @@ pub(crate) unsafe fn mem_free_node_ptr(
 pub(crate) unsafe fn last_captured_node(
     stream: sys::CUstream,
 ) -> Result<sys::CUgraphNode, DriverError> {
-    let mut status = MaybeUninit::uninit();
-    let mut deps: *const sys::CUgraphNode = std::ptr::null();
-    let mut count = 0usize;
-    // SAFETY: `stream` is live (caller); CUDA writes the status, the dependency array (owned
-    // by the driver, valid until the next capture call on the stream) and its length.
-    unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            stream,
-            status.as_mut_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut deps,
-            std::ptr::null_mut(),
-            &mut count,
-        )
+    // SAFETY: forwarded from the caller.
+    let (_, deps) = unsafe { capture_point(stream) }?;
+    match deps[..] {
+        [node] => Ok(node),
+        _ => Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)),
     }
-    .result()?;
-    if count != 1 || deps.is_null() {
-        return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-    }
-    // SAFETY: the driver reported one dependency at `deps`.
-    Ok(unsafe { *deps })
 }
 
 /// Sets the arguments of a kernel node of an executable graph (for later launches only).

@@ -44,6 +44,7 @@ pub(crate) mod snapshot;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use impls::lent_shared;
 pub use impls::PinnedLend;
 
 /// Where a value keeps its device memory, and how it is lent back from a graph.

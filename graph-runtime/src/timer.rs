@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaEvent};
 use crate::error::GraphError;
 use crate::phase::{is_capturing, refuse_while_capturing};
 use crate::runtime::Runtime;
-use crate::state::{DeviceRegion, DeviceState};
+use crate::state::lent_shared;
 
 /// Two timing events that a body records around a region of a graph.
 ///
@@ -101,21 +101,14 @@ fn record(event: &CudaEvent, rt: &Runtime) -> Result<(), GraphError> {
     Ok(())
 }
 
-/// A timer holds no device memory; it is lent back as `&GraphTimer` (all its methods take
-/// `&self`).
-// SAFETY: no regions: a timer holds events, no device memory.
-unsafe impl DeviceState for GraphTimer {
-    type Lent<'a>
-        = &'a GraphTimer
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        self.start.regions(visit);
-        self.stop.regions(visit);
-    }
-
-    fn lend(&mut self) -> &GraphTimer {
-        self
-    }
-}
+// SAFETY: no memory regions: a timer holds events, no device memory; its two events are
+// reported as handles.
+lent_shared!(
+    /// A timer holds no device memory; it is lent back as `&GraphTimer` (all its methods take
+    /// `&self`).
+    GraphTimer,
+    |t, visit| {
+        t.start.regions(visit);
+        t.stop.regions(visit);
+    },
+);

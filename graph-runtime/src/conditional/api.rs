@@ -24,21 +24,20 @@ impl Runtime {
         let location = Location::caller();
         require_driver("Runtime::condition", NEEDS_CONDITIONALS, location)?;
         if phase::in_conditional_body() {
-            return Err(GraphError::ConditionMisuse {
-                construct: "Runtime::condition",
+            return Err(misuse(
+                "Runtime::condition",
                 location,
-                problem: "a condition cannot be created inside the closure of a `graph_while`, `graph_if` or \
-                          `graph_if_else`: it allocates, and CUDA allows no allocation in a conditional body. \
-                          Fix: create it at the top of the function and re-arm it inside with \
-                          `cond.set(rt, true)`"
-                    .into(),
-            });
+                "a condition cannot be created inside the closure of a `graph_while`, `graph_if` or \
+                 `graph_if_else`: it allocates, and CUDA allows no allocation in a conditional body. \
+                 Fix: create it at the top of the function and re-arm it inside with `cond.set(rt, true)`",
+            ));
         }
         let mem = self.stream().alloc_zeros::<u32>(2)?;
         let condition = match phase::phase() {
             Phase::Capture { graph } => {
-                let root = with_record(|r| (r.root, r.id))
-                    .ok_or_else(|| foreign_capture("Runtime::condition", location, graph))?;
+                let root = with_record(|r| (r.root, r.id)).ok_or_else(|| {
+                    misuse("Runtime::condition", location, foreign_capture(graph))
+                })?;
                 self.context().bind_to_thread()?;
                 // SAFETY: `root` is the graph the runtime's stream is capturing into, on this
                 // runtime's context (bound above); the driver supports CUDA 12.4 (checked).
@@ -112,16 +111,14 @@ impl Runtime {
         max_iterations: Option<u32>,
         mut body: impl FnMut(&Runtime) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let bound = match max_iterations {
-            Some(0) => {
-                // Not one iteration: the body is neither run nor recorded.
-                return require_driver(Construct::While.name(), NEEDS_CONDITIONALS, location);
-            }
-            other => other,
-        };
-        let mut branches = |rt: &Runtime, _: usize| body(rt);
-        self.conditional(Construct::While, cond, bound, location, &mut branches)
+        if max_iterations == Some(0) {
+            // Not one iteration: the body is neither run nor recorded.
+            let location = Location::caller();
+            return require_driver(Construct::While.name(), NEEDS_CONDITIONALS, location);
+        }
+        self.conditional(Construct::While, cond, max_iterations, &mut |rt, _| {
+            body(rt)
+        })
     }
 
     /// A branch on the GPU: runs `then` once when `cond` is non-zero.
@@ -135,9 +132,7 @@ impl Runtime {
         cond: &Condition,
         mut then: impl FnMut(&Runtime) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let mut branches = |rt: &Runtime, _: usize| then(rt);
-        self.conditional(Construct::If, cond, None, location, &mut branches)
+        self.conditional(Construct::If, cond, None, &mut |rt, _| then(rt))
     }
 
     /// A two-way branch on the GPU: runs `branch(rt, true)` when `cond` is non-zero and
@@ -172,33 +167,40 @@ impl Runtime {
         cond: &Condition,
         mut branch: impl FnMut(&Runtime, bool) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
-        let location = Location::caller();
-        let mut branches = |rt: &Runtime, i: usize| branch(rt, i == 0);
-        self.conditional(Construct::IfElse, cond, None, location, &mut branches)
+        self.conditional(Construct::IfElse, cond, None, &mut |rt, i| {
+            branch(rt, i == 0)
+        })
     }
 
+    /// What the three constructs share: the checks, then the host loop or branch (`eager`)
+    /// or the recording (`captured`). `Location::caller()` is the user's call: every step
+    /// to here is `#[track_caller]`.
+    #[track_caller]
     pub(super) fn conditional(
         &self,
         construct: Construct,
         cond: &Condition,
         bound: Option<u32>,
-        location: &'static Location<'static>,
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
+        let location = Location::caller();
         require_driver(construct.name(), construct.needs(), location)?;
         if phase::in_fork() {
-            return Err(GraphError::ConditionMisuse {
-                construct: construct.name(),
+            return Err(misuse(
+                construct.name(),
                 location,
-                problem: "it cannot run inside the closure of `fork`: a captured conditional pauses the \
-                          capture of the runtime's stream, which would cut the side stream off. Fix: call it \
-                          before or after the fork, or fork inside its closure"
-                    .into(),
-            });
+                "it cannot run inside the closure of `fork`: a captured conditional pauses the capture of \
+                 the runtime's stream, which would cut the side stream off. Fix: call it before or after \
+                 the fork, or fork inside its closure",
+            ));
         }
         let first = *cond.tested_at.get_or_init(|| location);
         if first != location {
-            return Err(tested_twice(construct.name(), cond, first, location));
+            return Err(misuse(
+                construct.name(),
+                location,
+                tested_twice(cond, first),
+            ));
         }
         match phase::phase() {
             Phase::Capture { graph } => {
@@ -218,13 +220,17 @@ impl Runtime {
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
         if cond.handle.is_some() {
-            return Err(from_elsewhere(construct.name(), cond, location));
+            return Err(misuse(construct.name(), location, from_elsewhere(cond)));
         }
         // A capture this runtime did not begin (a raw cudarc capture around the call) would
         // be invalidated by the synchronize.
         let status = self.stream().capture_status()?;
         if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(foreign_capture(construct.name(), location, "a graph"));
+            return Err(misuse(
+                construct.name(),
+                location,
+                foreign_capture("a graph"),
+            ));
         }
         if bound.is_some() {
             // Loaded now, so that the capture only looks it up.
@@ -277,11 +283,11 @@ impl Runtime {
         branches: &mut Branches<'_>,
     ) -> Result<(), GraphError> {
         let state = with_record(|r| (r.id, r.validating > 0, r.mode))
-            .ok_or_else(|| foreign_capture(construct.name(), location, graph))?;
+            .ok_or_else(|| misuse(construct.name(), location, foreign_capture(graph)))?;
         let (capture, validating, mode) = state;
         let handle = match cond.handle {
             Some(h) if cond.capture == capture => h,
-            _ => return Err(from_elsewhere(construct.name(), cond, location)),
+            _ => return Err(misuse(construct.name(), location, from_elsewhere(cond))),
         };
         let stream = self.stream().cu_stream();
         if bound.is_some() {
@@ -321,7 +327,11 @@ impl Runtime {
         let tested = with_record(|r| r.handles.iter().any(|h| h.handle == handle && h.used));
         if tested == Some(true) {
             // The same call recorded twice (a helper called twice with one condition).
-            return Err(tested_twice(construct.name(), cond, location, location));
+            return Err(misuse(
+                construct.name(),
+                location,
+                tested_twice(cond, location),
+            ));
         }
         let site = Site {
             rt: self,
@@ -356,58 +366,50 @@ pub(super) fn launch_bound(
     Ok(())
 }
 
-pub(super) fn foreign_capture(
+/// A [`GraphError::ConditionMisuse`] of `construct`, called at `location`: `problem` says
+/// what is wrong and what to write instead (the functions below write the shared ones).
+fn misuse(
     construct: &'static str,
     location: &'static Location<'static>,
-    graph: &'static str,
+    problem: impl Into<String>,
 ) -> GraphError {
     GraphError::ConditionMisuse {
         construct,
         location,
-        problem: format!(
-            "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
-             capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
-             read would invalidate that capture). Fix: capture the function with the generated `capture`"
-        ),
+        problem: problem.into(),
     }
 }
 
-pub(super) fn tested_twice(
-    construct: &'static str,
-    cond: &Condition,
-    first: &'static Location<'static>,
-    location: &'static Location<'static>,
-) -> GraphError {
-    GraphError::ConditionMisuse {
-        construct,
-        location,
-        problem: format!(
-            "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
-             conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
-             `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
-             again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
-            cond.location
-        ),
-    }
+/// Why a construct refuses a capture that `#[cuda_graph]` did not begin (into `graph`).
+pub(super) fn foreign_capture(graph: &'static str) -> String {
+    format!(
+        "the runtime's stream is being captured into {graph} by something other than `#[cuda_graph]`'s \
+         capture, which is the only one that records conditional nodes (and eagerly, the loop's host \
+         read would invalidate that capture). Fix: capture the function with the generated `capture`"
+    )
 }
 
-pub(super) fn from_elsewhere(
-    construct: &'static str,
-    cond: &Condition,
-    location: &'static Location<'static>,
-) -> GraphError {
-    GraphError::ConditionMisuse {
-        construct,
-        location,
-        problem: format!(
-            "the condition it tests was created at {} {}, and a condition belongs to the run (eager, or \
-             one capture) that created it. Fix: create the condition in the same body run, before the call",
-            cond.location,
-            if cond.handle.is_some() {
-                "in another capture"
-            } else {
-                "eagerly, outside this capture"
-            }
-        ),
-    }
+/// Why a second construct may not test `cond`, which the construct at `first` tests.
+pub(super) fn tested_twice(cond: &Condition, first: &'static Location<'static>) -> String {
+    format!(
+        "the condition created at {} is already tested by the construct at {first}, and CUDA ties a \
+         conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
+         `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
+         again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
+        cond.location
+    )
+}
+
+/// Why a construct may not test `cond`, which another run (eager or a capture) created.
+pub(super) fn from_elsewhere(cond: &Condition) -> String {
+    format!(
+        "the condition it tests was created at {} {}, and a condition belongs to the run (eager, or \
+         one capture) that created it. Fix: create the condition in the same body run, before the call",
+        cond.location,
+        if cond.handle.is_some() {
+            "in another capture"
+        } else {
+            "eagerly, outside this capture"
+        }
+    )
 }

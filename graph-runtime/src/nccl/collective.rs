@@ -23,48 +23,27 @@ impl Communicator {
     ///
     /// [`ncclAllReduce`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allreduce)
     #[track_caller]
-    pub fn all_reduce<T, S, R>(
+    pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
         recv: &mut R,
         op: ReduceOp,
-    ) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
-        let location = Location::caller();
-        let name = "all_reduce";
-        self.expect_len(name, location, "the receive buffer", recv.len(), send.len())?;
-        self.expect_device(name, location, send)?;
-        self.expect_device(name, location, recv)?;
-        let call = self.admit::<T>(name, CollectiveOp::AllReduce(op), send.len(), location)?;
-        let stream = self.runtime().stream();
-        let (src, _read) = send.device_ptr(stream);
-        let (dst, _write) = recv.device_ptr_mut(stream);
-        self.issue::<T>(&call, src, dst)
+    ) -> Result<(), GraphError> {
+        let (op, location) = (CollectiveOp::AllReduce(op), Location::caller());
+        self.collective("all_reduce", op, Operands::Apart(send, recv), location)
     }
 
     /// `buf = op(buf over every rank)`, element-wise, in place.
     ///
     /// [`ncclAllReduce`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allreduce)
     #[track_caller]
-    pub fn all_reduce_in_place<T, B>(&self, buf: &mut B, op: ReduceOp) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        B: DevicePtrMut<T>,
-    {
-        let location = Location::caller();
-        self.expect_device("all_reduce_in_place", location, buf)?;
-        let call = self.admit::<T>(
-            "all_reduce_in_place",
-            CollectiveOp::AllReduce(op),
-            buf.len(),
-            location,
-        )?;
-        let (ptr, _write) = buf.device_ptr_mut(self.runtime().stream());
-        self.issue::<T>(&call, ptr, ptr)
+    pub fn all_reduce_in_place<T: NcclType, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+    ) -> Result<(), GraphError> {
+        let (op, location) = (CollectiveOp::AllReduce(op), Location::caller());
+        self.collective("all_reduce_in_place", op, Operands::InPlace(buf), location)
     }
 
     /// `recv = [send of rank 0, send of rank 1, …]`: every rank's `send` gathered in rank
@@ -72,23 +51,13 @@ impl Communicator {
     ///
     /// [`ncclAllGather`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#allgather)
     #[track_caller]
-    pub fn all_gather<T, S, R>(&self, send: &S, recv: &mut R) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
-        let location = Location::caller();
-        let name = "all_gather";
-        let want = send.len() * self.world_size();
-        self.expect_len(name, location, "the receive buffer", recv.len(), want)?;
-        self.expect_device(name, location, send)?;
-        self.expect_device(name, location, recv)?;
-        let call = self.admit::<T>(name, CollectiveOp::AllGather, send.len(), location)?;
-        let stream = self.runtime().stream();
-        let (src, _read) = send.device_ptr(stream);
-        let (dst, _write) = recv.device_ptr_mut(stream);
-        self.issue::<T>(&call, src, dst)
+    pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), GraphError> {
+        let (op, location) = (CollectiveOp::AllGather, Location::caller());
+        self.collective("all_gather", op, Operands::Apart(send, recv), location)
     }
 
     /// `recv = block r of op(send over every rank)` on rank `r`: the reduction split into
@@ -97,40 +66,25 @@ impl Communicator {
     ///
     /// [`ncclReduceScatter`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#reducescatter)
     #[track_caller]
-    pub fn reduce_scatter<T, S, R>(
+    pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
         recv: &mut R,
         op: ReduceOp,
-    ) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        S: DevicePtr<T>,
-        R: DevicePtrMut<T>,
-    {
-        let location = Location::caller();
-        let name = "reduce_scatter";
-        let want = recv.len() * self.world_size();
-        self.expect_len(name, location, "the send buffer", send.len(), want)?;
-        self.expect_device(name, location, send)?;
-        self.expect_device(name, location, recv)?;
-        let call = self.admit::<T>(name, CollectiveOp::ReduceScatter(op), recv.len(), location)?;
-        let stream = self.runtime().stream();
-        let (src, _read) = send.device_ptr(stream);
-        let (dst, _write) = recv.device_ptr_mut(stream);
-        self.issue::<T>(&call, src, dst)
+    ) -> Result<(), GraphError> {
+        let (op, location) = (CollectiveOp::ReduceScatter(op), Location::caller());
+        self.collective("reduce_scatter", op, Operands::Apart(send, recv), location)
     }
 
     /// `buf = buf of rank root`, on every rank, in place.
     ///
     /// [`ncclBroadcast`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html#broadcast)
     #[track_caller]
-    pub fn broadcast<T, B>(&self, buf: &mut B, root: usize) -> Result<(), GraphError>
-    where
-        T: NcclType,
-        B: DevicePtrMut<T>,
-    {
-        let location = Location::caller();
+    pub fn broadcast<T: NcclType, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        root: usize,
+    ) -> Result<(), GraphError> {
         if root >= self.world_size() {
             return Err(CollectiveError::RankOutOfRange {
                 rank: root,
@@ -138,15 +92,56 @@ impl Communicator {
             }
             .into());
         }
-        self.expect_device("broadcast", location, buf)?;
-        let call = self.admit::<T>(
-            "broadcast",
-            CollectiveOp::Broadcast { root },
-            buf.len(),
-            location,
-        )?;
-        let (ptr, _write) = buf.device_ptr_mut(self.runtime().stream());
-        self.issue::<T>(&call, ptr, ptr)
+        let (op, location) = (CollectiveOp::Broadcast { root }, Location::caller());
+        self.collective("broadcast", op, Operands::InPlace(buf), location)
+    }
+
+    /// The path of every collective: checks the buffers' lengths for `op` and their device,
+    /// admits the call ([`Communicator::admit`]), then issues it with the buffers borrowed
+    /// on the runtime's stream.
+    fn collective<T: NcclType>(
+        &self,
+        name: &'static str,
+        op: CollectiveOp,
+        operands: Operands<'_, T>,
+        location: &'static Location<'static>,
+    ) -> Result<(), GraphError> {
+        let count = match &operands {
+            Operands::Apart(send, recv) => {
+                let (world, sent, received) = (self.world_size(), send.len(), recv.len());
+                // (which buffer, its length, the length `op` needs, the element count)
+                let (which, got, want, count) = match op {
+                    CollectiveOp::AllGather => ("the receive buffer", received, sent * world, sent),
+                    CollectiveOp::ReduceScatter(_) => {
+                        ("the send buffer", sent, received * world, received)
+                    }
+                    CollectiveOp::AllReduce(_) | CollectiveOp::Broadcast { .. } => {
+                        ("the receive buffer", received, sent, sent)
+                    }
+                };
+                self.expect_len(name, location, which, got, want)?;
+                self.expect_device(name, location, *send)?;
+                self.expect_device(name, location, *recv)?;
+                count
+            }
+            Operands::InPlace(buf) => {
+                self.expect_device(name, location, *buf)?;
+                buf.len()
+            }
+        };
+        let call = self.admit::<T>(name, op, count, location)?;
+        let stream = self.runtime().stream();
+        match operands {
+            Operands::Apart(send, recv) => {
+                let (src, _read) = send.device_ptr(stream);
+                let (dst, _write) = recv.device_ptr_mut(stream);
+                self.issue::<T>(&call, src, dst)
+            }
+            Operands::InPlace(buf) => {
+                let (ptr, _write) = buf.device_ptr_mut(stream);
+                self.issue::<T>(&call, ptr, ptr)
+            }
+        }
     }
 
     fn expect_len(
@@ -173,7 +168,7 @@ impl Communicator {
         &self,
         op: &'static str,
         location: &'static Location<'static>,
-        buf: &impl DeviceSlice<T>,
+        buf: &(impl DeviceSlice<T> + ?Sized),
     ) -> Result<(), GraphError> {
         let ordinal = self.runtime().context().ordinal();
         let buffer_ordinal = buf.stream().context().ordinal();
@@ -306,6 +301,13 @@ impl Communicator {
         unsafe { raw::issue(call.op, buffers, self.raw(), stream.cu_stream()) }
             .map_err(|e| raw::error(nccl_name(call.op), self.rank(), e, Some(self.raw())))
     }
+}
+
+/// The buffers of one collective: a send and a receive buffer, or one buffer read and written
+/// in place.
+enum Operands<'b, T> {
+    Apart(&'b dyn DevicePtr<T>, &'b mut dyn DevicePtrMut<T>),
+    InPlace(&'b mut dyn DevicePtrMut<T>),
 }
 
 /// NCCL's name of the function behind `op`.

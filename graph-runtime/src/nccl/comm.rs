@@ -17,7 +17,7 @@ use super::session::{self, SessionKey};
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
 use crate::runtime::Runtime;
-use crate::state::{DeviceRegion, DeviceState};
+use crate::state::{lent_shared, DeviceRegion};
 
 /// How long a rank waits for the others at a meeting, unless set with
 /// [`CommGroup::set_timeout`].
@@ -496,26 +496,16 @@ impl Drop for Communicator {
     }
 }
 
-/// A communicator is `#[state]` of the graphs that record its collectives: the graph
-/// borrows it (so it outlives them) and reads no device memory of it by address. It is
-/// reported as a handle, so a communicator replaced inside a struct of yours is
-/// `StateMoved` before the next replay.
 // SAFETY: one handle region, the NCCL communicator's identity; no memory (NCCL's own
 // buffers belong to the communicator, which the graph's borrow keeps alive).
-unsafe impl DeviceState for Communicator {
-    type Lent<'a>
-        = &'a Communicator
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        visit(DeviceRegion::handle(self.comm as usize as u64));
-    }
-
-    fn lend(&mut self) -> &Communicator {
-        self
-    }
-}
+lent_shared!(
+    /// A communicator is `#[state]` of the graphs that record its collectives: the graph
+    /// borrows it (so it outlives them) and reads no device memory of it by address. It is
+    /// reported as a handle, so a communicator replaced inside a struct of yours is
+    /// `StateMoved` before the next replay.
+    Communicator,
+    |c, visit| visit(DeviceRegion::handle(c.comm as usize as u64)),
+);
 
 #[cfg(test)]
 mod tests {

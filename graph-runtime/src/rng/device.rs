@@ -258,210 +258,157 @@ __device__ __forceinline__ void rng_store4(T *out, unsigned long long g, unsigne
     }
 }
 
-extern "C" __global__ void rng_uniform_f32(unsigned long long *state, float *out, unsigned long long n,
-                                           float lo, float hi) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_float4(philox_uniform(r.x, lo, hi), philox_uniform(r.y, lo, hi),
-                                          philox_uniform(r.z, lo, hi), philox_uniform(r.w, lo, hi)));
-    }
+// The frame of every kernel below, written once: waits for the kernel ahead (rng_early),
+// reads the generator, runs the statements after GROUPS for every counter g < GROUPS in a
+// grid-stride loop, with r the four words of counter g, and moves the generator past the
+// GROUPS counters. The statements see the kernel's parameters (state, out, n, …) by name.
+#define RNG_FOR_EACH_GROUP(GROUPS, ...)                                                           \
+    rng_early();                                                                                 \
+    PhiloxDraw d = philox_begin(state);                                                          \
+    unsigned long long groups = GROUPS;                                                          \
+    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {                    \
+        uint4 r = philox_group(d, g);                                                            \
+        __VA_ARGS__                                                                              \
+    }                                                                                            \
     philox_end(state, d, groups);
+
+// A draw of four values per counter into out[0 .. n): group g stores the four values the
+// arguments make of r (an expression whose type is the 4-vector of out's element type).
+#define RNG_FILL4(...) RNG_FOR_EACH_GROUP((n + 3) / 4, rng_store4(out, g, n, __VA_ARGS__);)
+
+// The four values F(word, the draw's parameters) of a group's words, put together by MAKE4.
+#define RNG_EACH_WORD(MAKE4, F, ...)                                                              \
+    MAKE4(F(r.x, __VA_ARGS__), F(r.y, __VA_ARGS__), F(r.z, __VA_ARGS__), F(r.w, __VA_ARGS__))
+
+// rng_uniform_<t>(state, T *out, n, lo, hi): value j of a group is UNIFORM(word j, lo, hi).
+#define RNG_UNIFORM(NAME, T, MAKE4, UNIFORM)                                                      \
+    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+                                    float lo, float hi) {                                        \
+        RNG_FILL4(RNG_EACH_WORD(MAKE4, UNIFORM, lo, hi))                                         \
+    }
+
+RNG_UNIFORM(rng_uniform_f32, float, make_float4, philox_uniform)
+RNG_UNIFORM(rng_uniform_f16, unsigned short, make_ushort4, philox_uniform_f16)
+RNG_UNIFORM(rng_uniform_bf16, unsigned short, make_ushort4, philox_uniform_bf16)
+
+// The four f32 values of a normal group as the stored type: as they are, or rounded to half /
+// bfloat16 bits.
+__device__ __forceinline__ float4 rng_round4_f32(float4 v) {
+    return v;
 }
 
-extern "C" __global__ void rng_uniform_f16(unsigned long long *state, unsigned short *out,
-                                           unsigned long long n, float lo, float hi) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_ushort4(philox_uniform_f16(r.x, lo, hi), philox_uniform_f16(r.y, lo, hi),
-                                           philox_uniform_f16(r.z, lo, hi), philox_uniform_f16(r.w, lo, hi)));
-    }
-    philox_end(state, d, groups);
+__device__ __forceinline__ ushort4 rng_round4_f16(float4 v) {
+    return make_ushort4(philox_f32_to_f16(v.x), philox_f32_to_f16(v.y), philox_f32_to_f16(v.z),
+                        philox_f32_to_f16(v.w));
 }
 
-extern "C" __global__ void rng_uniform_bf16(unsigned long long *state, unsigned short *out,
-                                            unsigned long long n, float lo, float hi) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_ushort4(philox_uniform_bf16(r.x, lo, hi), philox_uniform_bf16(r.y, lo, hi),
-                                           philox_uniform_bf16(r.z, lo, hi), philox_uniform_bf16(r.w, lo, hi)));
-    }
-    philox_end(state, d, groups);
+__device__ __forceinline__ ushort4 rng_round4_bf16(float4 v) {
+    return make_ushort4(philox_f32_to_bf16(v.x), philox_f32_to_bf16(v.y), philox_f32_to_bf16(v.z),
+                        philox_f32_to_bf16(v.w));
 }
 
-extern "C" __global__ void rng_normal_f32(unsigned long long *state, float *out, unsigned long long n,
-                                          float mean, float std) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        rng_store4(out, g, n, philox_normal4(philox_group(d, g), mean, std));
+// rng_normal_<t>(state, T *out, n, mean, std): a group's values are philox_normal4's, rounded
+// by ROUND4.
+#define RNG_NORMAL(NAME, T, ROUND4)                                                               \
+    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+                                    float mean, float std) {                                     \
+        RNG_FILL4(ROUND4(philox_normal4(r, mean, std)))                                          \
     }
-    philox_end(state, d, groups);
-}
 
-extern "C" __global__ void rng_normal_f16(unsigned long long *state, unsigned short *out,
-                                          unsigned long long n, float mean, float std) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        float4 v = philox_normal4(philox_group(d, g), mean, std);
-        rng_store4(out, g, n, make_ushort4(philox_f32_to_f16(v.x), philox_f32_to_f16(v.y),
-                                           philox_f32_to_f16(v.z), philox_f32_to_f16(v.w)));
-    }
-    philox_end(state, d, groups);
-}
-
-extern "C" __global__ void rng_normal_bf16(unsigned long long *state, unsigned short *out,
-                                           unsigned long long n, float mean, float std) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        float4 v = philox_normal4(philox_group(d, g), mean, std);
-        rng_store4(out, g, n, make_ushort4(philox_f32_to_bf16(v.x), philox_f32_to_bf16(v.y),
-                                           philox_f32_to_bf16(v.z), philox_f32_to_bf16(v.w)));
-    }
-    philox_end(state, d, groups);
-}
+RNG_NORMAL(rng_normal_f32, float, rng_round4_f32)
+RNG_NORMAL(rng_normal_f16, unsigned short, rng_round4_f16)
+RNG_NORMAL(rng_normal_bf16, unsigned short, rng_round4_bf16)
 
 extern "C" __global__ void rng_exponential_f32(unsigned long long *state, float *out, unsigned long long n,
                                                float lambda) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_float4(philox_exponential(r.x, lambda), philox_exponential(r.y, lambda),
-                                          philox_exponential(r.z, lambda), philox_exponential(r.w, lambda)));
-    }
-    philox_end(state, d, groups);
+    RNG_FILL4(RNG_EACH_WORD(make_float4, philox_exponential, lambda))
 }
 
-extern "C" __global__ void rng_bernoulli_u8(unsigned long long *state, unsigned char *out, unsigned long long n,
-                                            float p) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_uchar4(philox_u01(r.x) < p ? 1 : 0, philox_u01(r.y) < p ? 1 : 0,
-                                          philox_u01(r.z) < p ? 1 : 0, philox_u01(r.w) < p ? 1 : 0));
-    }
-    philox_end(state, d, groups);
-}
-
-extern "C" __global__ void rng_bernoulli_f32(unsigned long long *state, float *out, unsigned long long n,
-                                             float p) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        rng_store4(out, g, n, make_float4(philox_u01(r.x) < p ? 1.0f : 0.0f, philox_u01(r.y) < p ? 1.0f : 0.0f,
-                                          philox_u01(r.z) < p ? 1.0f : 0.0f, philox_u01(r.w) < p ? 1.0f : 0.0f));
-    }
-    philox_end(state, d, groups);
-}
-
-// out[i] = 1 with probability probs[i] (values below 0 or NaN never, above 1 always).
-template <typename T, typename V4>
-__device__ __forceinline__ void rng_bernoulli_per_element(unsigned long long *state, const float *probs, T *out,
-                                                          unsigned long long n) {
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        unsigned int w[4] = {r.x, r.y, r.z, r.w};
-        T b[4] = {0, 0, 0, 0};
-        for (unsigned long long j = 0; j < 4 && 4 * g + j < n; ++j) {
-            b[j] = philox_u01(w[j]) < probs[4 * g + j] ? (T)1 : (T)0;
-        }
-        V4 v;
-        v.x = b[0]; v.y = b[1]; v.z = b[2]; v.w = b[3];
-        rng_store4(out, g, n, v);
-    }
-    philox_end(state, d, groups);
-}
-
-extern "C" __global__ void rng_bernoulli_per_element_u8(unsigned long long *state, const float *probs,
-                                                        unsigned char *out, unsigned long long n) {
-    rng_early();
-    rng_bernoulli_per_element<unsigned char, uchar4>(state, probs, out, n);
-}
-
-extern "C" __global__ void rng_bernoulli_per_element_f32(unsigned long long *state, const float *probs,
-                                                         float *out, unsigned long long n) {
-    rng_early();
-    rng_bernoulli_per_element<float, float4>(state, probs, out, n);
-}
-
-// 32-bit integers: element i takes 64 bits, words 2(i % 2) and 2(i % 2) + 1 of group i / 2.
+// 1 when the word's uniform is below p, else 0 (p below 0 or NaN never, above 1 always).
 template <typename T>
-__device__ __forceinline__ void rng_integers32(unsigned long long *state, T *out, unsigned long long n, T lo,
-                                               unsigned long long range) {
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 1) / 2;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
-        unsigned long long i = 2 * g;
-        out[i] = (T)((unsigned int)lo + (unsigned int)philox_below64(r.x, r.y, range));
-        if (i + 1 < n) out[i + 1] = (T)((unsigned int)lo + (unsigned int)philox_below64(r.z, r.w, range));
+__device__ __forceinline__ T rng_chance(unsigned int x, float p) {
+    return philox_u01(x) < p ? (T)1 : (T)0;
+}
+
+// rng_bernoulli_<t>(state, T *out, n, p): value j of a group is 1 with probability p.
+#define RNG_BERNOULLI(NAME, T, MAKE4)                                                             \
+    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+                                    float p) {                                                   \
+        RNG_FILL4(RNG_EACH_WORD(MAKE4, rng_chance<T>, p))                                        \
     }
-    philox_end(state, d, groups);
+
+RNG_BERNOULLI(rng_bernoulli_u8, unsigned char, make_uchar4)
+RNG_BERNOULLI(rng_bernoulli_f32, float, make_float4)
+
+// The values of group g of a per-element draw: value j is 1 with probability probs[4g + j]
+// (0 past n).
+template <typename T, typename V4>
+__device__ __forceinline__ V4 rng_chances(uint4 r, const float *probs, unsigned long long g,
+                                          unsigned long long n) {
+    unsigned int w[4] = {r.x, r.y, r.z, r.w};
+    T b[4] = {0, 0, 0, 0};
+    for (unsigned long long j = 0; j < 4 && 4 * g + j < n; ++j) {
+        b[j] = rng_chance<T>(w[j], probs[4 * g + j]);
+    }
+    V4 v;
+    v.x = b[0]; v.y = b[1]; v.z = b[2]; v.w = b[3];
+    return v;
 }
 
-extern "C" __global__ void rng_integers_u32(unsigned long long *state, unsigned int *out, unsigned long long n,
-                                            unsigned int lo, unsigned long long range) {
-    rng_early();
-    rng_integers32<unsigned int>(state, out, n, lo, range);
-}
+// rng_bernoulli_per_element_<t>(state, const float *probs, T *out, n): out[i] = 1 with
+// probability probs[i].
+#define RNG_BERNOULLI_PER_ELEMENT(NAME, T, V4)                                                    \
+    extern "C" __global__ void NAME(unsigned long long *state, const float *probs, T *out,       \
+                                    unsigned long long n) {                                      \
+        RNG_FILL4(rng_chances<T, V4>(r, probs, g, n))                                            \
+    }
 
-extern "C" __global__ void rng_integers_i32(unsigned long long *state, int *out, unsigned long long n, int lo,
-                                            unsigned long long range) {
-    rng_early();
-    rng_integers32<int>(state, out, n, lo, range);
-}
+RNG_BERNOULLI_PER_ELEMENT(rng_bernoulli_per_element_u8, unsigned char, uchar4)
+RNG_BERNOULLI_PER_ELEMENT(rng_bernoulli_per_element_f32, float, float4)
+
+// rng_integers_<t>(state, T *out, n, T lo, range) for 32-bit T: element i takes 64 bits,
+// words 2(i % 2) and 2(i % 2) + 1 of group i / 2.
+#define RNG_INTEGERS32(NAME, T)                                                                   \
+    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n, T lo, \
+                                    unsigned long long range) {                                  \
+        RNG_FOR_EACH_GROUP((n + 1) / 2,                                                          \
+            unsigned long long i = 2 * g;                                                        \
+            out[i] = (T)((unsigned int)lo + (unsigned int)philox_below64(r.x, r.y, range));      \
+            if (i + 1 < n) {                                                                     \
+                out[i + 1] = (T)((unsigned int)lo + (unsigned int)philox_below64(r.z, r.w, range)); \
+            })                                                                                   \
+    }
+
+RNG_INTEGERS32(rng_integers_u32, unsigned int)
+RNG_INTEGERS32(rng_integers_i32, int)
 
 // 64-bit integers: element i takes the 128 bits of group i.
 extern "C" __global__ void rng_integers_i64(unsigned long long *state, long long *out, unsigned long long n,
                                             long long lo, unsigned long long range) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = n;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        out[g] = (long long)((unsigned long long)lo + philox_below128(philox_group(d, g), range));
-    }
-    philox_end(state, d, groups);
+    RNG_FOR_EACH_GROUP(n, out[g] = (long long)((unsigned long long)lo + philox_below128(r, range));)
 }
 
 // y = keep ? x / keep_prob : 0, mask = keep, with keep = (uniform < keep_prob).
 extern "C" __global__ void rng_dropout_f32(unsigned long long *state, const float *x, float *y,
                                            unsigned char *mask, unsigned long long n, float keep_prob) {
-    rng_early();
-    PhiloxDraw d = philox_begin(state);
-    unsigned long long groups = (n + 3) / 4;
     float scale = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
-    for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {
-        uint4 r = philox_group(d, g);
+    RNG_FOR_EACH_GROUP((n + 3) / 4,
         unsigned int bits[4] = {r.x, r.y, r.z, r.w};
         for (unsigned long long j = 0; j < 4 && 4 * g + j < n; ++j) {
             unsigned long long i = 4 * g + j;
             bool keep = philox_u01(bits[j]) < keep_prob;
             mask[i] = keep ? 1 : 0;
             y[i] = keep ? x[i] * scale : 0.0f;
-        }
-    }
-    philox_end(state, d, groups);
+        })
 }
+
+#undef RNG_FOR_EACH_GROUP
+#undef RNG_FILL4
+#undef RNG_EACH_WORD
+#undef RNG_UNIFORM
+#undef RNG_NORMAL
+#undef RNG_BERNOULLI
+#undef RNG_BERNOULLI_PER_ELEMENT
+#undef RNG_INTEGERS32
 "#
 );

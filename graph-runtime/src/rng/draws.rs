@@ -1,23 +1,36 @@
 //! The draws of [`Generator`]: one library kernel launch each, on the runtime's stream.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{BernoulliOutput, Generator, RandomFloat, RandomInt, RNG_KERNELS};
 use crate::error::GraphError;
+use crate::launch::EarlyLaunch;
 use crate::runtime::Runtime;
 
 /// Threads per block of the library's kernels (their grids are capped and grid-stride).
 const THREADS: u32 = 256;
 
 impl Generator {
-    /// The compiled library kernel `kernel`, the state pointer, and a grid-stride launch
-    /// configuration for `groups` counters.
-    fn prepare(
+    /// Launches the library kernel `kernel` early on the runtime's stream, over `groups`
+    /// counters: its grid is capped and grid-stride, its first argument is this generator's
+    /// state, and `args` pushes the rest.
+    ///
+    /// # Safety
+    /// `args` pushes the kernel's parameters after the state, in order and type, and every
+    /// buffer among them holds what the kernel addresses for the `n` it is given (the random
+    /// kernels address `n` elements of each buffer and no more). A buffer the kernel stores
+    /// to with 4-element vector stores starts at an allocation.
+    ///
+    /// The early-launch contract holds for every library kernel: each starts with
+    /// `griddepcontrol.wait`, so an early launch touches nothing before the kernel ahead of
+    /// it has finished.
+    unsafe fn draw(
         &self,
         rt: &Runtime,
         kernel: &str,
         groups: u64,
-    ) -> Result<(CudaFunction, u64, LaunchConfig), GraphError> {
+        args: impl FnOnce(&mut EarlyLaunch<'_>),
+    ) -> Result<(), GraphError> {
         let f = rt.function(RNG_KERNELS, kernel)?;
         let wanted = groups.div_ceil(u64::from(THREADS)).max(1);
         let cap = (u64::from(rt.multiprocessors()) * 16).max(1);
@@ -26,7 +39,14 @@ impl Generator {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        Ok((f, self.state_ptr(rt), cfg))
+        let mut launch = rt.launch_early(&f);
+        launch.arg(self.state_ptr(rt));
+        args(&mut launch);
+        // SAFETY: the state is this generator's 4-word state, the kernel's first parameter;
+        // the caller vouches for the other arguments and the buffers, and the library's
+        // kernels keep the early-launch contract (see above).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
     }
 
     /// Fills `out` with values uniform in `[lo, hi)`: 24 random bits each, computed in `f32`
@@ -40,22 +60,13 @@ impl Generator {
         hi: f32,
     ) -> Result<(), GraphError> {
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, T::UNIFORM_KERNEL, n.div_ceil(4))?;
-        // SAFETY: (for every draw below) the random kernels start with `griddepcontrol.wait`, so
-        // an early launch touches nothing before the kernel ahead of it has finished.
-        // `rng_uniform_<T>(state, T *out, n, lo, hi)`: `state` is this generator's
-        // 4-word state; the kernel writes exactly `n` elements of `out`, which holds `n` and
-        // starts at an allocation (aligned for its 4-element vector stores).
+        // SAFETY: `rng_uniform_<T>(state, T *out, n, lo, hi)` writes the `n` elements `out`
+        // holds; `out` is a whole `CudaSlice`, so it starts at an allocation.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf_mut(out)
-                .arg(n)
-                .arg(lo)
-                .arg(hi)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, T::UNIFORM_KERNEL, n.div_ceil(4), |l| {
+                l.buf_mut(out).arg(n).arg(lo).arg(hi);
+            })
+        }
     }
 
     /// Fills `out` with normal values of the given mean and standard deviation (Box–Muller
@@ -70,18 +81,12 @@ impl Generator {
         std: f32,
     ) -> Result<(), GraphError> {
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, T::NORMAL_KERNEL, n.div_ceil(4))?;
         // SAFETY: `rng_normal_<T>(state, T *out, n, mean, std)`: as in `uniform`.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf_mut(out)
-                .arg(n)
-                .arg(mean)
-                .arg(std)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, T::NORMAL_KERNEL, n.div_ceil(4), |l| {
+                l.buf_mut(out).arg(n).arg(mean).arg(std);
+            })
+        }
     }
 
     /// Fills `out` with independent Bernoulli draws: 1 with probability `p`, else 0
@@ -103,17 +108,12 @@ impl Generator {
             "bernoulli probability {p} is not in [0, 1]"
         );
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, T::SCALAR_KERNEL, n.div_ceil(4))?;
         // SAFETY: `rng_bernoulli_<T>(state, T *out, n, p)`: as in `uniform`.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf_mut(out)
-                .arg(n)
-                .arg(p)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, T::SCALAR_KERNEL, n.div_ceil(4), |l| {
+                l.buf_mut(out).arg(n).arg(p);
+            })
+        }
     }
 
     /// Fills `out[i]` with 1 with probability `probs[i]`, else 0 (`torch.bernoulli(probs)`).
@@ -139,19 +139,14 @@ impl Generator {
             out.len()
         );
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, T::PER_ELEMENT_KERNEL, n.div_ceil(4))?;
         // SAFETY: `rng_bernoulli_per_element_<T>(state, const float *probs, T *out, n)`
         // reads `n` floats of `probs` and writes `n` elements of `out`; both hold `n`
-        // (checked above) and `out` starts at an allocation.
+        // (checked above) and `out` is a whole `CudaSlice`.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf(probs)
-                .buf_mut(out)
-                .arg(n)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, T::PER_ELEMENT_KERNEL, n.div_ceil(4), |l| {
+                l.buf(probs).buf_mut(out).arg(n);
+            })
+        }
     }
 
     /// Fills `out` with exponential values of rate `lambda` (mean `1 / lambda`), as
@@ -173,17 +168,12 @@ impl Generator {
             "exponential rate {lambda} is not a positive finite number"
         );
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, "rng_exponential_f32", n.div_ceil(4))?;
         // SAFETY: `rng_exponential_f32(state, float *out, n, lambda)`: as in `uniform`.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf_mut(out)
-                .arg(n)
-                .arg(lambda)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, "rng_exponential_f32", n.div_ceil(4), |l| {
+                l.buf_mut(out).arg(n).arg(lambda);
+            })
+        }
     }
 
     /// Fills `out` with integers uniform in `[lo, hi)` (`torch.randint(lo, hi)`), of type
@@ -205,20 +195,14 @@ impl Generator {
         let span = T::span(lo, hi)
             .unwrap_or_else(|| panic!("integers: the range [{lo:?}, {hi:?}) is empty"));
         let n = out.len() as u64;
-        let (f, state, cfg) = self.prepare(rt, T::KERNEL, n.div_ceil(T::PER_COUNTER))?;
         // SAFETY: `rng_integers_<T>(state, T *out, n, T lo, unsigned long long span)`: `lo`
         // is passed as the kernel's `T`, the kernel writes exactly `n` elements of `out`,
         // which holds `n`.
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf_mut(out)
-                .arg(n)
-                .arg(lo)
-                .arg(span)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, T::KERNEL, n.div_ceil(T::PER_COUNTER), |l| {
+                l.buf_mut(out).arg(n).arg(lo).arg(span);
+            })
+        }
     }
 
     /// Dropout: keeps each element of `x` with probability `1 - p`, scaled by `1 / (1 - p)`,
@@ -247,19 +231,13 @@ impl Generator {
             mask.len()
         );
         let (n, keep) = (x.len() as u64, 1.0 - p);
-        let (f, state, cfg) = self.prepare(rt, "rng_dropout_f32", n.div_ceil(4))?;
-        // SAFETY: the kernel reads `n` floats of `x` and writes `n` of `y` and `mask`; all
-        // three hold `n` (checked above).
+        // SAFETY: `rng_dropout_f32(state, const float *x, float *y, unsigned char *mask, n,
+        // keep)` reads `n` floats of `x` and writes `n` of `y` and `mask`; all three hold `n`
+        // (checked above).
         unsafe {
-            rt.launch_early(&f)
-                .arg(state)
-                .buf(x)
-                .buf_mut(y)
-                .buf_mut(mask)
-                .arg(n)
-                .arg(keep)
-                .launch(cfg)
-        }?;
-        Ok(())
+            self.draw(rt, "rng_dropout_f32", n.div_ceil(4), |l| {
+                l.buf(x).buf_mut(y).buf_mut(mask).arg(n).arg(keep);
+            })
+        }
     }
 }

@@ -142,7 +142,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
 use crate::runtime::Runtime;
-use crate::state::{DeviceRegion, DeviceState};
+use crate::state::{lent_shared, DeviceRegion, DeviceState};
 
 mod device;
 mod draws;
@@ -222,24 +222,14 @@ fn refuse_in_capture(
     })
 }
 
-/// A generator's device state is what a graph that draws from it reads by address. It is
-/// lent back as `&Generator`: every draw takes `&self`, and a shared borrow cannot replace
-/// the generator under the graph.
 // SAFETY: one region, the generator's state buffer, which its `Arc` keeps allocated.
-unsafe impl DeviceState for Generator {
-    type Lent<'a>
-        = &'a Generator
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        self.inner.state.regions(visit);
-    }
-
-    fn lend(&mut self) -> &Generator {
-        self
-    }
-}
+lent_shared!(
+    /// A generator's device state is what a graph that draws from it reads by address. It is
+    /// lent back as `&Generator`: every draw takes `&self`, and a shared borrow cannot
+    /// replace the generator under the graph.
+    Generator,
+    |g, visit| g.inner.state.regions(visit),
+);
 
 /// The snapshot buffer a graph's `save_state`/`restore_state` copy into and out of.
 // SAFETY: one region, the snapshot buffer it owns.
@@ -414,11 +404,37 @@ mod tests {
             "rng_exponential_f32",
             "rng_dropout_f32",
         ] {
-            let decl = format!("extern \"C\" __global__ void {name}(");
-            assert_eq!(
-                RNG_KERNELS.matches(&decl).count(),
-                1,
-                "kernel {name} is declared once"
+            // Defined once: written out (`__global__ void name(`) or made by one of the
+            // source's kernel macros (a line `RNG_NORMAL(name, …)`).
+            let word = |&(i, _): &(usize, &str)| {
+                let edge = |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                edge(RNG_KERNELS[..i].chars().next_back())
+                    && edge(RNG_KERNELS[i + name.len()..].chars().next())
+            };
+            let spots: Vec<usize> = RNG_KERNELS
+                .match_indices(name)
+                .filter(word)
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(spots.len(), 1, "kernel {name} is named once");
+            let before = &RNG_KERNELS[..spots[0]];
+            let line = before.rsplit_once('\n').map_or(before, |(_, line)| line);
+            assert!(
+                line.ends_with("extern \"C\" __global__ void ")
+                    || (line.starts_with("RNG_") && line.ends_with('(')),
+                "kernel {name} is defined, not only mentioned: {line:?}"
+            );
+        }
+        // The kernel macros are undefined at the end: none leaks into a source that adds to
+        // this one.
+        for def in RNG_KERNELS
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define RNG_"))
+        {
+            let name = def.split(['(', ' ']).next().unwrap_or_default();
+            assert!(
+                RNG_KERNELS.contains(&format!("#undef RNG_{name}\n")),
+                "RNG_{name}"
             );
         }
         // The device API defines no kernels of its own and holds no `typedef`s that could

@@ -12,6 +12,32 @@ use cudarc::driver::{
 use super::{DeviceRegion, DeviceState, Elem};
 use crate::error::GraphError;
 
+/// Implements [`DeviceState`] for a type a graph lends back as a shared borrow (`&T`): a body
+/// uses it through `&self` methods and cannot replace it. `|this, visit| regions` is the body
+/// of [`DeviceState::regions`] (`this` is `&T`); doc comments before the type go on the impl.
+///
+/// Put the `// SAFETY:` comment on the invocation: why the regions it reports are all the
+/// device memory (and handles) of the value that a graph reads by address.
+macro_rules! lent_shared {
+    ($(#[$attr:meta])* $t:ty, |$this:pat_param, $visit:pat_param| $regions:expr $(,)?) => {
+        $(#[$attr])*
+        // SAFETY: stated where the macro is invoked.
+        unsafe impl $crate::state::DeviceState for $t {
+            type Lent<'a> = &'a $t where Self: 'a;
+
+            fn regions(&self, $visit: &mut dyn FnMut($crate::state::DeviceRegion)) {
+                let $this = self;
+                $regions
+            }
+
+            fn lend(&mut self) -> &$t {
+                self
+            }
+        }
+    };
+}
+pub(crate) use lent_shared;
+
 // SAFETY: one region, the slice's own allocation, which it keeps until dropped; replacing
 // the slice changes its address.
 unsafe impl<T: 'static> DeviceState for CudaSlice<T> {
@@ -135,15 +161,7 @@ macro_rules! handles {
     ($($t:ty => $raw:ident),* $(,)?) => {$(
         // SAFETY: one handle region, the handle's own identity, which changes when the
         // handle is replaced; no memory is reported.
-        unsafe impl DeviceState for $t {
-            type Lent<'a> = &'a $t where Self: 'a;
-            fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-                visit(DeviceRegion::handle(self.$raw() as usize as u64));
-            }
-            fn lend(&mut self) -> &$t {
-                self
-            }
-        }
+        lent_shared!($t, |h, visit| visit(DeviceRegion::handle(h.$raw() as usize as u64)));
     )*};
 }
 
@@ -157,16 +175,7 @@ handles!(
 // SAFETY: no regions: cudarc does not expose a module's handle. A module is lent read-only;
 // the functions a graph launches keep their module loaded themselves (`CudaFunction` holds
 // it), and a `CudaFunction` in state is checked by identity.
-unsafe impl DeviceState for CudaModule {
-    type Lent<'a>
-        = &'a CudaModule
-    where
-        Self: 'a;
-    fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
-    fn lend(&mut self) -> &CudaModule {
-        self
-    }
-}
+lent_shared!(CudaModule, |_, _| {});
 
 // SAFETY: forwards to the boxed value, which the box owns.
 unsafe impl<T: DeviceState + ?Sized> DeviceState for Box<T> {
@@ -202,59 +211,32 @@ unsafe impl<T: DeviceState + ?Sized> DeviceState for Arc<T> {
     }
 }
 
-// SAFETY: forwards to every element, in order.
-unsafe impl<T: DeviceState> DeviceState for Vec<T> {
-    type Lent<'a>
-        = &'a mut Vec<T>
-    where
-        Self: 'a;
+/// Implements [`DeviceState`] for containers that forward to every element they hold, in
+/// order (an `Option` holds none or one), lent back as `&mut` the container.
+macro_rules! containers {
+    ($([$($generics:tt)*] $t:ty),* $(,)?) => {$(
+        // SAFETY: forwards to every element, in order; the container owns them.
+        unsafe impl<$($generics)*> DeviceState for $t {
+            type Lent<'a> = &'a mut $t where Self: 'a;
 
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        for item in self {
-            item.regions(visit);
+            fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+                for item in self.iter() {
+                    item.regions(visit);
+                }
+            }
+
+            fn lend(&mut self) -> &mut $t {
+                self
+            }
         }
-    }
-
-    fn lend(&mut self) -> &mut Vec<T> {
-        self
-    }
+    )*};
 }
 
-// SAFETY: forwards to every element, in order.
-unsafe impl<T: DeviceState, const N: usize> DeviceState for [T; N] {
-    type Lent<'a>
-        = &'a mut [T; N]
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        for item in self {
-            item.regions(visit);
-        }
-    }
-
-    fn lend(&mut self) -> &mut [T; N] {
-        self
-    }
-}
-
-// SAFETY: forwards to the value when there is one.
-unsafe impl<T: DeviceState> DeviceState for Option<T> {
-    type Lent<'a>
-        = &'a mut Option<T>
-    where
-        Self: 'a;
-
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        if let Some(item) = self {
-            item.regions(visit);
-        }
-    }
-
-    fn lend(&mut self) -> &mut Option<T> {
-        self
-    }
-}
+containers!(
+    [T: DeviceState] Vec<T>,
+    [T: DeviceState, const N: usize] [T; N],
+    [T: DeviceState] Option<T>,
+);
 
 macro_rules! tuples {
     ($(($($n:tt $t:ident),+)),* $(,)?) => {$(
