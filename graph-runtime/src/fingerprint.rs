@@ -185,10 +185,7 @@ impl Fingerprint {
                                 Arg::Words(
                                     bytes
                                         .chunks_exact(8)
-                                        .map(|w| {
-                                            let w = <[u8; 8]>::try_from(w).expect("8 bytes");
-                                            names.word(u64::from_ne_bytes(w))
-                                        })
+                                        .map(|w| names.word(bytemuck::pod_read_unaligned(w)))
                                         .collect(),
                                 )
                             } else {

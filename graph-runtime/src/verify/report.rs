@@ -185,7 +185,8 @@ pub(crate) fn compare(o: &Observed, tolerance: Tolerance) -> ItemReport {
     report
 }
 
-/// The numeric value of one element, where the element type is known.
+/// The numeric value of one element, where the element type is known. `b` is a slice of the
+/// bytes read back from the device, so it need not be aligned for the element type.
 fn value(elem: Elem, b: &[u8]) -> Option<f64> {
     let arr = |n: usize| -> [u8; 8] {
         let mut a = [0u8; 8];
@@ -194,8 +195,8 @@ fn value(elem: Elem, b: &[u8]) -> Option<f64> {
     };
     Some(match elem {
         Elem::Bytes => return None,
-        Elem::F32 => f32::from_ne_bytes(b.try_into().ok()?) as f64,
-        Elem::F64 => f64::from_ne_bytes(b.try_into().ok()?),
+        Elem::F32 => bytemuck::try_pod_read_unaligned::<f32>(b).ok()? as f64,
+        Elem::F64 => bytemuck::try_pod_read_unaligned::<f64>(b).ok()?,
         Elem::UInt(n) => u64::from_ne_bytes(arr(n as usize)) as f64,
         Elem::Int(n) => {
             let shift = 64 - 8 * n as u32;
