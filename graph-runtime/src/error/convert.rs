@@ -29,29 +29,35 @@ impl From<CublasError> for GraphError {
 }
 
 impl GraphError {
-    /// Whether this is an out-of-memory error.
-    pub fn is_out_of_memory(&self) -> bool {
+    /// The error inside a warmup, body, conditional-body or bucket error: every question
+    /// below (out of memory? which capture code? which collective?) is asked of it too.
+    fn wrapped(&self) -> Option<&GraphError> {
         match self {
-            GraphError::OutOfMemory { .. } => true,
             GraphError::Warmup { source, .. }
             | GraphError::Body { source, .. }
             | GraphError::ConditionalBody { source, .. }
-            | GraphError::Bucket { source, .. } => source.is_out_of_memory(),
-            _ => false,
+            | GraphError::Bucket { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an out-of-memory error (also inside a warmup, body, conditional-body
+    /// or bucket error).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            GraphError::OutOfMemory { .. } => true,
+            other => other.wrapped().is_some_and(GraphError::is_out_of_memory),
         }
     }
 
     /// The size an out-of-memory error asked for, where it is known (also inside a
-    /// warmup, body or bucket error).
+    /// warmup, body, conditional-body or bucket error).
     pub fn requested_bytes(&self) -> Option<usize> {
         match self {
             GraphError::OutOfMemory {
                 requested_bytes, ..
             } => *requested_bytes,
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::Bucket { source, .. } => source.requested_bytes(),
-            _ => None,
+            other => other.wrapped()?.requested_bytes(),
         }
     }
 
@@ -68,11 +74,7 @@ impl GraphError {
             GraphError::CapturedEvent { .. } => 907,
             GraphError::CaptureWrongThread { .. } => 908,
             GraphError::SyncInCapture { .. } | GraphError::SideStreamInCapture { .. } => 900,
-            GraphError::Body { source, .. }
-            | GraphError::Warmup { source, .. }
-            | GraphError::ConditionalBody { source, .. }
-            | GraphError::Bucket { source, .. } => return source.capture_code(),
-            _ => return None,
+            other => return other.wrapped()?.capture_code(),
         })
     }
 
@@ -216,15 +218,12 @@ impl From<CollectiveError> for GraphError {
 
 #[cfg(feature = "nccl")]
 impl GraphError {
-    /// The collective error in this error, also when it is wrapped in a warmup, body or
-    /// bucket error.
+    /// The collective error in this error, also when it is wrapped in a warmup, body,
+    /// conditional-body or bucket error.
     pub fn collective(&self) -> Option<&CollectiveError> {
         match self {
             GraphError::Collective(c) => Some(c),
-            GraphError::Warmup { source, .. }
-            | GraphError::Body { source, .. }
-            | GraphError::Bucket { source, .. } => source.collective(),
-            _ => None,
+            other => other.wrapped()?.collective(),
         }
     }
 }

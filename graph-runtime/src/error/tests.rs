@@ -38,3 +38,35 @@ fn body_errors_keep_their_kind() {
     );
     assert!(().into_graph_result().is_ok());
 }
+
+#[test]
+fn classification_looks_through_every_wrapper() {
+    let oom = GraphError::OutOfMemory {
+        during: "allocating".to_owned(),
+        requested_bytes: Some(4096),
+        free_bytes: None,
+    };
+    let in_loop = GraphError::ConditionalBody {
+        construct: "graph_while",
+        graph: "g",
+        location: std::panic::Location::caller(),
+        source: Box::new(oom),
+    };
+    let in_warmup = GraphError::Warmup {
+        graph: "g",
+        iteration: 1,
+        warmup: 2,
+        source: Box::new(in_loop),
+    };
+    assert!(in_warmup.is_out_of_memory());
+    assert_eq!(in_warmup.requested_bytes(), Some(4096));
+    assert_eq!(in_warmup.capture_code(), None);
+    let unsupported = GraphError::ConditionalBody {
+        construct: "graph_if",
+        graph: "g",
+        location: std::panic::Location::caller(),
+        source: Box::new(GraphError::CaptureUnsupported { graph: "g" }),
+    };
+    assert_eq!(unsupported.capture_code(), Some(900));
+    assert!(!unsupported.is_out_of_memory());
+}

@@ -16,6 +16,15 @@ pub(crate) struct StreamGate {
 
 const CAPTURING: u64 = 1 << 63;
 
+/// Takes one launch off the gate's count when dropped.
+struct Leave<'a>(&'a AtomicU64);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 impl StreamGate {
     /// Runs `launch` unless the stream is capturing.
     #[inline]
@@ -25,13 +34,12 @@ impl StreamGate {
         launch: impl FnOnce() -> Result<R, GraphError>,
     ) -> Result<R, GraphError> {
         let prev = self.state.fetch_add(1, Ordering::Acquire);
-        let result = if prev & CAPTURING != 0 {
-            Err(GraphError::StreamCapturing { graph })
-        } else {
-            launch()
-        };
-        self.state.fetch_sub(1, Ordering::Release);
-        result
+        // Leaves the gate also when `launch` panics, so a later capture does not wait forever.
+        let _leave = Leave(&self.state);
+        if prev & CAPTURING != 0 {
+            return Err(GraphError::StreamCapturing { graph });
+        }
+        launch()
     }
 
     /// Marks the stream as capturing once no launch is in flight.

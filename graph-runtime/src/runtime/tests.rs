@@ -25,6 +25,19 @@ fn gate_refuses_launches_while_capturing() {
 }
 
 #[test]
+fn a_panic_inside_a_launch_leaves_the_gate() {
+    let gate = StreamGate::default();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gate.launch::<()>("g", || panic!("in the staging closure"))
+    }));
+    assert!(caught.is_err());
+    assert_eq!(gate.state.load(Ordering::Relaxed), 0);
+    // A capture can begin (it would spin forever on a leaked launch).
+    gate.begin_capture();
+    gate.end_capture();
+}
+
+#[test]
 fn no_driver_is_a_typed_error() {
     if driver_available() {
         eprintln!("skipped: a CUDA driver is present, the no-driver path cannot be seen here");
