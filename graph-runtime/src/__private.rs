@@ -4,18 +4,17 @@
 //! change in any release without notice. Write against the types re-exported at the crate
 //! root instead. This module only re-exports: each item lives in the module of its concept.
 
-pub use crate::buckets::{Alias, BatchBuffer, BatchedSlot, Buckets, Pick};
+pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Pick};
 pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
-    InputSource, ResultBuffer, StaticBuffer,
+    InputSource, StaticBuffer,
 };
 pub use crate::capture::capture;
 pub use crate::constant::constant;
-pub use crate::error::{BodyResult, BodyValue, BoxError, GraphError, When};
-pub use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
+pub use crate::error::{BodyResult, BodyValue, When};
+pub use crate::graph::{launch_as_is, replay, Graph};
 pub use crate::inputs::InputNodes;
-pub use crate::runtime::Runtime;
 pub use crate::site::{CaptureMode, GraphSite, Step};
 pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
-pub use crate::verify::{shadow_of, Tolerance, Verifier, VerifySchedule};
+pub use crate::verify::{Tolerance, Verifier, VerifySchedule};
 pub use crate::FromRuntime;

@@ -18,7 +18,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::CudaSlice;
 
 use crate::driver;
 use crate::error::GraphError;
@@ -222,16 +221,6 @@ impl VerifySchedule {
         };
         due.then_some(self.tolerance)
     }
-}
-
-/// A shadow output for the eager side of a verification: a zeroed buffer shaped like the
-/// graph's own output.
-#[doc(hidden)]
-pub fn shadow_of<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    rt: &Runtime,
-    like: &CudaSlice<T>,
-) -> Result<CudaSlice<T>, GraphError> {
-    Ok(rt.stream().alloc_zeros::<T>(like.len())?)
 }
 
 #[cfg(test)]
