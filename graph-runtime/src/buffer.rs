@@ -199,7 +199,7 @@ impl<'g> Staging<'g> {
 
     /// Makes the graph's stream wait for the work queued so far on `other`.
     pub fn wait_for(&self, other: &CudaStream) -> Result<(), GraphError> {
-        if other.cu_stream() != self.stream.cu_stream() {
+        if !same_stream(other, self.stream) {
             self.before.record(other)?;
             self.stream.wait(self.before)?;
         }
@@ -209,12 +209,19 @@ impl<'g> Staging<'g> {
     /// Makes `other` wait for the work queued so far on the graph's stream, so that a source
     /// freed on `other` is not freed before the copy has read it.
     pub fn release_to(&self, other: &CudaStream) -> Result<(), GraphError> {
-        if other.cu_stream() != self.stream.cu_stream() {
+        if !same_stream(other, self.stream) {
             self.after.record(self.stream)?;
             other.wait(self.after)?;
         }
         Ok(())
     }
+}
+
+/// Whether `a` and `b` are one stream. The handle alone does not say so: CUDA's per-thread
+/// default stream (what candle's `Device::new_cuda` uses) has the same handle in every
+/// context, so a buffer of another GPU would pass for one of the graph's stream.
+pub(crate) fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx()
 }
 
 /// Something a replay can copy into the static buffer `B`: a device buffer, a view of one,
@@ -260,7 +267,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + 'static> InputSource<CudaSlice<T>> for Cu
     }
 
     fn device_source(&self, stream: &CudaStream) -> Option<u64> {
-        (self.stream().cu_stream() == stream.cu_stream()).then(|| self.device_ptr(stream).0)
+        same_stream(self.stream(), stream).then(|| self.device_ptr(stream).0)
     }
 
     fn copy_into(

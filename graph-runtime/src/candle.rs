@@ -67,15 +67,18 @@
 //!   positions in device tensors (select rows with `index_select(pos)`, write with
 //!   `scatter_set`) so that one graph serves every position (`13-candle-decoder`).
 
+use std::sync::Arc;
+
 use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::{CudaDevice, DType, Device, Storage, Tensor};
+use cudarc::driver::CudaStream;
 
 /// The candle crates this module was built with.
 pub use candle_core;
 /// The candle-nn crate this module was built with.
 pub use candle_nn;
 
-use crate::buffer::{InputSource, Staging, StaticBuffer};
+use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
 use crate::error::GraphError;
 use crate::region::{DeviceRegion, Elem};
 use crate::runtime::Runtime;
@@ -183,18 +186,12 @@ fn cuda_data(t: &Tensor) -> Option<(u64, usize, bool)> {
 }
 
 /// The CUDA stream a tensor's storage belongs to.
-fn cuda_stream_of(t: &Tensor) -> Option<sys_stream::Raw> {
+fn cuda_stream_of(t: &Tensor) -> Option<Arc<CudaStream>> {
     let (storage, _) = t.storage_and_layout();
     match &*storage {
-        Storage::Cuda(cuda) => Some(sys_stream::Raw(cuda.device.cuda_stream().cu_stream())),
+        Storage::Cuda(cuda) => Some(cuda.device.cuda_stream()),
         _ => None,
     }
-}
-
-mod sys_stream {
-    /// A raw stream handle, compared by value.
-    #[derive(PartialEq, Eq)]
-    pub struct Raw(pub cudarc::driver::sys::CUstream);
 }
 
 fn candle_err(e: candle_core::Error) -> GraphError {
@@ -235,6 +232,7 @@ unsafe impl DeviceState for Tensor {
             let (ptr, bytes) = slice_range(&cuda.slice);
             visit(DeviceRegion {
                 elem: elem_of(self.dtype()),
+                stream: cuda.device.cuda_stream().cu_stream() as usize as u64,
                 ..DeviceRegion::device(ptr, bytes)
             });
         }
@@ -320,9 +318,9 @@ impl InputSource<Tensor> for Tensor {
         copy_tensor(dst, self)
     }
 
-    fn device_source(&self, stream: &cudarc::driver::CudaStream) -> Option<u64> {
+    fn device_source(&self, stream: &CudaStream) -> Option<u64> {
         let (ptr, _, contiguous) = cuda_data(self)?;
-        let same = cuda_stream_of(self)? == sys_stream::Raw(stream.cu_stream());
+        let same = same_stream(cuda_stream_of(self)?.as_ref(), stream);
         (contiguous && same).then_some(ptr)
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaStream, DriverError};
 
-use crate::conditional::{self, CaptureRecord};
+use crate::conditional::record::{self, CaptureRecord};
 use crate::driver;
 use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
@@ -74,7 +74,7 @@ impl<'r> ActiveCapture<'r> {
                 return Err(GraphError::from_driver(site.name, e));
             }
         };
-        conditional::open_record(root, site.mode.raw());
+        record::open_record(root, site.mode.raw());
         Ok(ActiveCapture {
             rt,
             site,
@@ -87,7 +87,7 @@ impl<'r> ActiveCapture<'r> {
     /// the capture recorded about its conditionals.
     fn end(mut self) -> (Result<sys::CUgraph, DriverError>, CaptureRecord) {
         self.open = false;
-        let record = conditional::close_record().expect("a capture has a record");
+        let record = record::close_record().expect("a capture has a record");
         let result = end_raw(self.rt.stream());
         self.rt.gate().end_capture();
         if record.poisoned {
@@ -109,7 +109,7 @@ impl Drop for ActiveCapture<'_> {
         if !self.open {
             return;
         }
-        let poisoned = conditional::close_record().is_some_and(|r| r.poisoned);
+        let poisoned = record::close_record().is_some_and(|r| r.poisoned);
         // The body failed or panicked: end the capture and throw the recording away (unless
         // a conditional body's failed recording left it unusable: then it is leaked).
         if let Ok(graph) = end_raw(self.rt.stream()) {

@@ -121,8 +121,9 @@
 //! # Files
 //! This file holds the public types ([`Condition`], [`ConditionArg`], [`Compare`],
 //! [`ConditionValue`]) and the device API; `conditional/record.rs` what one capture records
-//! about its conditionals, `conditional/construct.rs` the driver checks and the `Runtime`
-//! constructs, `conditional/site.rs` how a captured construct becomes a conditional node.
+//! about its conditionals, `conditional/construct.rs` the driver checks and what each
+//! construct records, `conditional/api.rs` the `Runtime` constructs (eager and captured),
+//! `conditional/site.rs` how a captured construct becomes a conditional node.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -141,12 +142,10 @@ use crate::runtime::Runtime;
 
 mod api;
 mod construct;
-mod record;
+pub(crate) mod record;
 mod site;
 #[cfg(test)]
 mod tests;
-
-pub(crate) use record::{close_record, open_record, CaptureRecord};
 
 /// The device API for kernels of yours that set a condition: the `GraphCondition` struct that
 /// [`Condition::kernel_arg`] fills and `graph_condition_set(GraphCondition, bool)`.

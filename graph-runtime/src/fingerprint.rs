@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::sys;
 
-use crate::conditional::CaptureRecord;
+use crate::conditional::record::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use crate::buffer::Staging;
-use crate::conditional::CaptureRecord;
+use crate::conditional::record::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
 use crate::inputs::InputNode;
@@ -256,12 +256,17 @@ impl Graph {
     /// it lends such state, and dropping the graph calls it, so that a buffer replaced or
     /// dropped on its own stream is never freed while a replay still reads it. State on the
     /// runtime's stream is freed in stream order after the replays, and this does nothing.
-    /// Inside a capture it does nothing either (waiting would end that capture).
+    /// Inside a capture it does nothing either (waiting would end that capture), and while
+    /// another thread captures on the same runtime it waits for that capture to end first.
     pub fn settle(&self) {
-        if self.settle && !crate::phase::is_capturing() {
-            let ctx = self.rt.context();
-            ctx.record_err(self.rt.stream().synchronize());
+        if !self.settle || crate::phase::is_capturing() {
+            return;
         }
+        // A synchronize would break another thread's capture on this stream: wait for it to
+        // end first (this thread holds the lock already while it runs a capture procedure).
+        let _serial = (!crate::phase::in_procedure()).then(|| self.rt.capture_lock());
+        let ctx = self.rt.context();
+        ctx.record_err(self.rt.stream().synchronize());
     }
 
     pub(crate) fn settle_for(&mut self, book: &crate::state::AddressBook) {

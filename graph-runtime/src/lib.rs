@@ -158,8 +158,9 @@
 //!
 //! # How the crate is laid out
 //! Imports run one way, from the top of this list to the bottom; no file imports a file
-//! above it, and no files import each other in a circle. A parent module file either only
-//! names and re-exports its parts (`error.rs`) or its parts never import it.
+//! above it, and no files import each other in a circle. Inside a folder, either the parent
+//! file only names and re-exports its parts (`error.rs`), or the parts import the parent and
+//! the parent imports none of its parts' names (`state.rs`, `conditional.rs`, `rng/mod.rs`).
 //!
 //! | layer | files | may import |
 //! |---|---|---|

@@ -116,6 +116,12 @@ impl Drop for ProcedureScope {
     }
 }
 
+/// Whether this thread is running a capture procedure (warmup, capture or verification of a
+/// graph), so it already holds its runtime's capture lock.
+pub(crate) fn in_procedure() -> bool {
+    PROCEDURE.with(|p| p.get().is_some())
+}
+
 /// Records the kernels this thread looks up through the runtime (`Runtime::function`) while
 /// it lives, so the capture procedure can compare its warmup with its capture.
 pub(crate) struct KernelLookups {

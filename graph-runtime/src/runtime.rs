@@ -1,8 +1,8 @@
 //! [`Runtime`]: the CUDA context, the capture stream, cuBLAS and the kernel cache.
 //!
-//! This file holds the runtime, its constructors and methods, and the library probes;
-//! `runtime/kernels.rs` holds the kernel cache and NVRTC compilation, `runtime/gate.rs` the
-//! gate that keeps replays out of a capturing stream.
+//! This file holds the runtime, its constructors and methods; `runtime/kernels.rs` holds the
+//! kernel cache and NVRTC compilation, `runtime/gate.rs` the gate that keeps replays out of a
+//! capturing stream, `runtime/probe.rs` the library probes.
 
 use std::panic::Location;
 use std::sync::{Arc, Mutex, Weak};

@@ -191,7 +191,7 @@ impl Runtime {
                 location,
                 "it cannot run inside the closure of `fork`: a captured conditional pauses the capture of \
                  the runtime's stream, which would cut the side stream off. Fix: call it before or after \
-                 the fork, or fork inside its closure",
+                 the fork",
             ));
         }
         let first = *cond.tested_at.get_or_init(|| location);

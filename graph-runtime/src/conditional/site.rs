@@ -166,6 +166,17 @@ impl Site<'_> {
 
     /// Records every branch into a scratch graph and checks what it holds.
     pub(super) fn check(&self, unbounded: bool, record: &mut Branches<'_>) -> Result<(), Refused> {
+        // An error cudarc recorded before this check belongs to the enclosing capture: kept
+        // aside while the scratch recording runs and put back after it.
+        let earlier = self.rt.take_recorded_error();
+        let result = self.check_scratch(unbounded, record);
+        if let Some(e) = earlier {
+            self.rt.context().record_err(Err::<(), _>(e));
+        }
+        result
+    }
+
+    fn check_scratch(&self, unbounded: bool, record: &mut Branches<'_>) -> Result<(), Refused> {
         // SAFETY: the stream is the runtime's, not capturing (paused by the caller), on the
         // context bound to this thread.
         unsafe { driver::begin_capture(self.stream, self.mode) }

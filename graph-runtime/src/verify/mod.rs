@@ -18,7 +18,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-
 use crate::driver;
 use crate::error::GraphError;
 use crate::rng::WarmupSnapshot;
