@@ -23,6 +23,7 @@ use candle_models::Mlp;
 use clap::Parser;
 use graph_runtime::candle::candle_core::{self as candle, Device, Tensor};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
+use workloads::check::first_mismatch;
 use workloads::testing::{gpu_required, init_tracing, random_vec, seeded_rng};
 use workloads::timing::{iters_for, wall_us};
 
@@ -77,11 +78,7 @@ fn main() -> Result<(), BoxError> {
         let x = input(&mut rng)?;
         let eager = host(&mlp.forward(&x)?)?;
         let ours = host(graph.replay(&x)?.result)?;
-        identical &= eager.len() == ours.len()
-            && eager
-                .iter()
-                .zip(&ours)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+        identical &= first_mismatch(&eager, &ours).is_none();
     }
     let verified = graph
         .verify(&input(&mut rng)?, Tolerance::BITWISE)?

@@ -27,6 +27,7 @@ use candle_models::{greedy, Decoder, DecoderConfig, KvCache};
 use clap::Parser;
 use graph_runtime::candle::candle_core::{self as candle, Device, Tensor};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
+use workloads::check::first_mismatch;
 use workloads::testing::{gpu_required, init_tracing};
 use workloads::timing::{iters_for, wall_us};
 
@@ -93,7 +94,7 @@ fn main() -> Result<(), BoxError> {
         let eager = model.step(&tok_e, p, &eager_cache)?;
         let ours = graph.replay(&tok_g, p)?.result.clone();
         let (a, b) = (host_f32(&eager)?, host_f32(&ours)?);
-        identical &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        identical &= first_mismatch(&a, &b).is_none();
         tok_e = greedy(&eager)?;
         tok_g = greedy(&ours)?;
         let (te, tg) = (

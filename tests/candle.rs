@@ -9,6 +9,7 @@ mod candle_models;
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
+use workloads::check::first_mismatch;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
 
 #[cuda_graph(warmup = 2, verify = "never")]
@@ -107,11 +108,11 @@ fn mlp_graph_equals_candle_eager(_rt: Runtime) -> Result<(), GraphError> {
         };
         let ours = host(out.result)?;
         assert_eq!(ours.len(), dim);
-        let same = eager
-            .iter()
-            .zip(&ours)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "replay {replay}: graph differs from candle eager");
+        let diff = first_mismatch(&eager, &ours);
+        assert!(
+            diff.is_none(),
+            "replay {replay}: graph differs from candle eager: {diff:?}"
+        );
     }
     // The built-in verification compares with an eager run of the same function.
     let x = Tensor::from_vec(random_vec(&mut rng, dim), (1, dim), &dev).map_err(c)?;
@@ -148,13 +149,10 @@ fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
         let (t, p) = (u32_tensor(token, &[1, 1])?, u32_tensor(pos, &[1])?);
         let eager = host(&model.step(&t, &p, &eager_cache).map_err(c)?)?;
         let ours = host(graph.replay(&t, &p)?.result)?;
-        let same = eager
-            .iter()
-            .zip(&ours)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let diff = first_mismatch(&eager, &ours);
         assert!(
-            same,
-            "position {pos}: graph logits differ from candle eager"
+            diff.is_none(),
+            "position {pos}: graph logits differ from candle eager: {diff:?}"
         );
         let next = greedy(graph.outputs().result).map_err(c)?;
         assert_eq!(next.dims(), &[1, 1]);
@@ -162,7 +160,7 @@ fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
     // The caches hold the same keys after 12 steps.
     let a = host(&eager_cache.k[1])?;
     let b = host(&graph.state_mut().cache.k[1])?;
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert_eq!(first_mismatch(&a, &b), None, "the caches differ");
     Ok(())
 }
 

@@ -65,10 +65,7 @@ impl<'r> ActiveCapture<'r> {
             Ok((root, _)) => root,
             Err(e) => {
                 if let Ok(g) = end_raw(stream) {
-                    if !g.is_null() {
-                        // SAFETY: returned by cuStreamEndCapture just now, owned here.
-                        let _ = unsafe { driver::graph_destroy(g) };
-                    }
+                    discard(g);
                 }
                 rt.gate().end_capture();
                 return Err(GraphError::from_driver(site.name, e));
@@ -113,10 +110,8 @@ impl Drop for ActiveCapture<'_> {
         // The body failed or panicked: end the capture and throw the recording away (unless
         // a conditional body's failed recording left it unusable: then it is leaked).
         if let Ok(graph) = end_raw(self.rt.stream()) {
-            if !graph.is_null() && !poisoned {
-                // SAFETY: `graph` was just returned by cuStreamEndCapture and is owned here;
-                // nothing else refers to it.
-                let _ = unsafe { driver::graph_destroy(graph) };
+            if !poisoned {
+                discard(graph);
             }
         }
         self.rt.gate().end_capture();
@@ -341,10 +336,7 @@ pub fn capture(
     };
     let capture_time = capture_started.elapsed();
     if let Err(moved) = body(Step::Check(When::Capture)) {
-        if !raw.is_null() {
-            // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-            let _ = unsafe { driver::graph_destroy(raw) };
-        }
+        discard(raw);
         return Err(moved);
     }
     if raw.is_null() {
@@ -363,8 +355,7 @@ pub fn capture(
             &warmup_lookups,
             capture_lookups,
         ) {
-            // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-            let _ = unsafe { driver::graph_destroy(raw) };
+            discard(raw);
             return Err(e);
         }
     }
@@ -374,8 +365,7 @@ pub fn capture(
     // same way on every rank); without an open session this does nothing.
     #[cfg(feature = "nccl")]
     if let Err(e) = crate::nccl::session::before_instantiate(site) {
-        // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-        let _ = unsafe { driver::graph_destroy(raw) };
+        discard(raw);
         return Err(e);
     }
 
@@ -475,8 +465,7 @@ fn check_determinism(
     } else {
         // SAFETY: `second` is the live graph just captured; destroyed right after.
         let b = unsafe { Fingerprint::of(second, skip, &second_record) };
-        // SAFETY: `second` is owned here and not used afterwards.
-        let _ = unsafe { driver::graph_destroy(second) };
+        discard(second);
         Some(b?)
     };
     checked?;
@@ -529,8 +518,7 @@ fn name_the_failed_allocation(
                 })
                 .max()
         });
-        // SAFETY: `raw` is owned here and not used afterwards.
-        let _ = unsafe { driver::graph_destroy(raw) };
+        discard(raw);
         drop(recorded);
         sizes.flatten()
     })();
@@ -541,6 +529,15 @@ fn name_the_failed_allocation(
         },
         requested_bytes: largest,
         free_bytes,
+    }
+}
+
+/// Destroys a graph that a capture recorded and nothing else refers to (null: nothing to do).
+fn discard(raw: sys::CUgraph) {
+    if !raw.is_null() {
+        // SAFETY: callers pass a graph returned by cuStreamEndCapture that they own and do
+        // not use afterwards; it was never instantiated.
+        let _ = unsafe { driver::graph_destroy(raw) };
     }
 }
 
@@ -557,19 +554,13 @@ fn end_capture(
     match ended {
         Ok(raw) if recorded.is_none() => {
             if let Some(location) = record.unused_condition() {
-                if !raw.is_null() {
-                    // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-                    let _ = unsafe { driver::graph_destroy(raw) };
-                }
+                discard(raw);
                 return Err(GraphError::UnusedCondition { graph, location });
             }
             Ok((raw, record))
         }
         Ok(raw) => {
-            if !raw.is_null() {
-                // SAFETY: `raw` came from cuStreamEndCapture and is owned here.
-                let _ = unsafe { driver::graph_destroy(raw) };
-            }
+            discard(raw);
             let e = recorded.expect("checked above");
             Err(GraphError::in_capture(graph, e.into()))
         }
