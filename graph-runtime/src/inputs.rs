@@ -83,7 +83,7 @@ impl InputNodes {
         if self.is_empty() {
             return Ok(None);
         }
-        Ok(Some(rt.function(INPUT_COPY, "graph_input_copy")?))
+        Ok(Some(rt.library_function(INPUT_COPY, "graph_input_copy")?))
     }
 
     /// Launches one copy kernel per input on the capturing stream, copying nothing, and
