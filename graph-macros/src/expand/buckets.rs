@@ -19,7 +19,7 @@ use crate::model::{Param, Role};
 /// items of the generated module, and the names to re-export from it.
 pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStream, Vec<Ident>) {
     let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
-    let (fn_name, ctx_ty) = (&parts.fn_name, &parts.ctx_ty);
+    let fn_name = &parts.fn_name;
     let (inputs, outputs) = (&parts.inputs, &parts.outputs);
     let family = parts.type_name("Buckets");
     let outputs_ty = parts.type_name("BucketOutputs");
@@ -168,9 +168,8 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
         .iter()
         .filter(|p| p.role != Role::Bucket)
         .map(|p| &p.ident);
-    let ctx_call = quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(rt));
-    let ctx_call_eager =
-        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(&self.__rt));
+    let ctx_call = parts.ctx_call(quote!(rt));
+    let ctx_call_eager = parts.ctx_call(quote!(&self.__rt));
     let body_result = parts.body_result();
     let no_inputs = first_input.is_none();
     let rows_when_no_input = if no_inputs {

@@ -40,7 +40,7 @@ pub(super) struct Parts<'m> {
     pub fn_ident: &'m Ident,
     pub fn_name: String,
     /// The execution context's type, as seen from the generated module.
-    pub ctx_ty: TokenStream,
+    ctx_ty: TokenStream,
     pub inputs: Vec<&'m Param>,
     pub outputs: Vec<&'m Param>,
     pub states: Vec<&'m Param>,
@@ -164,6 +164,16 @@ impl<'m> Parts<'m> {
     pub fn call(&self, args: &[TokenStream]) -> TokenStream {
         let fn_ident = self.fn_ident;
         quote!(super::#fn_ident(__ctx, #(#args),*))
+    }
+
+    /// The body's context borrowed out of the runtime `rt` (an expression of type
+    /// `&Runtime`), through `FromRuntime::try_from_runtime` and `?`: a context the runtime
+    /// lacks (candle's `Device` on a runtime not made by `Runtime::from_candle`) is a
+    /// `GraphError` of the enclosing function, never a panic. Spanned at the context's type,
+    /// so that a type that is no context is reported there.
+    pub fn ctx_call(&self, rt: TokenStream) -> TokenStream {
+        let (pr, ctx_ty) = (&self.pr, &self.ctx_ty);
+        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(#rt)?)
     }
 
     /// The conversion of the function's return value into the graph's result, spanned at
