@@ -12,7 +12,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::model::{GraphFn, Param, Role};
-use crate::tokens::{inner_vis, relocated};
+use crate::tokens::{inner_vis, relocated, unraw};
 
 /// A parameter of the generated `capture`, and the generic parameter it is given through,
 /// if any.
@@ -272,9 +272,8 @@ impl<'m> Parts<'m> {
 
 /// `scale_add` → `ScaleAdd`.
 pub(super) fn camel(ident: &Ident) -> String {
-    let name = ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    name.split('_')
+    unraw(ident)
+        .split('_')
         .filter(|s| !s.is_empty())
         .map(|s| {
             let mut c = s.chars();
