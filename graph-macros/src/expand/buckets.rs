@@ -89,23 +89,26 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
         let a = format_ident!("__alias_{}", i);
         quote!(let mut #a = #i.alias(__b);)
     });
-    let alias_finish = |owner: Option<TokenStream>| -> Vec<TokenStream> {
+    // Each output's alias written back: during capture at the step's `__when`, in the eager
+    // fallback as a replay.
+    let alias_finish = |eager: bool| -> Vec<TokenStream> {
+        let when = if eager {
+            quote!(#pr::When::Replay)
+        } else {
+            quote!(__when)
+        };
         outputs
             .iter()
             .map(|p| {
                 let i = &p.ident;
                 let a = format_ident!("__alias_{}", i);
                 let name = i.to_string();
-                let when = match &owner {
-                    None => quote!(__when),
-                    Some(_) => quote!(#pr::When::Replay),
-                };
                 quote!(#a.finish(__site.name, #name, #when)?;)
             })
             .collect()
     };
-    let capture_finish = alias_finish(None);
-    let eager_finish = alias_finish(Some(quote!(self)));
+    let capture_finish = alias_finish(false);
+    let eager_finish = alias_finish(true);
     let call_args = |eager: bool| -> Vec<TokenStream> {
         model
             .params
