@@ -4,7 +4,9 @@
 //! imports it, and its own files never do.
 //!
 //! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
-//! moves buffers into place and calls `__private::capture` and `Graph::replay_with`.
+//! moves buffers into place and calls `__private::capture`, `__private::replay` and
+//! `__private::launch_as_is` (a bucket family: `__private::Buckets::capture` and
+//! `__private::replay` on the picked bucket).
 //!
 //! This file holds the entry point (parse → model → check → expand) and the module that
 //! wraps the generated items; `expand/graph.rs` generates the graph type of a function
