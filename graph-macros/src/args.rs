@@ -2,16 +2,20 @@
 //! `#[cuda_graph(warmup = 3, mode = "global", crate = "path", host_effects_not_replayed)]`.
 //!
 //! Owns the attribute's keys and how each is read (the `buckets(…)` key in
-//! `args/buckets.rs`). Imports only `ctxt`; never `model`, `check` or `expand`.
+//! `args/buckets.rs`; the literal helpers both use in `args/lit.rs`). Imports only `ctxt`
+//! and its own files; never `model`, `check` or `expand`.
 
 use proc_macro2::Span;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Lit, LitBool, LitInt, LitStr, Meta, Token};
+use syn::{Expr, ExprLit, Lit, Meta, Token};
 
 use crate::ctxt::Ctxt;
 
 pub mod buckets;
+mod lit;
+
+use lit::{boolean, integer, literal, string};
 
 /// The opt-in that lets a body print, log, do I/O, sleep or read clocks. Its name states the
 /// consequence: those effects run in the warmup runs and the capture, never on replay.
@@ -254,45 +258,6 @@ fn flag(meta: &Meta, cx: &mut Ctxt, not_a_bool: &str, a_list: &str) -> Option<bo
             cx.error_spanned_by(meta, a_list);
             None
         }
-    }
-}
-
-/// `value` as the kind of literal `pick` accepts; anything else is an error spanning it that
-/// says what was `expected`.
-fn literal<'v, L>(
-    value: &'v Expr,
-    cx: &mut Ctxt,
-    expected: &str,
-    pick: fn(&'v Lit) -> Option<&'v L>,
-) -> Option<&'v L> {
-    let found = match value {
-        Expr::Lit(ExprLit { lit, .. }) => pick(lit),
-        _ => None,
-    };
-    if found.is_none() {
-        cx.error_spanned_by(value, expected);
-    }
-    found
-}
-
-fn boolean(lit: &Lit) -> Option<&LitBool> {
-    match lit {
-        Lit::Bool(b) => Some(b),
-        _ => None,
-    }
-}
-
-fn integer(lit: &Lit) -> Option<&LitInt> {
-    match lit {
-        Lit::Int(n) => Some(n),
-        _ => None,
-    }
-}
-
-fn string(lit: &Lit) -> Option<&LitStr> {
-    match lit {
-        Lit::Str(s) => Some(s),
-        _ => None,
     }
 }
 

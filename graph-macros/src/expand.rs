@@ -4,7 +4,9 @@
 //! imports it, and its own files never do.
 //!
 //! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
-//! moves buffers into place and calls `__private::capture` and `Graph::replay_with`.
+//! moves buffers into place and calls `__private::capture`, `__private::replay` and
+//! `__private::launch_as_is` (a bucket family: `__private::Buckets::capture` and
+//! `__private::replay` on the picked bucket).
 //!
 //! This file holds the entry point (parse → model → check → expand) and the module that
 //! wraps the generated items; `expand/graph.rs` generates the graph type of a function
@@ -19,7 +21,7 @@ use crate::args::{self, GraphArgs};
 use crate::check::check_body;
 use crate::ctxt::Ctxt;
 use crate::model::{self, GraphFn};
-use crate::tokens::relocated_path;
+use crate::tokens::{relocated_path, unraw};
 
 mod buckets;
 mod graph;
@@ -95,7 +97,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let krate = relocated_path(&args.krate());
     let item = &model.item;
     let fn_ident = &item.sig.ident;
-    let module = format_ident!("__cuda_graph_{}", snake(fn_ident), span = fn_ident.span());
+    let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
     let parts = Parts::new(model, &krate, site_tokens(model, args, &krate));
     let (body, names) = match &args.buckets {
         Some(buckets) => expand_buckets(&parts, buckets),
@@ -116,10 +118,4 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #[allow(unused_imports)]
         #outer_vis use self::#module::{#(#names),*};
     }
-}
-
-/// `scale_add` → `scale_add` (without a raw-identifier prefix), for the module name.
-fn snake(ident: &Ident) -> String {
-    let name = ident.to_string();
-    name.strip_prefix("r#").unwrap_or(&name).to_owned()
 }

@@ -99,7 +99,20 @@ use proc_macro::TokenStream;
 ///   row of each input and output, and `replay` runs the smallest bucket that holds the
 ///   input's rows (padding rows zero-filled, only the valid output rows handed out). A batch
 ///   above the largest bucket is `GraphError::BatchAboveBuckets`, or runs eagerly with
-///   `fallback = "eager"`.
+///   `fallback = "eager"`;
+/// * `verify = "never" | "first" | "every"` or `verify_every = N`: which replays verify
+///   themselves like `graph.verify(…)` (run the body eagerly on the same inputs and compare
+///   every output and `&mut` state with the replay's); default `"first"` in debug builds,
+///   `"never"` in release builds;
+/// * `verify_tolerance = 1e-5`: those replays' tolerance (absolute and relative); bitwise
+///   when left out;
+/// * `check_determinism` (or `= true` / `= false`): capture twice and compare the two graphs
+///   node by node (default: on in debug builds).
+///
+/// # Returned values
+/// A body may return `Result<T, E>` with `T` a device buffer (`CudaSlice<_>`, or candle's
+/// `Tensor`: `-> Result<Tensor>`) instead of writing an output parameter: the returned value
+/// is copied into a static buffer inside the graph and handed out as the outputs' `result`.
 ///
 /// # Compile-time capture checks
 /// The body is checked for calls that a capture refuses or that would run only at capture

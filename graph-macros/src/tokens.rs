@@ -1,11 +1,24 @@
 //! Token helpers for generated code: a path or type of the user's signature rewritten for
-//! the generated module one level down, and the visibility its items need.
+//! the generated module one level down, and the visibility its items need; and the names
+//! of identifiers and paths as written, without a raw-identifier prefix (`r#type` → `type`),
+//! for the checks and the generated names.
 //!
-//! Owns only token rewriting; imports nothing of this crate (it sits at the bottom, beside
-//! `ctxt`), so any module may use it.
+//! Owns only token rewriting and naming; imports nothing of this crate (it sits at the
+//! bottom, beside `ctxt`), so any module may use it.
 
 use proc_macro2::{Group, Ident, Punct, Spacing, TokenStream, TokenTree};
 use quote::{quote, ToTokens};
+
+/// The identifier's name without its raw-identifier prefix: `r#type` → `type`.
+pub fn unraw(ident: &Ident) -> String {
+    let s = ident.to_string();
+    s.strip_prefix("r#").map(str::to_owned).unwrap_or(s)
+}
+
+/// The names of the path's segments, [`unraw`]n: `std::r#fs::read` → `["std", "fs", "read"]`.
+pub fn segment_names(path: &syn::Path) -> Vec<String> {
+    path.segments.iter().map(|s| unraw(&s.ident)).collect()
+}
 
 /// The visibility an item of the generated module needs so that the re-export next to the
 /// user's function can name it with the function's own visibility.
@@ -74,6 +87,20 @@ fn relocate(tokens: TokenStream) -> TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_lose_their_raw_prefix() {
+        let path: syn::Path = syn::parse2(quote!(::std::r#fs::read)).unwrap();
+        assert_eq!(segment_names(&path), ["std", "fs", "read"]);
+        assert_eq!(
+            unraw(&Ident::new_raw("type", proc_macro2::Span::call_site())),
+            "type"
+        );
+        assert_eq!(
+            unraw(&Ident::new("r_x", proc_macro2::Span::call_site())),
+            "r_x"
+        );
+    }
 
     #[test]
     fn visibility_is_mapped_one_module_deeper() {

@@ -1,15 +1,17 @@
 //! `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: the attribute key that asks for one
 //! graph per batch size, parsed into [`BucketArgs`].
 //!
-//! Imports only `ctxt`; never its parent (`args.rs`), nor `model`, `check` or `expand`.
+//! Imports only `ctxt` and its sibling `args/lit.rs`; never its parent (`args.rs`), nor
+//! `model`, `check` or `expand`.
 //!
 //! The key names the function's batch parameter (a by-value integer); the list gives the
 //! bucket sizes. What the family looks like is `expand/buckets.rs`.
 
 use proc_macro2::Ident;
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Lit, Meta, Token};
+use syn::{Expr, Meta, Token};
 
+use super::lit::{integer, literal, string};
 use crate::ctxt::Ctxt;
 
 /// The parsed `buckets(…)` argument.
@@ -55,20 +57,13 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
             continue;
         };
         if key == "fallback" {
-            match &nv.value {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Str(s), ..
-                }) if s.value() == "eager" => eager_fallback = true,
-                Expr::Lit(ExprLit {
-                    lit: Lit::Str(s), ..
-                }) if s.value() == "error" => eager_fallback = false,
-                other => {
-                    cx.error_spanned_by(
-                        other,
-                        "`fallback` is \"error\" (the default: a batch above the largest bucket is an error) or \
-                         \"eager\" (such a batch runs the function eagerly)",
-                    );
-                }
+            const FALLBACK: &str = "`fallback` is \"error\" (the default: a batch above the largest bucket is \
+                                    an error) or \"eager\" (such a batch runs the function eagerly)";
+            match literal(&nv.value, cx, FALLBACK, string).map(|s| s.value()) {
+                Some(v) if v == "eager" => eager_fallback = true,
+                Some(v) if v == "error" => eager_fallback = false,
+                Some(_) => cx.error_spanned_by(&nv.value, FALLBACK),
+                None => {}
             }
             continue;
         }
@@ -88,23 +83,20 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
         }
         let mut sizes = Vec::new();
         for elem in &array.elems {
-            match elem {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Int(n), ..
-                }) => match n.base10_parse::<usize>() {
-                    Ok(0) => {
-                        cx.error_spanned_by(n, "a bucket must hold at least one row");
-                    }
-                    Ok(v) if sizes.contains(&v) => {
-                        cx.error_spanned_by(n, format!("bucket {v} is listed twice"));
-                    }
-                    Ok(v) => sizes.push(v),
-                    Err(_) => {
-                        cx.error_spanned_by(n, "bucket sizes are whole numbers");
-                    }
-                },
-                other => {
-                    cx.error_spanned_by(other, "bucket sizes must be integer literals");
+            let Some(n) = literal(elem, cx, "bucket sizes must be integer literals", integer)
+            else {
+                continue;
+            };
+            match n.base10_parse::<usize>() {
+                Ok(0) => {
+                    cx.error_spanned_by(n, "a bucket must hold at least one row");
+                }
+                Ok(v) if sizes.contains(&v) => {
+                    cx.error_spanned_by(n, format!("bucket {v} is listed twice"));
+                }
+                Ok(v) => sizes.push(v),
+                Err(_) => {
+                    cx.error_spanned_by(n, "bucket sizes are whole numbers");
                 }
             }
         }
@@ -167,6 +159,9 @@ mod tests {
         assert!(eager(quote!(batch = [1], fallback = "eager")));
         assert!(!eager(quote!(fallback = "error", batch = [1])));
         let errors = errors_of(quote!(batch = [1], fallback = "later"));
+        assert!(errors[0].contains("`fallback` is \"error\""), "{errors:#?}");
+        let errors = errors_of(quote!(batch = [1], fallback = eager));
+        assert_eq!(errors.len(), 1, "{errors:#?}");
         assert!(errors[0].contains("`fallback` is \"error\""), "{errors:#?}");
     }
 

@@ -1,7 +1,7 @@
 //! The capture checks: what a `#[cuda_graph]` body must not do, found on its tokens.
 //!
-//! Imports `args` (the host-effects opt-in), `model` and `ctxt`; never `expand`. This file
-//! only declares the files below and runs the walk: none of them imports it.
+//! Imports `args` (the host-effects opt-in), `model`, `ctxt` and `tokens`; never `expand`.
+//! This file only declares the files below and runs the walk: none of them imports it.
 //!
 //! A graph records the GPU work the body queues on the capture stream, once, and replays
 //! only that. Anything the body does on the host either cannot happen during the capture

@@ -2,7 +2,7 @@
 //! role and declared type), and the locals, from their `let`s; block-scoped, so a shadowing
 //! binding hides what an outer one knew.
 //!
-//! Imports `model` only; never the rules, the walker or this folder's `mod.rs`.
+//! Imports `model` and `tokens` only; never the rules, the walker or this folder's `mod.rs`.
 //!
 //! The one question that lets a rule stand down is whether a method's receiver is provably
 //! a value of the user's own type ([`Kind::Users`]). Everything else (a CUDA object, a value
@@ -15,6 +15,7 @@ use syn::visit::{self, Visit};
 use syn::{Expr, Pat, Type};
 
 use crate::model::{GraphFn, Role};
+use crate::tokens::{segment_names, unraw};
 
 /// Types of cudarc and of the runtime (by their last path segment) whose methods are CUDA
 /// operations. A type naming one anywhere (`Arc<CudaStream>`) is a CUDA type.
@@ -275,7 +276,7 @@ impl Scope {
             Expr::Paren(p) => self.is_cpu_device(&p.expr),
             Expr::Reference(r) => self.is_cpu_device(&r.expr),
             Expr::Path(p) if p.qself.is_none() => {
-                let segs: Vec<String> = p.path.segments.iter().map(|s| unraw(&s.ident)).collect();
+                let segs = segment_names(&p.path);
                 match segs.as_slice() {
                     [name] => self.get(name).is_some_and(|b| b.cpu_device),
                     [.., ty, variant] => ty == "Device" && variant == "Cpu",
@@ -320,7 +321,7 @@ impl Scope {
 /// `Type::new(…)`, `Type::default()`, `Type::with_…(…)`, `Type::from…(…)`: by convention a
 /// value of `Type`.
 fn constructor_kind(path: &syn::Path) -> Kind {
-    let segs: Vec<String> = path.segments.iter().map(|s| unraw(&s.ident)).collect();
+    let segs = segment_names(path);
     let [.., ty, f] = segs.as_slice() else {
         return Kind::Unknown;
     };
@@ -428,9 +429,4 @@ pub fn annotated_type(pat: &Pat) -> Option<&Type> {
         Pat::Type(t) => Some(&t.ty),
         _ => None,
     }
-}
-
-pub fn unraw(ident: &Ident) -> String {
-    let s = ident.to_string();
-    s.strip_prefix("r#").map(str::to_owned).unwrap_or(s)
 }

@@ -1,6 +1,6 @@
 //! Small helpers on syntax and tokens for the walker.
 //!
-//! Imports `scope.rs` (`unraw`) only; never the rules, the walker or this folder's
+//! Imports `tokens` (`unraw`, `segment_names`) only; never the rules, the walker or this folder's
 //! `mod.rs`.
 
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
@@ -8,7 +8,7 @@ use quote::ToTokens;
 use syn::visit::{self, Visit};
 use syn::Expr;
 
-use super::scope::unraw;
+use crate::tokens::{segment_names, unraw};
 
 /// Names used inline in a format string: `{y}`, `{y:?}`, `{y:#?}`.
 pub fn inline_args(fmt: &str) -> Vec<String> {
@@ -126,7 +126,7 @@ pub fn compact(e: &Expr) -> String {
         }
         Expr::Paren(p) => format!("({})", compact(&p.expr)),
         Expr::Path(p) if p.qself.is_none() => {
-            let segs: Vec<String> = p.path.segments.iter().map(|s| unraw(&s.ident)).collect();
+            let segs = segment_names(&p.path);
             let lead = if p.path.leading_colon.is_some() {
                 "::"
             } else {

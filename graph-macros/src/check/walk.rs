@@ -2,8 +2,8 @@
 //! call, path, macro and condition, keeping the names it passes in a block-scoped
 //! [`Scope`].
 //!
-//! Imports the rules, `scope.rs`, `syntax.rs` and `finding.rs`; never this folder's
-//! `mod.rs`, which drives it.
+//! Imports the rules, `scope.rs`, `syntax.rs`, `finding.rs` and `tokens` (names); never
+//! this folder's `mod.rs`, which drives it.
 
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
@@ -17,12 +17,11 @@ use super::rules::{
     path_matches, rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS,
     FORMATTING_MACROS, RULES,
 };
-use super::scope::{
-    annotated_type, bound_names, kind_of_type, unraw, Binding, DeviceData, Kind, Scope,
-};
+use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
     calls_any, compact, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
 };
+use crate::tokens::{segment_names, unraw};
 
 pub struct Walker {
     host_effects: bool,
@@ -92,7 +91,7 @@ impl Walker {
 
     /// Reports the path rules a path matches.
     fn match_path(&mut self, path: &syn::Path) -> Vec<&'static str> {
-        let segs: Vec<String> = path.segments.iter().map(|s| unraw(&s.ident)).collect();
+        let segs = segment_names(path);
         let what = format!("`{}`", segs.join("::"));
         self.match_rules(spans_of(path), &what, |m| path_matches(m, &segs))
     }
@@ -375,7 +374,7 @@ impl<'ast> Visit<'ast> for Walker {
             visit::visit_expr_call(self, c);
             return;
         };
-        let segs: Vec<String> = p.path.segments.iter().map(|s| unraw(&s.ident)).collect();
+        let segs = segment_names(&p.path);
         if p.qself.is_none() && p.path.leading_colon.is_none() && segs.len() == 1 {
             let name = &segs[0];
             let what = format!("`{name}()`");

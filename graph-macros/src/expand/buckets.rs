@@ -19,7 +19,7 @@ use crate::model::{Param, Role};
 /// items of the generated module, and the names to re-export from it.
 pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStream, Vec<Ident>) {
     let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
-    let (fn_name, ctx_ty) = (&parts.fn_name, &parts.ctx_ty);
+    let fn_name = &parts.fn_name;
     let (inputs, outputs) = (&parts.inputs, &parts.outputs);
     let family = parts.type_name("Buckets");
     let outputs_ty = parts.type_name("BucketOutputs");
@@ -89,23 +89,26 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
         let a = format_ident!("__alias_{}", i);
         quote!(let mut #a = #i.alias(__b);)
     });
-    let alias_finish = |owner: Option<TokenStream>| -> Vec<TokenStream> {
+    // Each output's alias written back: during capture at the step's `__when`, in the eager
+    // fallback as a replay.
+    let alias_finish = |eager: bool| -> Vec<TokenStream> {
+        let when = if eager {
+            quote!(#pr::When::Replay)
+        } else {
+            quote!(__when)
+        };
         outputs
             .iter()
             .map(|p| {
                 let i = &p.ident;
                 let a = format_ident!("__alias_{}", i);
                 let name = i.to_string();
-                let when = match &owner {
-                    None => quote!(__when),
-                    Some(_) => quote!(#pr::When::Replay),
-                };
                 quote!(#a.finish(__site.name, #name, #when)?;)
             })
             .collect()
     };
-    let capture_finish = alias_finish(None);
-    let eager_finish = alias_finish(Some(quote!(self)));
+    let capture_finish = alias_finish(false);
+    let eager_finish = alias_finish(true);
     let call_args = |eager: bool| -> Vec<TokenStream> {
         model
             .params
@@ -168,9 +171,8 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
         .iter()
         .filter(|p| p.role != Role::Bucket)
         .map(|p| &p.ident);
-    let ctx_call = quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(rt));
-    let ctx_call_eager =
-        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::from_runtime(&self.__rt));
+    let ctx_call = parts.ctx_call(quote!(rt));
+    let ctx_call_eager = parts.ctx_call(quote!(&self.__rt));
     let body_result = parts.body_result();
     let no_inputs = first_input.is_none();
     let rows_when_no_input = if no_inputs {

@@ -17,7 +17,7 @@ use crate::tokens::relocated;
 /// and the names to re-export from it.
 pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
     let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
-    let (fn_name, ctx_ty, item) = (&parts.fn_name, &parts.ctx_ty, &model.item);
+    let (fn_name, item) = (&parts.fn_name, &model.item);
     let (inputs, outputs, states) = (&parts.inputs, &parts.outputs, &parts.states);
     let graph_ty = parts.type_name("Graph");
     let inputs_ty = parts.type_name("Inputs");
@@ -285,8 +285,8 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
         }
     });
 
-    let ctx_call =
-        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(rt)?);
+    let ctx_call = parts.ctx_call(quote!(rt));
+    let verify_ctx = parts.ctx_call(quote!(&__rt));
     let body_result = parts.body_result();
     // The body's call during warmup and capture, and in `verify`'s eager run.
     let call = parts.call(&call_args);
@@ -501,7 +501,7 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
                 #(#verify_shadows)*
                 #(#shadow_result_decl)*
                 {
-                    let __ctx = <#ctx_ty as #pr::FromRuntime>::try_from_runtime(&__rt)?;
+                    let __ctx = #verify_ctx;
                     #verify_verb
                 }
                 #(#verify_eager_outputs)*

@@ -12,7 +12,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::model::{GraphFn, Param, Role};
-use crate::tokens::{inner_vis, relocated};
+use crate::tokens::{inner_vis, relocated, unraw};
 
 /// A parameter of the generated `capture`, and the generic parameter it is given through,
 /// if any.
@@ -40,7 +40,7 @@ pub(super) struct Parts<'m> {
     pub fn_ident: &'m Ident,
     pub fn_name: String,
     /// The execution context's type, as seen from the generated module.
-    pub ctx_ty: TokenStream,
+    ctx_ty: TokenStream,
     pub inputs: Vec<&'m Param>,
     pub outputs: Vec<&'m Param>,
     pub states: Vec<&'m Param>,
@@ -166,6 +166,16 @@ impl<'m> Parts<'m> {
         quote!(super::#fn_ident(__ctx, #(#args),*))
     }
 
+    /// The body's context borrowed out of the runtime `rt` (an expression of type
+    /// `&Runtime`), through `FromRuntime::try_from_runtime` and `?`: a context the runtime
+    /// lacks (candle's `Device` on a runtime not made by `Runtime::from_candle`) is a
+    /// `GraphError` of the enclosing function, never a panic. Spanned at the context's type,
+    /// so that a type that is no context is reported there.
+    pub fn ctx_call(&self, rt: TokenStream) -> TokenStream {
+        let (pr, ctx_ty) = (&self.pr, &self.ctx_ty);
+        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(#rt)?)
+    }
+
     /// The conversion of the function's return value into the graph's result, spanned at
     /// the return type (so that a return type that is not a result is reported there).
     pub fn body_result(&self) -> TokenStream {
@@ -262,9 +272,8 @@ impl<'m> Parts<'m> {
 
 /// `scale_add` → `ScaleAdd`.
 pub(super) fn camel(ident: &Ident) -> String {
-    let name = ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    name.split('_')
+    unraw(ident)
+        .split('_')
         .filter(|s| !s.is_empty())
         .map(|s| {
             let mut c = s.chars();

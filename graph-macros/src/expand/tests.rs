@@ -128,3 +128,41 @@ fn a_family_is_expanded_for_a_valid_function() {
     assert!(text.contains("StepBuckets"), "{text}");
     syn::parse2::<syn::File>(out).expect("the expansion parses");
 }
+
+#[test]
+fn a_family_borrows_its_context_through_try_from_runtime() {
+    // A candle `&Device` on a runtime not made by `Runtime::from_candle` is a
+    // `GraphError::NoCandleDevice`, at capture and in the eager fallback alike, never a panic.
+    let out = cuda_graph(
+        quote!(buckets(batch = [1, 2, 4], fallback = "eager")),
+        quote! {
+            fn step(dev: &Device, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, batch: usize)
+                -> Result<(), GraphError> { Ok(()) }
+        },
+    )
+    .to_string();
+    assert!(!out.contains("compile_error"), "{out}");
+    for needle in [
+        quote!(let __ctx = <Device as ::graph_runtime::__private::FromRuntime>::try_from_runtime(rt)?;),
+        quote!(let __ctx = <Device as ::graph_runtime::__private::FromRuntime>::try_from_runtime(&self.__rt)?;),
+    ] {
+        let needle = needle.to_string();
+        assert!(out.contains(&needle), "missing `{needle}` in:\n{out}");
+    }
+    // `FromRuntime::from_runtime`, which panics there, is never called.
+    let panicking = quote!(::from_runtime).to_string();
+    assert!(!out.contains(&panicking), "`{panicking}` in:\n{out}");
+}
+
+#[test]
+fn a_raw_function_name_loses_its_prefix_in_generated_names() {
+    assert_eq!(camel(&Ident::new_raw("type", Span::call_site())), "Type");
+    let out = expand_str(
+        quote!(),
+        quote!(
+            fn r#type(rt: &Runtime, x: &CudaSlice<f32>) {}
+        ),
+    );
+    assert!(out.contains("mod __cuda_graph_type {"), "{out}");
+    assert!(out.contains("pub(super) struct TypeGraph<'s>"), "{out}");
+}
