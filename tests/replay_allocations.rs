@@ -7,7 +7,7 @@
 //! `CUDA_GRAPH_REQUIRE_GPU=1` it fails instead.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
@@ -15,22 +15,26 @@ use workloads::check::first_mismatch;
 use workloads::kernels::ELEMENTWISE;
 use workloads::testing::{cpu_test, fresh_rng, gpu_test, random_vec};
 
-/// Counts the allocations of this process while `COUNTING` is on.
+/// Counts the allocations a thread makes while its `COUNTING` is on (other threads, such as
+/// the test harness's, are not counted).
 struct Counting;
 
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
 
 impl Counting {
     fn note(&self) {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // `try_with`: a thread being torn down may still free and allocate.
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
         }
     }
 }
 
 // SAFETY: every call is forwarded unchanged to the system allocator; counting touches only
-// two atomics and allocates nothing.
+// two constant-initialised thread-locals and allocates nothing.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.note();
@@ -59,14 +63,14 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Allocations made while `f` runs.
+/// Allocations this thread makes while `f` runs.
 fn allocations_in(f: impl FnOnce() -> Result<(), GraphError>) -> Result<usize, GraphError> {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    COUNTING.store(true, Ordering::Relaxed);
+    let before = ALLOCATIONS.with(Cell::get);
+    COUNTING.with(|c| c.set(true));
     let result = f();
-    COUNTING.store(false, Ordering::Relaxed);
+    COUNTING.with(|c| c.set(false));
     result?;
-    Ok(ALLOCATIONS.load(Ordering::Relaxed) - before)
+    Ok(ALLOCATIONS.with(Cell::get) - before)
 }
 
 /// `y = w * x`.
