@@ -12,21 +12,25 @@
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
-# A clean run took 42 minutes on 2 cores shared with other builds, most of it nvcc compiling
-# candle's kernels, twice: the lint (a check build) and the test build give candle-kernels'
-# build script differently built dependencies (cudaforge's), so each runs nvcc; the package
-# selection makes no difference.
+# candle's kernels are compiled once per run: the workspace (and ci/beside-candle) say
+# `[profile.dev.build-override] debug = false`, so the lint's check build, the test build and
+# beside-candle give candle-kernels' build script the same dependencies and share its nvcc run
+# (left to cargo's default, a build dependency that is also a normal one, like glob, is built
+# with debug info only when the normal one is compiled rather than checked, and nvcc ran twice
+# or three times). Each step prints its duration.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-step() { echo "+ $*"; "$@"; }
+step() { echo "+ $*"; local t0=$SECONDS; "$@"; echo "candle tier: step took $((SECONDS - t0)) s"; }
 
 echo "== build beside cubecl-cuda's cudarc features, no toolkit"
 (cd ci/beside-cubecl && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-cubecl")
 
 echo "== toolchain"
+t0=$SECONDS
 eval "$(bash scripts/cuda-toolchain.sh)"
+echo "candle tier: toolchain took $((SECONDS - t0)) s"
 
 echo "== the candle tier"
 step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D warnings
