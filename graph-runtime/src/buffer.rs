@@ -166,6 +166,14 @@ pub struct Staging<'g> {
     inputs: &'g [InputNode],
 }
 
+impl std::fmt::Debug for Staging<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("input_nodes", &self.inputs.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'g> Staging<'g> {
     pub(crate) fn new(
         stream: &'g Arc<CudaStream>,

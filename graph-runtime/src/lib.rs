@@ -47,7 +47,7 @@
 //!
 //! | concept | what it is | where |
 //! | --- | --- | --- |
-//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache; a cheap `Clone` handle that every graph keeps, so a graph cannot outlive it. Made on a device, or on a context or stream you already have (candle's, your own) | [`Runtime`], [`Runtime::from_context`], [`Runtime::from_stream`], [`Runtime::for_stream`] |
+//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache; a cheap `Clone` handle that every graph keeps, so a graph cannot outlive it. Made on a device, or on a context or stream you already have (candle's, your own) | [`Runtime`], [`Runtime::from_context`], [`Runtime::from_stream`], [`Runtime::find_by_stream`] |
 //! | capture stream | the non-blocking stream that warmup, capture and replay all use; never the legacy default stream | [`Runtime::stream`] |
 //! | warmup | `warmup = N` eager runs of the body before capture, so that lazy work (NVRTC, module loads, cuBLAS heuristics, allocations) happens outside the graph | [`GraphSite::warmup`] |
 //! | capture | recording the body once into a CUDA graph; an error or panic in the body ends the capture and leaves the runtime usable | [`GraphInfo`] |
@@ -102,7 +102,7 @@
 //! replays on a stream you already use (candle's `CudaDevice::cuda_stream()`), so graphs
 //! run in order with the rest of your work and buffers made before the runtime are used as
 //! they are. A body whose context parameter is a stream reaches the kernel cache through
-//! [`function`] / [`Runtime::for_stream`].
+//! [`function_for_stream`] / [`Runtime::find_by_stream`].
 //!
 //! # Without a GPU
 //! Everything builds without a GPU, a driver or a CUDA toolkit: cudarc loads libcuda,
@@ -174,7 +174,7 @@
 //! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs` | errors and driver calls |
 //! | ground | `error/`, `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | nothing of the crate (`error/` only the report and NCCL error it carries) |
 
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
 
 pub use cudarc;
 pub use graph_macros::cuda_graph;
@@ -214,7 +214,9 @@ pub mod __private;
 #[doc = include_str!("coverage.md")]
 pub mod coverage {}
 
+#[doc(hidden)]
 pub use buckets::Buckets;
+#[doc(hidden)]
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use constant::GraphConstant;
@@ -226,8 +228,10 @@ pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngAdvance, RngKernelArg, RngState};
 pub use runtime::{
-    driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
+    driver_available, function_for_stream, library_available, GraphMemory, Runtime,
+    CUBLAS_WORKSPACE_BYTES,
 };
+#[doc(hidden)]
 pub use site::{CaptureMode, GraphSite};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
@@ -240,6 +244,9 @@ use cudarc::driver::CudaStream;
 /// Types the first parameter of a `#[cuda_graph]` function may borrow: what the body uses to
 /// reach the GPU. The graph passes the runtime's own objects, so the body's work lands on
 /// the capture stream.
+///
+/// Support for the code `#[cuda_graph]` generates: not for direct use.
+#[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
     label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",

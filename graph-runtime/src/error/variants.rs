@@ -78,7 +78,7 @@ pub enum GraphError {
 
     /// A body whose context is a stream asked for the runtime of that stream, and none exists.
     #[error(
-        "no runtime was made for this stream: `graph_runtime::function(stream, …)` reaches the kernel cache \
+        "no runtime was made for this stream: `graph_runtime::function_for_stream(stream, …)` reaches the kernel cache \
          of the runtime that owns the stream. Fix: make the runtime first (`Runtime::new`, \
          `Runtime::from_stream(stream)`), and keep it alive while the body runs"
     )]
