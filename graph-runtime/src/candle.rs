@@ -340,6 +340,7 @@ pub(crate) fn device_of(rt: &Runtime) -> Result<&Device, GraphError> {
     rt.candle_device().ok_or(GraphError::NoCandleDevice)
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 impl Runtime {
     /// A runtime on a candle device (feature `candle`): it captures and replays on candle's
     /// own stream, so graphs run in order with candle's eager work, and a body whose context

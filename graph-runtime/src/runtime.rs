@@ -176,6 +176,7 @@ impl Runtime {
 
     /// The candle device of a runtime made by [`Runtime::from_candle`].
     #[cfg(feature = "candle")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
     pub fn candle_device(&self) -> Option<&candle_core::Device> {
         self.inner.candle.as_ref()
     }

@@ -593,6 +593,7 @@ pub enum GraphError {
     /// A collective failed or was refused: NCCL set-up, a collective's arguments, or ranks
     /// that did not capture the same collectives (see [`crate::nccl::CollectiveError`]).
     #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
     #[error(transparent)]
     Collective(Box<CollectiveError>),
 }
