@@ -1,5 +1,9 @@
 //! # 07 — dropout in a captured training step
 //!
+//! Borrows from this workspace: `workloads` (the training step with dropout, the host Philox
+//! counters, comparisons, timing, the runtime or a skip) and `bench-report` (records, tables,
+//! loss curves).
+//!
 //! The model: 64 → 256 (GELU, then dropout p = 0.2) → 16, MSE, clipping and AdamW as in
 //! `06-train-step`, with the same training step (`workloads::train::Trainer::step`). Dropout draws its mask from a `graph_runtime::Generator`: its seed and
 //! offset live on the device and the dropout kernel moves the offset on by itself, so every

@@ -1,5 +1,8 @@
 //! # 09 — random numbers in your own kernel
 //!
+//! Borrows from this workspace: `workloads` (a seeded host generator, the runtime or a skip);
+//! the kernel and the checks are in this file.
+//!
 //! `03-rng-fill` draws with the library's kernels. Here the kernels are the user's own: they
 //! draw from a `graph_runtime::Generator` through the CUDA device API of
 //! `graph_runtime::rng::PHILOX_DEVICE_API` and the generator's state pointer
