@@ -59,7 +59,12 @@ fn scale_then_tanh(
 /// The first line of a verification report, or the mismatch as an error.
 fn verified(report: VerifyReport) -> Result<String, GraphError> {
     let report = report.into_result()?;
-    Ok(report.to_string().lines().next().unwrap_or_default().to_owned())
+    Ok(report
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
 }
 
 fn main() -> Result<(), GraphError> {

@@ -591,7 +591,12 @@ fn runtime_or_skip(program: &str) -> Option<Runtime> {
 /// The first line of a verification report, or the mismatch as an error.
 fn verified(report: graph_runtime::VerifyReport) -> Result<String, GraphError> {
     let report = report.into_result()?;
-    Ok(report.to_string().lines().next().unwrap_or_default().to_owned())
+    Ok(report
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
 }
 
 /// The median of `v` (the upper one of the two middle values for an even length).

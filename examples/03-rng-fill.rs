@@ -134,7 +134,12 @@ fn runtime_or_skip(program: &str) -> Result<Option<Runtime>, GraphError> {
 /// The first line of a verification report, or the mismatch as an error.
 fn verified(report: graph_runtime::VerifyReport) -> Result<String, GraphError> {
     let report = report.into_result()?;
-    Ok(report.to_string().lines().next().unwrap_or_default().to_owned())
+    Ok(report
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
 }
 
 /// Median over [`REPEATS`] of the GPU time per call (µs) of `f` called `iters` times,
