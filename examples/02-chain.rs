@@ -21,21 +21,20 @@
 //!
 //! Run: `cargo run --release --example 02-chain` (add `-- 10 100` to choose N, `--json` for
 //! the report's JSON lines, `--no-torch` to leave PyTorch out).
+//!
+//! It uses `graph-runtime` (and cudarc through it), `clap` and `serde_json`: the kernels,
+//! timing and report records it needs are at the end of this file.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bench_report::record::{read_output, Record, Side};
 use clap::Parser;
 use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use graph_runtime::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
-use workloads::check::verified;
-use workloads::kernels::ELEMENTWISE;
-use workloads::testing::runtime_or_skip;
-use workloads::timing::{gpu_us, median, wall_us, REPEATS};
+use record::{read_output, Record, Side};
 
 const ELEMS: usize = 256;
 /// GPU time one measurement of replays aims at: `iters` replays of a chain of `n` kernels,
@@ -527,4 +526,244 @@ fn main() -> Result<(), BoxError> {
     }
     eprintln!("02-chain: {:.1} s in all", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+// What this example needs besides graph-runtime: the kernels, the timing, the verification
+// line, and the report's records (the JSON lines `08-report` reads).
+
+/// The chain's kernels, CUDA C compiled by NVRTC. The `_early` pair is written for early
+/// launch (see `graph_runtime::launch`): wait for the kernel before touching memory, then
+/// let the next one be scheduled; before sm_90 the two instructions are left out.
+const ELEMENTWISE: &str = r#"
+extern "C" __global__ void add_scalar(const float *x, float *y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + a;
+}
+
+extern "C" __global__ void add_one_inplace(float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] + 1.0f;
+}
+
+__device__ __forceinline__ void early_launch_prologue() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+extern "C" __global__ void add_scalar_early(const float *x, float *y, float a, int n) {
+    early_launch_prologue();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + a;
+}
+
+extern "C" __global__ void add_one_inplace_early(float *y, int n) {
+    early_launch_prologue();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] + 1.0f;
+}
+"#;
+
+/// Measurements per timing; the median is reported.
+const REPEATS: usize = 7;
+
+/// The runtime on device 0, or `None` (with the reason on stderr) on a machine without a
+/// usable GPU: no driver, no device, or a CUDA library missing.
+///
+/// # Panics
+/// When the runtime fails on a GPU that is there.
+fn runtime_or_skip(program: &str) -> Option<Runtime> {
+    match Runtime::new(0) {
+        Ok(rt) => Some(rt),
+        Err(
+            e @ (GraphError::NoDriver
+            | GraphError::NoDevice { .. }
+            | GraphError::MissingLibrary { .. }),
+        ) => {
+            eprintln!("skipped {program}: {e}");
+            None
+        }
+        Err(e) => panic!("{program}: the runtime failed to start: {e}"),
+    }
+}
+
+/// The first line of a verification report, or the mismatch as an error.
+fn verified(report: graph_runtime::VerifyReport) -> Result<String, GraphError> {
+    let report = report.into_result()?;
+    Ok(report
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// The median of `v` (the upper one of the two middle values for an even length).
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of no values");
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median over [`REPEATS`] of the wall time per call (µs) of `f` called `iters` times back to
+/// back, the stream synchronized before and after each batch of calls.
+fn wall_us(
+    s: &CudaStream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    let iters = iters.max(1);
+    let mut per_call = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        s.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        s.synchronize()?;
+        per_call.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+    }
+    Ok(median(per_call))
+}
+
+/// Median over [`REPEATS`] of the GPU time per call (µs) of `f` called `iters` times,
+/// measured with CUDA events recorded on `s` around the loop.
+fn gpu_us(
+    s: &CudaStream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    use graph_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let iters = iters.max(1);
+    let mut per_call = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        let start = s.record_event(Some(CU_EVENT_DEFAULT))?;
+        for _ in 0..iters {
+            f()?;
+        }
+        let end = s.record_event(Some(CU_EVENT_DEFAULT))?;
+        end.synchronize()?;
+        per_call.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
+    }
+    Ok(median(per_call))
+}
+
+/// The report's records: one JSON object per line,
+/// `{"bench":"chain","side":"ours","workload":"chain/10","what":…,"shape":{…},"eager_us":…,"graph_us":…,"kernels":10,…}`
+/// (a figure that was not measured is `null`). `08-report` pairs ours with PyTorch's by
+/// `workload`.
+mod record {
+    use serde_json::{Map, Value};
+
+    /// Who measured.
+    #[derive(Clone, Copy)]
+    pub enum Side {
+        /// This library.
+        Ours,
+    }
+
+    /// One measurement of one workload.
+    pub struct Record {
+        /// Wall µs per eager call.
+        pub eager_us: f64,
+        /// Wall µs per graph replay.
+        pub graph_us: f64,
+        fields: Map<String, Value>,
+    }
+
+    impl Record {
+        pub fn new(
+            bench: &str,
+            side: Side,
+            workload: impl Into<String>,
+            what: impl Into<String>,
+            eager_us: f64,
+            graph_us: f64,
+        ) -> Self {
+            let side = match side {
+                Side::Ours => "ours",
+            };
+            let mut fields = Map::new();
+            fields.insert("bench".into(), bench.into());
+            fields.insert("side".into(), side.into());
+            fields.insert("workload".into(), workload.into().into());
+            fields.insert("what".into(), what.into().into());
+            fields.insert("shape".into(), Value::Object(Map::new()));
+            fields.insert("eager_us".into(), eager_us.into());
+            fields.insert("graph_us".into(), graph_us.into());
+            Record {
+                eager_us,
+                graph_us,
+                fields,
+            }
+        }
+
+        /// One dimension of the workload's shape.
+        pub fn shape(mut self, key: &str, value: impl Into<Value>) -> Self {
+            if let Some(Value::Object(shape)) = self.fields.get_mut("shape") {
+                shape.insert(key.to_owned(), value.into());
+            }
+            self
+        }
+
+        /// Kernels per call.
+        pub fn kernels(self, kernels: usize) -> Self {
+            self.with("kernels", kernels as u64)
+        }
+
+        /// Any further figure.
+        pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+            self.fields.insert(key.to_owned(), value.into());
+            self
+        }
+
+        /// A number of the shape.
+        pub fn shape_num(&self, key: &str) -> Option<f64> {
+            self.fields.get("shape")?.get(key)?.as_f64()
+        }
+
+        /// A further figure, as a number.
+        pub fn num(&self, key: &str) -> Option<f64> {
+            self.fields.get(key)?.as_f64()
+        }
+
+        /// The record as one JSON line.
+        pub fn line(&self) -> String {
+            Value::Object(self.fields.clone()).to_string()
+        }
+    }
+
+    /// The records among a program's output.
+    pub struct Output {
+        /// Every record line, in order.
+        pub records: Vec<Record>,
+    }
+
+    /// The records of `text`: every line that is a JSON object, except environment lines
+    /// (`{"env": …}`); other lines (tables, logs) are skipped.
+    pub fn read_output(text: &str) -> Result<Output, String> {
+        let mut records = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if !(line.starts_with('{') && line.ends_with('}')) {
+                continue;
+            }
+            let value: Value = serde_json::from_str(line)
+                .map_err(|e| format!("line {} is not a benchmark record: {e}", i + 1))?;
+            let Value::Object(fields) = value else {
+                continue;
+            };
+            if fields.contains_key("env") {
+                continue;
+            }
+            let figure = |key: &str| fields.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN);
+            records.push(Record {
+                eager_us: figure("eager_us"),
+                graph_us: figure("graph_us"),
+                fields,
+            });
+        }
+        Ok(Output { records })
+    }
 }

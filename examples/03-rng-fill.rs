@@ -8,20 +8,14 @@
 //! PyTorch is installed (`scripts/torch_rng.py`, same run).
 //!
 //! Run: `cargo run --release --example 03-rng-fill`
+//!
+//! It uses `graph-runtime` (and cudarc through it) and `serde_json` for PyTorch's figures:
+//! the helpers it needs (the timing, the verification line) are at the end of this file.
 
 use std::process::Command;
 
-use clap::Parser;
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
-use workloads::check::verified;
-use workloads::testing::runtime_or_skip;
-use workloads::timing::{gpu_us, REPEATS};
-
-/// Graph-safe random numbers: fresh on every replay, and their fill bandwidth against the
-/// device's memset and copy (and PyTorch's, when it is installed).
-#[derive(Parser)]
-struct Args {}
 
 const BYTES: usize = 256 << 20;
 const ITERS: usize = 20;
@@ -37,8 +31,7 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
 }
 
 fn main() -> Result<(), GraphError> {
-    Args::parse();
-    let Some(rt) = runtime_or_skip("03-rng-fill") else {
+    let Some(rt) = runtime_or_skip("03-rng-fill")? else {
         return Ok(());
     };
     let s = rt.stream().clone();
@@ -116,4 +109,58 @@ fn main() -> Result<(), GraphError> {
         Err(e) => println!("\nPyTorch: not run (python3: {e})"),
     }
     Ok(())
+}
+
+/// Measurements per timing; the median is reported.
+const REPEATS: usize = 7;
+
+/// The runtime on device 0, or `None` (with the reason on stderr) on a machine without a
+/// usable GPU: no driver, no device, or a CUDA library missing.
+fn runtime_or_skip(program: &str) -> Result<Option<Runtime>, GraphError> {
+    match Runtime::new(0) {
+        Ok(rt) => Ok(Some(rt)),
+        Err(
+            e @ (GraphError::NoDriver
+            | GraphError::NoDevice { .. }
+            | GraphError::MissingLibrary { .. }),
+        ) => {
+            eprintln!("skipped {program}: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The first line of a verification report, or the mismatch as an error.
+fn verified(report: graph_runtime::VerifyReport) -> Result<String, GraphError> {
+    let report = report.into_result()?;
+    Ok(report
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Median over [`REPEATS`] of the GPU time per call (µs) of `f` called `iters` times,
+/// measured with CUDA events recorded on `s` around the loop.
+fn gpu_us(
+    s: &graph_runtime::cudarc::driver::CudaStream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<f64, GraphError> {
+    use graph_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let iters = iters.max(1);
+    let mut per_call = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        let start = s.record_event(Some(CU_EVENT_DEFAULT))?;
+        for _ in 0..iters {
+            f()?;
+        }
+        let end = s.record_event(Some(CU_EVENT_DEFAULT))?;
+        end.synchronize()?;
+        per_call.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
+    }
+    per_call.sort_by(f64::total_cmp);
+    Ok(per_call[per_call.len() / 2])
 }

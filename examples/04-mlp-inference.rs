@@ -1,5 +1,9 @@
 //! # 04 — MLP inference: one graph per batch size
 //!
+//! Borrows from this workspace: `workloads` (the cuBLAS, cuBLASLt and fused layer launchers,
+//! the f64 host model, comparisons, timing, the runtime or a skip) and `bench-report` (records,
+//! tables).
+//!
 //! The model: 16 × (Linear 512→512 + bias + GELU). A graph's shapes are fixed at capture, so
 //! the batch size is a `#[constant]` and each batch size gets its own graph from its own
 //! `capture` call.

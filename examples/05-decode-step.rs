@@ -1,5 +1,8 @@
 //! # 05 — an LLM decode step: one graph for every token
 //!
+//! Borrows from this workspace: `workloads` (the decoder and its f64 host model, comparisons,
+//! timing, the runtime or a skip) and `bench-report` (records, tables).
+//!
 //! A small pre-norm transformer (8 blocks, width 512, 8 heads, SwiGLU feed-forward of 1536,
 //! vocabulary 4096) generates 256 tokens greedily at batch 1. Each step is: embedding,
 //! then per block RMSNorm → QKV projection (cuBLAS GEMV) → rotary embedding and KV-cache

@@ -1,5 +1,9 @@
 //! # 06 — a whole training step as one graph
 //!
+//! Borrows from this workspace: `workloads` (the training step's kernels and trainer,
+//! comparisons, timing, the runtime or a skip) and `bench-report` (records, tables, loss
+//! curves).
+//!
 //! An MLP 64 → 256 → 256 → 16 (GELU between layers) learns to imitate a random "teacher"
 //! MLP of the same shape, batch 32, mean squared error. One training step
 //! (`workloads::train::Trainer::step`, shared with `07-dropout-train`) is

@@ -1,5 +1,9 @@
 //! # 07 — dropout in a captured training step
 //!
+//! Borrows from this workspace: `workloads` (the training step with dropout, the host Philox
+//! counters, comparisons, timing, the runtime or a skip) and `bench-report` (records, tables,
+//! loss curves).
+//!
 //! The model: 64 → 256 (GELU, then dropout p = 0.2) → 16, MSE, clipping and AdamW as in
 //! `06-train-step`, with the same training step (`workloads::train::Trainer::step`). Dropout draws its mask from a `graph_runtime::Generator`: its seed and
 //! offset live on the device and the dropout kernel moves the offset on by itself, so every
@@ -84,14 +88,14 @@ fn main() -> Result<(), BoxError> {
     let mut graphed = problem.trainer(&rt)?;
     let mut graph = DropoutStepGraph::capture(&rt, &data, &mut graphed)?;
     let nodes = graph.info().kinds.kernels;
-    let after_capture = dropout_of(graph.state_mut().tr).rng.state(&rt)?;
+    let after_capture = dropout_of(graph.state_mut().tr).rng.seed_and_offset(&rt)?;
     for _ in 0..STEPS {
         graph.launch()?;
     }
     let graph_losses = s.clone_dtoh(&graph.state_mut().tr.losses)?;
     let graph_mask = s.clone_dtoh(&dropout_of(graph.state_mut().tr).mask)?;
-    let graph_rng = dropout_of(graph.state_mut().tr).rng.state(&rt)?;
-    let eager_rng = dropout_of(&eager).rng.state(&rt)?;
+    let graph_rng = dropout_of(graph.state_mut().tr).rng.seed_and_offset(&rt)?;
+    let eager_rng = dropout_of(&eager).rng.seed_and_offset(&rt)?;
     // One more step checked against the eager function (state and generator rewound).
     let verify = verified(graph.verify(Tolerance::BITWISE)?)?;
 

@@ -1,5 +1,8 @@
 //! # 08 — the benchmark report
 //!
+//! Borrows from this workspace: `workloads` (the machine's GPU and host facts, the runtime or a
+//! skip) and `bench-report` (running the programs, the summary and the report's files).
+//!
 //! One command for every benchmark: runs `02-chain`, `04-mlp-inference`, `05-decode-step`,
 //! `06-train-step` and `07-dropout-train` (the example binaries next to this one) with
 //! `--json`, then `scripts/torch_chain.py` and `scripts/torch_models.py` when `python3` is

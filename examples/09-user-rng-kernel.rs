@@ -1,5 +1,8 @@
 //! # 09 — random numbers in your own kernel
 //!
+//! Borrows from this workspace: `workloads` (a seeded host generator, the runtime or a skip);
+//! the kernel and the checks are in this file.
+//!
 //! `03-rng-fill` draws with the library's kernels. Here the kernels are the user's own: they
 //! draw from a `graph_runtime::Generator` through the CUDA device API of
 //! `graph_runtime::rng::PHILOX_DEVICE_API` and the generator's state pointer
@@ -236,15 +239,15 @@ fn main() -> Result<(), GraphError> {
     // 1. The user's kernels against the library's draws, same seed and offset.
     let user = rt.generator(seed)?;
     let lib = rt.generator(seed)?;
-    user.set_state(&rt, seed, offset)?;
-    lib.set_state(&rt, seed, offset)?;
+    user.set_seed_and_offset(&rt, seed, offset)?;
+    lib.set_seed_and_offset(&rt, seed, offset)?;
     let x0 = s.clone_htod(&xs[0])?;
     let mut noise = s.alloc_zeros::<f32>(N)?;
     let mut y = s.alloc_zeros::<f32>(N)?;
     let mut keep = s.alloc_zeros::<u8>(N)?;
     noisy_step(&rt, &user, &x0, &scale, &p, &mut noise, &mut y, &mut keep)?;
     let mine = read(&s, &noise, &y, &keep)?;
-    let user_offset = user.state(&rt)?.1;
+    let user_offset = user.seed_and_offset(&rt)?.1;
 
     let mut z = s.alloc_zeros::<f32>(N)?;
     let mut k = s.alloc_zeros::<u8>(N)?;
@@ -252,7 +255,7 @@ fn main() -> Result<(), GraphError> {
     lib.bernoulli_per_element(&rt, &p, &mut k)?;
     let z_lib: Vec<u32> = s.clone_dtoh(&z)?.into_iter().map(f32::to_bits).collect();
     let k_lib = s.clone_dtoh(&k)?;
-    let lib_offset = lib.state(&rt)?.1;
+    let lib_offset = lib.seed_and_offset(&rt)?.1;
     let d = first_difference(&mine.noise, &z_lib);
     report.check(
         "noise = Generator::normal (same seed, offset)",
@@ -318,7 +321,7 @@ fn main() -> Result<(), GraphError> {
     }
     user.manual_seed(&rt, seed)?;
     let mut graph = NoisyStepGraph::capture(&rt, &user, &xs[0], &scale, &p, N, N, N)?;
-    let after_capture = user.state(&rt)?.1;
+    let after_capture = user.seed_and_offset(&rt)?.1;
     let per_replay = graph
         .info()
         .rng
@@ -351,8 +354,12 @@ fn main() -> Result<(), GraphError> {
     );
     report.check(
         "offset after the replays",
-        user.state(&rt)?.1 == CALLS as u64 * 2 * groups,
-        format!("{} = {CALLS} × {}", user.state(&rt)?.1, 2 * groups),
+        user.seed_and_offset(&rt)?.1 == CALLS as u64 * 2 * groups,
+        format!(
+            "{} = {CALLS} × {}",
+            user.seed_and_offset(&rt)?.1,
+            2 * groups
+        ),
     );
 
     let device = rt.context().name().unwrap_or_default();

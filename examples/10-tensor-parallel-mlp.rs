@@ -1,5 +1,8 @@
 //! # 10 — a tensor-parallel MLP forward on two GPUs, eager and as one graph per rank
 //!
+//! Borrows from this workspace: `workloads` (the GEMM and elementwise launchers, comparisons,
+//! NCCL facts, timing, the GPUs or a skip) and `bench-report` (records, tables).
+//!
 //! Eight transformer-style MLP blocks, `x ← x + W2 · gelu(W1 · x + b1) + b2` with
 //! `W1: [ffn, dim]` and `W2: [dim, ffn]`, split Megatron-style over the two GPUs: `W1` by
 //! rows (column-parallel: each rank computes half of the hidden features), `W2` by columns

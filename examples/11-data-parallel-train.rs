@@ -1,5 +1,9 @@
 //! # 11 — a data-parallel training step on two GPUs, one graph per rank
 //!
+//! Borrows from this workspace: `workloads` (the training step, the GEMM launcher, comparisons,
+//! NCCL facts, timing, the GPUs or a skip) and `bench-report` (records, tables, PyTorch's
+//! records).
+//!
 //! An MLP 64 → 256 → 256 → 16 (GELU) learns to imitate a fixed random "teacher" MLP, mean
 //! squared error, AdamW, gradients clipped to a global norm of 1. Each rank holds the whole
 //! model and trains on its half of every mini-batch; one step is

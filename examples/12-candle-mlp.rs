@@ -1,5 +1,8 @@
 //! # 12 — candle code as a graph: an MLP
 //!
+//! Borrows from this workspace: `workloads` (comparisons, random inputs, timing, tracing) and
+//! `bench-report` (records, tables); the model lives in `examples/common/`.
+//!
 //! An MLP written with candle-nn (`Linear` + GELU, 16 layers of width 512, random weights)
 //! runs at batch 1 as candle runs it (one launch per op, each a few µs of host time) and as
 //! a graph made from the same function by `#[cuda_graph]`: the input is copied into a static

@@ -1,5 +1,8 @@
 //! # 13 — candle code as a graph: a transformer decoder step
 //!
+//! Borrows from this workspace: `workloads` (comparisons, timing, tracing) and `bench-report`
+//! (records, tables); the model lives in `examples/common/`.
+//!
 //! A small Llama-style decoder written with candle-nn blocks (embedding, 8 pre-norm blocks of
 //! RMSNorm, attention with rotary positions and a SwiGLU MLP, width 512, 8 heads, vocabulary
 //! 4096, random weights) decodes at batch 1, as candle runs it and as one graph.

@@ -1,5 +1,8 @@
 //! # 14 — decode until the end token: a whole generation in one graph launch
 //!
+//! Borrows from this workspace: `workloads` (the decoder and its f64 host model, timing, the
+//! runtime or a skip) and `bench-report` (records, tables).
+//!
 //! `05-decode-step` made one graph serve every token, but the host still launches it once per
 //! token, and a real decoder must also *stop*: at the end token, which only the GPU knows.
 //! With a straight-line graph that means one replay per token and a host read of the token

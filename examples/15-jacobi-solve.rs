@@ -1,5 +1,8 @@
 //! # 15 — an iterative solver that stops on the GPU: Jacobi until the residual is small
 //!
+//! Borrows from this workspace: `workloads` (random inputs, timing, the runtime or a skip) and
+//! `bench-report` (records, tables).
+//!
 //! Solves the 2-D Poisson problem `A x = b` on an `m × m` grid (the 5-point Laplacian, zero
 //! boundary: 4 on the diagonal, −1 for each neighbour) with Jacobi iterations until the
 //! relative residual `‖b − A x‖ / ‖b‖` falls below `--tol`. How many iterations that takes

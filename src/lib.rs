@@ -7,3 +7,10 @@
 //! `graph-runtime`.
 //!
 //! The tests and examples may import all three; nothing in the workspace imports this package.
+
+/// The README's Rust code blocks, compiled as doctests (`cargo test --workspace` runs them;
+/// `no_run`: they need a GPU to run). A block that cannot compile here says `ignore` and
+/// where its compiled twin lives.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

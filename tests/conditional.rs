@@ -542,7 +542,7 @@ fn random_numbers_inside_a_loop_are_fresh_every_iteration(rt: Runtime) -> Result
     for replay in 0..5 {
         let rows: u32 = rng.random_range(2..=DRAW_ROWS as u32);
         // The generator's position before the replay, read on the host between launches.
-        let (seed, offset) = rt.rng().state(&rt)?;
+        let (seed, offset) = rt.rng().seed_and_offset(&rt)?;
         let got = s.clone_dtoh(graph.replay([rows].as_slice())?.out)?;
         let want = draws_on_host(seed, offset, rows);
         assert_eq!(
@@ -559,7 +559,7 @@ fn random_numbers_inside_a_loop_are_fresh_every_iteration(rt: Runtime) -> Result
             assert_ne!(rows_of(p, 0), rows_of(&got, 0), "fresh numbers per replay");
         }
         // Eagerly from the same position: the same numbers.
-        let (seed, offset) = rt.rng().state(&rt)?;
+        let (seed, offset) = rt.rng().seed_and_offset(&rt)?;
         draw_rows(&rt, &s.clone_htod(&[rows])?, &mut eager)?;
         assert_eq!(
             s.clone_dtoh(&eager)?,

@@ -81,7 +81,7 @@ fn replays_draw_fresh_numbers_every_time(rt: Runtime) -> Result<(), GraphError> 
         .find(|a| a.generator == rt.rng().id())
         .expect("the default generator moved");
     assert_eq!(per_replay.counters_per_replay, 3 * (n as u64).div_ceil(4));
-    let (_, offset) = rt.rng().state(&rt)?;
+    let (_, offset) = rt.rng().seed_and_offset(&rt)?;
     assert_eq!(
         offset,
         10 * per_replay.counters_per_replay,
@@ -297,7 +297,7 @@ fn save_and_restore_inside_a_graph_replay_the_same_draw(rt: Runtime) -> Result<(
 // --- host-side state calls inside a capture ----------------------------------------------
 
 fn peek_offset(rt: &Runtime) -> Result<u64, GraphError> {
-    Ok(rt.rng().state(rt)?.1)
+    Ok(rt.rng().seed_and_offset(rt)?.1)
 }
 
 #[cuda_graph(warmup = 1)]
@@ -333,7 +333,7 @@ fn host_state_calls_in_capture_point_to_the_graph_safe_ones(rt: Runtime) -> Resu
         matches!(
             err,
             GraphError::RngHostStateInCapture {
-                op: "Generator::state",
+                op: "Generator::seed_and_offset",
                 instead: "Generator::save_state",
                 graph: "reads_rng_state",
                 ..
@@ -366,7 +366,7 @@ fn host_state_calls_in_capture_point_to_the_graph_safe_ones(rt: Runtime) -> Resu
         "{err:?}"
     );
     // The refused reseed never ran, and the runtime still captures and draws.
-    let (seed, _) = rt.rng().state(&rt)?;
+    let (seed, _) = rt.rng().seed_and_offset(&rt)?;
     assert_eq!(seed, DEFAULT_SEED);
     let other = rt.generator(3)?;
     let mut graph = TwoStreamsGraph::capture(&rt, rt.rng(), &other, 64, 64)?;

@@ -182,8 +182,8 @@ fn user_kernels_draw_what_the_generator_draws(rt: Runtime) -> Result<(), GraphEr
         let (mut a, mut b) = (s.alloc_zeros::<f32>(n)?, s.alloc_zeros::<f32>(n)?);
 
         // Normal (grid-stride, group per thread).
-        user.set_state(&rt, seed, offset)?;
-        lib.set_state(&rt, seed, offset)?;
+        user.set_seed_and_offset(&rt, seed, offset)?;
+        lib.set_seed_and_offset(&rt, seed, offset)?;
         user_normal(&rt, &user, &mut a, 0.25, 1.5)?;
         lib.normal(&rt, &mut b, 0.25, 1.5)?;
         let (za, zb) = (s.clone_dtoh(&a)?, s.clone_dtoh(&b)?);
@@ -193,12 +193,12 @@ fn user_kernels_draw_what_the_generator_draws(rt: Runtime) -> Result<(), GraphEr
             &zb,
         );
         assert_eq!(
-            user.state(&rt)?,
+            user.seed_and_offset(&rt)?,
             (seed, offset + groups),
             "user normal moved the offset"
         );
         assert_eq!(
-            lib.state(&rt)?,
+            lib.seed_and_offset(&rt)?,
             (seed, offset + groups),
             "Generator::normal moved the offset"
         );
@@ -228,8 +228,8 @@ fn user_kernels_draw_what_the_generator_draws(rt: Runtime) -> Result<(), GraphEr
                 "n {n}: uniform {i} vs the host"
             );
         }
-        assert_eq!(user.state(&rt)?.1, offset + 2 * groups);
-        assert_eq!(lib.state(&rt)?.1, offset + 2 * groups);
+        assert_eq!(user.seed_and_offset(&rt)?.1, offset + 2 * groups);
+        assert_eq!(lib.seed_and_offset(&rt)?.1, offset + 2 * groups);
     }
     Ok(())
 }
@@ -252,7 +252,7 @@ fn a_2d_grid_and_two_generators_in_one_kernel_keep_the_contract(
     for call in 0..3u64 {
         let at = offset + call * (n as u64).div_ceil(4);
         if call == 0 {
-            g.set_state(&rt, seed, offset)?;
+            g.set_seed_and_offset(&rt, seed, offset)?;
         }
         let rng_arg = g.kernel_arg(&rt);
         let mut launch = s.launch_builder(&f);
@@ -274,7 +274,7 @@ fn a_2d_grid_and_two_generators_in_one_kernel_keep_the_contract(
             );
         }
         assert_eq!(
-            g.state(&rt)?.1,
+            g.seed_and_offset(&rt)?.1,
             at + (n as u64).div_ceil(4),
             "2-D call {call}: the offset moved by ceil(n / 4) after all blocks arrived"
         );
@@ -308,8 +308,8 @@ fn a_2d_grid_and_two_generators_in_one_kernel_keep_the_contract(
             );
         }
     }
-    assert_eq!(a.state(&rt)?.1, 2 * (n as u64).div_ceil(4));
-    assert_eq!(b.state(&rt)?.1, 2 * (n as u64).div_ceil(4));
+    assert_eq!(a.seed_and_offset(&rt)?.1, 2 * (n as u64).div_ceil(4));
+    assert_eq!(b.seed_and_offset(&rt)?.1, 2 * (n as u64).div_ceil(4));
     Ok(())
 }
 
@@ -332,7 +332,7 @@ fn a_kernel_without_philox_end_repeats_its_numbers(rt: Runtime) -> Result<(), Gr
         draws.push(s.clone_dtoh(&out)?);
     }
     assert_eq!(draws[0], draws[1], "without philox_end the offset stays");
-    assert_eq!(g.state(&rt)?.1, 0);
+    assert_eq!(g.seed_and_offset(&rt)?.1, 0);
     // The same kernel with philox_end (the contract kept) draws fresh numbers.
     user_uniform(&rt, &g, &mut out, 0.0, 1.0)?;
     let first = s.clone_dtoh(&out)?;
@@ -397,12 +397,16 @@ fn user_kernels_in_a_graph_are_fresh_every_replay_and_match_eager(
         }
         eager.push((bits(&zz), bits(&uu), kk));
     }
-    assert_eq!(g.state(&rt)?.1, replays as u64 * per_call);
+    assert_eq!(g.seed_and_offset(&rt)?.1, replays as u64 * per_call);
 
     // Through warmup (undone), capture and replays, from the same seed.
     g.manual_seed(&rt, seed)?;
     let mut graph = UserAndLibraryGraph::capture(&rt, &g, n, n, n)?;
-    assert_eq!(g.state(&rt)?, (seed, 0), "the warmup's draws were undone");
+    assert_eq!(
+        g.seed_and_offset(&rt)?,
+        (seed, 0),
+        "the warmup's draws were undone"
+    );
     let advance = graph
         .info()
         .rng
@@ -439,7 +443,7 @@ fn user_kernels_in_a_graph_are_fresh_every_replay_and_match_eager(
         }
         replayed.push(d);
     }
-    assert_eq!(g.state(&rt)?.1, replays as u64 * per_call);
+    assert_eq!(g.seed_and_offset(&rt)?.1, replays as u64 * per_call);
     Ok(())
 }
 
@@ -640,9 +644,9 @@ fn half_precision_uniform_and_normal(rt: Runtime) -> Result<(), GraphError> {
     let mut b = s.alloc_zeros::<bf16>(n)?;
 
     // Uniform: bit for bit against the host on a 10^6 prefix, in range everywhere.
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.uniform(&rt, &mut h, 0.0, 1.0)?;
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.uniform(&rt, &mut b, -3.0, 5.0)?;
     let (hh, bb) = (s.clone_dtoh(&h)?, s.clone_dtoh(&b)?);
     for i in 0..PREFIX {
@@ -682,11 +686,11 @@ fn half_precision_uniform_and_normal(rt: Runtime) -> Result<(), GraphError> {
     );
 
     // Normal: the 16-bit draws are the roundings of the f32 draw from the same seed and offset.
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.normal(&rt, &mut f, 1.0, 3.0)?;
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.normal(&rt, &mut h, 1.0, 3.0)?;
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.normal(&rt, &mut b, 1.0, 3.0)?;
     let (ff, hh, bb) = (s.clone_dtoh(&f)?, s.clone_dtoh(&h)?, s.clone_dtoh(&b)?);
     for i in 0..n {
@@ -745,9 +749,9 @@ fn bernoulli_matches_the_host_and_its_probabilities(rt: Runtime) -> Result<(), G
     // Scalar p, u8 and f32 outputs from the same seed and offset: the same draws.
     for &p in &[0.0f32, 0.013, 0.5, 0.9, 1.0] {
         let (mut b8, mut bf) = (s.alloc_zeros::<u8>(n)?, s.alloc_zeros::<f32>(n)?);
-        g.set_state(&rt, seed, offset)?;
+        g.set_seed_and_offset(&rt, seed, offset)?;
         g.bernoulli(&rt, &mut b8, p)?;
-        g.set_state(&rt, seed, offset)?;
+        g.set_seed_and_offset(&rt, seed, offset)?;
         g.bernoulli(&rt, &mut bf, p)?;
         let (h8, hf) = (s.clone_dtoh(&b8)?, s.clone_dtoh(&bf)?);
         for i in 0..n {
@@ -775,7 +779,7 @@ fn bernoulli_matches_the_host_and_its_probabilities(rt: Runtime) -> Result<(), G
             "p {p}: success rate {}",
             ones / nf
         );
-        assert_eq!(g.state(&rt)?.1, offset + (n as u64).div_ceil(4));
+        assert_eq!(g.seed_and_offset(&rt)?.1, offset + (n as u64).div_ceil(4));
     }
 
     // Per element: probabilities from the host (some outside [0, 1]), on the device.
@@ -788,7 +792,7 @@ fn bernoulli_matches_the_host_and_its_probabilities(rt: Runtime) -> Result<(), G
         .collect();
     let probs_d = s.clone_htod(&probs)?;
     let mut out = s.alloc_zeros::<u8>(n)?;
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.bernoulli_per_element(&rt, &probs_d, &mut out)?;
     let got = s.clone_dtoh(&out)?;
     for i in 0..PREFIX {
@@ -833,7 +837,7 @@ fn exponential_matches_the_host_and_its_moments(rt: Runtime) -> Result<(), Graph
     let lambda = rng.random_range(0.1f32..10.0);
     let g = rt.generator(seed)?;
     let mut out = s.alloc_zeros::<f32>(n)?;
-    g.set_state(&rt, seed, offset)?;
+    g.set_seed_and_offset(&rt, seed, offset)?;
     g.exponential(&rt, &mut out, lambda)?;
     let e = s.clone_dtoh(&out)?;
     let mut worst = 0;
@@ -901,7 +905,7 @@ fn integers_case<T: RandomInt>(
 ) -> Result<Vec<T>, GraphError> {
     let s = rt.stream();
     let mut out = s.alloc_zeros::<T>(n)?;
-    g.set_state(rt, seed, offset)?;
+    g.set_seed_and_offset(rt, seed, offset)?;
     g.integers(rt, &mut out, lo, hi)?;
     let v = s.clone_dtoh(&out)?;
     for (i, &x) in v.iter().enumerate().take(PREFIX) {
@@ -917,7 +921,7 @@ fn integers_case<T: RandomInt>(
     );
     let counters = (n as u64).div_ceil(T::PER_COUNTER);
     assert_eq!(
-        g.state(rt)?.1,
+        g.seed_and_offset(rt)?.1,
         offset + counters,
         "[{lo:?}, {hi:?}): counters used"
     );
@@ -1008,7 +1012,7 @@ fn invalid_parameters_are_refused_before_launching(rt: Runtime) -> Result<(), Gr
         },
     );
     assert!(msg.contains("3 probabilities for 4 outputs"), "{msg}");
-    assert_eq!(g.state(&rt)?, (1, 0), "nothing was drawn");
+    assert_eq!(g.seed_and_offset(&rt)?, (1, 0), "nothing was drawn");
     Ok(())
 }
 

@@ -283,7 +283,7 @@ fn a_panic_and_an_error_in_warmup_restore_the_same_state(rt: Runtime) -> Result<
     let s = rt.stream().clone();
     let x = s.alloc_zeros::<f32>(500)?;
     let mut calls = s.clone_htod(&[10u32])?;
-    let before_rng = rt.rng().state(&rt)?;
+    let before_rng = rt.rng().seed_and_offset(&rt)?;
     for (mode, what) in [(1, "panic"), (2, "error")] {
         PANIC_ON_RUN.store(mode, Ordering::SeqCst);
         RUNS.store(0, Ordering::SeqCst);
@@ -296,7 +296,7 @@ fn a_panic_and_an_error_in_warmup_restore_the_same_state(rt: Runtime) -> Result<
             (_, other) => panic!("{what}: unexpected outcome {:?}", other.map(|r| r.err())),
         }
         assert_eq!(
-            rt.rng().state(&rt)?,
+            rt.rng().seed_and_offset(&rt)?,
             before_rng,
             "{what} in warmup: the generator is where it was"
         );

@@ -31,7 +31,9 @@ use proc_macro::TokenStream;
 
 /// Turns a function that launches GPU work into the same function plus a CUDA graph type.
 ///
-/// ```ignore
+/// ```no_run
+/// # use graph_runtime::cudarc::driver::CudaSlice;
+/// # use graph_runtime::{cuda_graph, GraphError, Runtime};
 /// #[cuda_graph(warmup = 3)]
 /// fn step(
 ///     rt: &Runtime,                   // 1st: the execution context (&Runtime, &Arc<CudaStream>, &CudaStream)
@@ -40,7 +42,20 @@ use proc_macro::TokenStream;
 ///     #[state] kv: &mut CudaSlice<f32>, // mutable state: updated in place, lent back by state_mut()
 ///     y: &mut CudaSlice<f32>,         // output: a static buffer the graph owns
 ///     #[constant] eps: f32,           // a host value frozen into the graph at capture
-/// ) -> Result<(), GraphError> { /* cudarc launches on rt.stream(), cuBLAS via rt.blas() */ }
+/// ) -> Result<(), GraphError> {
+///     // cudarc launches on rt.stream(), cuBLAS via rt.blas()
+/// #   let _ = (rt, x, w, kv, y, eps);
+///     Ok(())
+/// }
+/// # fn main() -> Result<(), GraphError> {
+/// # let rt = Runtime::new(0)?;
+/// # let (x, w) = (rt.stream().alloc_zeros::<f32>(64)?, rt.stream().alloc_zeros::<f32>(64)?);
+/// # let mut kv = rt.stream().alloc_zeros::<f32>(64)?;
+/// # let x_new = rt.stream().alloc_zeros::<f32>(64)?;
+/// let mut graph = StepGraph::capture(&rt, &x, &w, &mut kv, 64, 1e-5)?; // y_len = 64
+/// let y = graph.replay(&x_new)?.y;
+/// # let _ = y;
+/// # Ok(()) }
 /// ```
 ///
 /// You keep `step`, unchanged and callable eagerly, and get `StepGraph<'s>`:
@@ -56,7 +71,19 @@ use proc_macro::TokenStream;
 /// # Equivalent code without `#[cuda_graph]`
 /// What `StepGraph::capture` and `replay` do, written by hand with the runtime:
 ///
-/// ```ignore
+/// ```no_run
+/// # use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+/// # use graph_runtime::cudarc::driver::CudaSlice;
+/// # use graph_runtime::{GraphError, Runtime};
+/// # fn step(rt: &Runtime, x: &CudaSlice<f32>, w: &CudaSlice<f32>, kv: &mut CudaSlice<f32>,
+/// #         y: &mut CudaSlice<f32>, eps: f32) -> Result<(), GraphError> { Ok(()) }
+/// # use CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+/// # const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags =
+/// #     CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let rt = Runtime::new(0)?;
+/// # let (x, w) = (rt.stream().alloc_zeros::<f32>(64)?, rt.stream().alloc_zeros::<f32>(64)?);
+/// # let (mut kv, x_new, y_len, eps) = (rt.stream().alloc_zeros::<f32>(64)?, x.clone(), 64, 1e-5);
 /// // capture
 /// let mut x_static = rt.stream().alloc_zeros::<f32>(x.len())?;
 /// rt.stream().memcpy_dtod(&x, &mut x_static)?;
@@ -77,6 +104,8 @@ use proc_macro::TokenStream;
 /// rt.stream().memcpy_dtod(&x_new, &mut x_static)?;
 /// graph.launch()?;
 /// let y: &CudaSlice<f32> = &y_static; // nothing stops you from holding it across the next launch
+/// # let _ = y;
+/// # Ok(()) }
 /// ```
 ///
 /// The generated code adds what the hand-written version leaves to you: the capture is
@@ -131,7 +160,11 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
 /// declaration order), compares their addresses before every replay, and snapshots them
 /// around the warmup when the state is `&mut`.
 ///
-/// ```ignore
+/// ```
+/// # use graph_runtime::cudarc::driver::CudaSlice;
+/// # use graph_runtime::DeviceState;
+/// # #[derive(DeviceState)]
+/// # struct Layer { w: CudaSlice<f32> }
 /// #[derive(DeviceState)]
 /// struct Decoder {
 ///     layers: Vec<Layer>,          // each `Layer` derives `DeviceState` too

@@ -46,6 +46,15 @@ pub struct Alias<'a, T> {
     owner_freed: &'a Cell<bool>,
 }
 
+impl<T> std::fmt::Debug for Alias<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Alias")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.slice.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T> Deref for Alias<'_, T> {
     type Target = CudaSlice<T>;
     fn deref(&self) -> &CudaSlice<T> {
@@ -138,6 +147,16 @@ pub struct BatchedSlot<T> {
     /// on demand, never touched by a graph.
     overflow: Option<CudaSlice<T>>,
     overflow_freed: Cell<bool>,
+}
+
+impl<T> std::fmt::Debug for BatchedSlot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchedSlot")
+            .field("name", &self.name)
+            .field("row", &self.row)
+            .field("len", &self.owner.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<T> Drop for BatchedSlot<T> {

@@ -98,6 +98,12 @@ mod sealed {
 /// A static buffer that can hold what a body returns (`-> Result<Tensor>`): the returned value
 /// is copied into the graph's own buffer inside the graph, then dropped.
 #[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a `#[cuda_graph]` function cannot return the host value `{Self}`: a replay would not compute it again",
+    label = "the body's result must be device data the graph copies into its own buffer",
+    note = "return a device buffer (`Result<CudaSlice<T>, E>`, or a candle `Tensor` with feature `candle`), or write the value into a `&mut CudaSlice<T>` output parameter and return `Result<(), E>`",
+    note = "read the value on the host after `replay`, from the graph's output"
+)]
 pub trait ResultBuffer: StaticBuffer {
     /// Copies `value` (same shape) into `self`, on the runtime's stream.
     fn store(&mut self, value: &Self) -> Result<(), GraphError>;
@@ -158,6 +164,14 @@ pub struct Staging<'g> {
     after: &'g CudaEvent,
     exec: sys::CUgraphExec,
     inputs: &'g [InputNode],
+}
+
+impl std::fmt::Debug for Staging<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("input_nodes", &self.inputs.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'g> Staging<'g> {

@@ -4,8 +4,9 @@
 //! candle's `&Device`, its inputs are `&Tensor`s, its state a model of candle-nn layers, and
 //! it returns a `Tensor`.
 //!
-//! ```ignore
-//! use graph_runtime::candle::candle_core::{Device, Module, Result, Tensor};
+//! ```no_run
+//! use graph_runtime::candle::candle_core::{DType, Device, Module, Result, Tensor};
+//! use graph_runtime::candle::candle_nn;
 //! use graph_runtime::{cuda_graph, DeviceState, Runtime};
 //!
 //! #[derive(DeviceState)]
@@ -18,10 +19,19 @@
 //!     Ok(h)
 //! }
 //!
+//! # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
 //! let device = Device::new_cuda(0)?;
+//! # let linear = |_| -> Result<candle_nn::Linear> {
+//! #     Ok(candle_nn::Linear::new(Tensor::ones((512, 512), DType::F32, &device)?, None))
+//! # };
+//! # let model = Mlp { layers: (0..4).map(linear).collect::<Result<Vec<_>>>()? };
+//! # let x = Tensor::ones((1, 512), DType::F32, &device)?;
+//! # let x2 = x.clone();
 //! let rt = Runtime::from_candle(&device)?;            // captures on candle's own stream
 //! let mut graph = MlpGraph::capture(&rt, &x, &model)?;
 //! let y: &Tensor = graph.replay(&x2)?.result;         // a static tensor the graph owns
+//! # let _ = y;
+//! # Ok(()) }
 //! ```
 //!
 //! | candle | in the graph |
@@ -330,6 +340,7 @@ pub(crate) fn device_of(rt: &Runtime) -> Result<&Device, GraphError> {
     rt.candle_device().ok_or(GraphError::NoCandleDevice)
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 impl Runtime {
     /// A runtime on a candle device (feature `candle`): it captures and replays on candle's
     /// own stream, so graphs run in order with candle's eager work, and a body whose context

@@ -15,6 +15,7 @@ use crate::runtime::Runtime;
 
 /// Facts about one captured graph, for logs and reports.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct GraphInfo {
     /// The annotated function's name.
     pub name: &'static str,
@@ -60,6 +61,7 @@ impl GraphInfo {
 
 /// How many nodes of each kind a captured graph holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeKinds {
     /// Kernel launches of the body (cuBLAS calls are kernels too).
     pub kernels: usize,

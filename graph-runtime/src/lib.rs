@@ -47,18 +47,18 @@
 //!
 //! | concept | what it is | where |
 //! | --- | --- | --- |
-//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache; a cheap `Clone` handle that every graph keeps, so a graph cannot outlive it. Made on a device, or on a context or stream you already have (candle's, your own) | [`Runtime`], [`Runtime::from_context`], [`Runtime::from_stream`], [`Runtime::for_stream`] |
+//! | runtime | one device: context, the capture stream, cuBLAS with its workspace, the NVRTC kernel cache; a cheap `Clone` handle that every graph keeps, so a graph cannot outlive it. Made on a device, or on a context or stream you already have (candle's, your own) | [`Runtime`], [`Runtime::from_context`], [`Runtime::from_stream`], [`Runtime::find_by_stream`] |
 //! | capture stream | the non-blocking stream that warmup, capture and replay all use; never the legacy default stream | [`Runtime::stream`] |
-//! | warmup | `warmup = N` eager runs of the body before capture, so that lazy work (NVRTC, module loads, cuBLAS heuristics, allocations) happens outside the graph | [`GraphSite::warmup`] |
+//! | warmup | `warmup = N` eager runs of the body before capture, so that lazy work (NVRTC, module loads, cuBLAS heuristics, allocations) happens outside the graph | `warmup = N` in the attribute |
 //! | capture | recording the body once into a CUDA graph; an error or panic in the body ends the capture and leaves the runtime usable | [`GraphInfo`] |
-//! | input (`&T`) | a static device buffer the graph owns; every `replay` checks the new value's shape and fills the buffer: a device source on the runtime's stream through the graph's own first node (one node update, no copy launch), any other source by a copy before the launch | [`InputSource`], [`StaticBuffer`], [`NodeKinds::input_copies`] |
+//! | input (`&T`) | a static device buffer the graph owns; every `replay` checks the new value's shape and fills the buffer: a device source on the runtime's stream through the graph's own first node (one node update, no copy launch), any other source by a copy before the launch | generated `replay`, [`NodeKinds::input_copies`] |
 //! | state (`#[state] &T` / `&mut T`) | device data read (or updated) in place by address; borrowed for the graph's lifetime so it cannot be freed or reallocated under the graph; its addresses are recorded at capture and checked at every replay (a buffer swapped behind the borrow is [`GraphError::StateMoved`]); `&mut` state is snapshotted around the warmup so warmup runs do not change it | [`DeviceState`], `#[derive(DeviceState)]`, generated `FooGraph<'s>` |
 //! | owned or shared state | the graph holds its state (by value, or in an `Arc`) instead of borrowing it: `FooGraph<'static>` fits in your own struct | [`StateArg`], [`StateArgMut`], [`Held`], [`HeldMut`] |
 //! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
 //! | constant (`#[constant] T`) | a host value fixed at capture (plain `Copy` data: device memory goes in state); the graph replays with the captured value | [`GraphConstant`], generated `capture` |
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
 //! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
-//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | [`Buckets`] |
+//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | `buckets(...)` in the attribute, generated `FooBuckets` |
 //! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
 //! | random numbers in your kernels | a CUDA device API (`philox_begin`, `philox_group`, `philox_end`, the library's conversions) plus the generator's state pointer: a kernel of yours draws what the library draws and stays graph-safe | [`rng::PHILOX_DEVICE_API`], [`philox_device_api!`], [`Generator::kernel_arg`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
@@ -94,6 +94,27 @@
 //!     graph launch (`graph_while`): decoding until the end token, iterating until the
 //!     residual is small.
 //!
+//! # Feature flags
+//! No feature is on by default; without any, the crate builds on a machine with no GPU and
+//! no CUDA toolkit.
+//!
+//! | feature | what it adds | what it needs |
+//! | --- | --- | --- |
+//! | `nccl` | `graph_runtime::nccl`: NCCL all-reduce, all-gather, reduce-scatter and broadcast inside a body, captured on every rank (errors as `GraphError::Collective`) | at run time, libnccl 2.14 or newer loadable as `libnccl.so`; the NCCL version of cudarc's bindings is your binary's (from `nccl.h`, else cudarc's newest) |
+//! | `candle` | `graph_runtime::candle` and `Runtime::from_candle`: candle code as a graph, candle's `&Device` as a body's context | nvcc at build time: candle-core's `cuda` feature compiles its kernels and links the CUDA libraries |
+//!
+//! On docs.rs the pages are built with `nccl` (items marked "Available on crate feature
+//! `nccl` only") but not `candle`, which needs nvcc; `cargo doc --features candle` builds
+//! them locally.
+//!
+//! # Debug and release builds
+//! Unless the attribute says otherwise, a debug build (`debug_assertions` on) captures every
+//! graph twice and compares the two node by node (`check_determinism`), and verifies its
+//! first replay bitwise against an eager run (`verify = "first"`); a release build does
+//! neither. A kernel with float atomics sums in a different order on each run, so its first
+//! replay fails with [`GraphError::VerifyMismatch`] in debug builds only: give
+//! `verify_tolerance = …` or `verify = "never"` for such a function.
+//!
 //! # Bring your own context or stream
 //! A runtime does not have to own its device. [`Runtime::from_context`] makes one on a
 //! context you created (event tracking must be off: the runtime adds a second stream, and
@@ -102,15 +123,14 @@
 //! replays on a stream you already use (candle's `CudaDevice::cuda_stream()`), so graphs
 //! run in order with the rest of your work and buffers made before the runtime are used as
 //! they are. A body whose context parameter is a stream reaches the kernel cache through
-//! [`function`] / [`Runtime::for_stream`].
+//! [`function_for_stream`] / [`Runtime::find_by_stream`].
 //!
 //! # Without a GPU
 //! Everything builds without a GPU, a driver or a CUDA toolkit: cudarc loads libcuda,
 //! NVRTC and cuBLAS when they are first used. On a machine without a driver,
 //! [`Runtime::new`] returns [`GraphError::NoDriver`] instead of panicking and
 //! [`driver_available`] answers without touching CUDA, so a program can say why it
-//! cannot run. This workspace's GPU tests count as ignored there (and fail with
-//! `CUDA_GRAPH_REQUIRE_GPU=1`).
+//! cannot run.
 //!
 //! # Requirements
 //! * An NVIDIA driver for CUDA 12 or newer; tested with driver 580 (CUDA 13.0) on H100 and
@@ -155,26 +175,9 @@
 //! * A replay attempted while another thread captures on the same stream is refused
 //!   ([`GraphError::StreamCapturing`]) instead of being recorded into that graph; the check
 //!   costs two uncontended atomic operations per replay.
-//!
-//! # How the crate is laid out
-//! Imports run one way, from the top of this list to the bottom; no file imports a file
-//! above it, and no files import each other in a circle. Inside a folder, either the parent
-//! file only names and re-exports its parts (`error.rs`), or the parts import the parent and
-//! the parent imports none of its parts' names (`state.rs`, `conditional.rs`, `rng/mod.rs`).
-//!
-//! | layer | files | may import |
-//! |---|---|---|
-//! | entry | `lib.rs` (this page, re-exports), `__private.rs` (re-exports for generated code) | everything |
-//! | families | `buckets.rs` | the capture and below |
-//! | capture | `capture.rs` (warmup, capture, the guard) | the graph and below |
-//! | graphs | `graph.rs`, `candle.rs` | buffers and below |
-//! | buffers | `buffer.rs` (static buffers, sources, `Staging`), `fingerprint.rs` | input nodes, constructs and below |
-//! | work in a body | `inputs.rs`, `fork.rs`, `timer.rs`, `conditional/`, `verify/`, `nccl/`, `state/snapshot.rs`, `rng/` draws | one another (never in a circle), the runtime and below |
-//! | runtime | `runtime/` (context, streams, cuBLAS, kernel cache, library probes) | the generator core and below |
-//! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs` | errors and driver calls |
-//! | ground | `error/`, `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | nothing of the crate (`error/` only the report and NCCL error it carries) |
 
-#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs, missing_debug_implementations)]
 
 pub use cudarc;
 pub use graph_macros::cuda_graph;
@@ -184,6 +187,7 @@ pub use half;
 mod buckets;
 mod buffer;
 #[cfg(feature = "candle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
 mod capture;
 pub mod conditional;
@@ -196,6 +200,7 @@ mod graph;
 mod inputs;
 pub mod launch;
 #[cfg(feature = "nccl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl;
 mod phase;
 mod region;
@@ -214,7 +219,9 @@ pub mod __private;
 #[doc = include_str!("coverage.md")]
 pub mod coverage {}
 
+#[doc(hidden)]
 pub use buckets::Buckets;
+#[doc(hidden)]
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use constant::GraphConstant;
@@ -226,8 +233,10 @@ pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngAdvance, RngKernelArg, RngState};
 pub use runtime::{
-    driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
+    driver_available, function_for_stream, library_available, GraphMemory, Runtime,
+    CUBLAS_WORKSPACE_BYTES,
 };
+#[doc(hidden)]
 pub use site::{CaptureMode, GraphSite};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
@@ -240,6 +249,9 @@ use cudarc::driver::CudaStream;
 /// Types the first parameter of a `#[cuda_graph]` function may borrow: what the body uses to
 /// reach the GPU. The graph passes the runtime's own objects, so the body's work lands on
 /// the capture stream.
+///
+/// Support for the code `#[cuda_graph]` generates: not for direct use.
+#[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
     label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",

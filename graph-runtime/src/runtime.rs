@@ -91,20 +91,20 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// Every live runtime by its stream, so that a body whose context is the stream can reach
-/// the runtime's kernel cache ([`Runtime::for_stream`]).
+/// the runtime's kernel cache ([`Runtime::find_by_stream`]).
 type Registry = Vec<(Weak<CudaStream>, Weak<Inner>)>;
 static REGISTRY: Mutex<Registry> = Mutex::new(Vec::new());
 
-/// Kernel `name` of `source` through the runtime of `stream` (see [`Runtime::for_stream`]):
+/// Kernel `name` of `source` through the runtime of `stream` (see [`Runtime::find_by_stream`]):
 /// for a `#[cuda_graph]` body whose context parameter is the stream.
 ///
 /// Fails with [`GraphError::NoRuntimeForStream`] when no runtime was made for `stream`.
-pub fn function(
+pub fn function_for_stream(
     stream: &Arc<CudaStream>,
     source: &str,
     name: &str,
 ) -> Result<CudaFunction, GraphError> {
-    Runtime::for_stream(stream)
+    Runtime::find_by_stream(stream)
         .ok_or(GraphError::NoRuntimeForStream)?
         .function(source, name)
 }
@@ -176,14 +176,15 @@ impl Runtime {
 
     /// The candle device of a runtime made by [`Runtime::from_candle`].
     #[cfg(feature = "candle")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
     pub fn candle_device(&self) -> Option<&candle_core::Device> {
         self.inner.candle.as_ref()
     }
 
     /// The runtime of `stream`, if one was made for it (by [`Runtime::new`],
     /// [`Runtime::from_context`] or [`Runtime::from_stream`]) and is still alive: how a body
-    /// whose context parameter is the stream reaches the kernel cache (see [`function`]).
-    pub fn for_stream(stream: &Arc<CudaStream>) -> Option<Runtime> {
+    /// whose context parameter is the stream reaches the kernel cache (see [`function_for_stream`]).
+    pub fn find_by_stream(stream: &Arc<CudaStream>) -> Option<Runtime> {
         let registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         registry
             .iter()
@@ -522,14 +523,15 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether two handles are the same runtime.
-    pub fn same(&self, other: &Runtime) -> bool {
+    /// Whether two handles are the same runtime (as [`Arc::ptr_eq`] says of two `Arc`s).
+    pub fn ptr_eq(&self, other: &Runtime) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
 /// The device's graph memory pool, in bytes (see [`Runtime::graph_memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct GraphMemory {
     /// Memory currently mapped for live graphs' temporaries.
     pub used: usize,

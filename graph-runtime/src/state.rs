@@ -36,7 +36,7 @@
 use std::sync::Arc;
 
 use crate::error::GraphError;
-pub use crate::error::When;
+use crate::error::When;
 pub use crate::region::{DeviceRegion, Elem};
 
 mod impls;

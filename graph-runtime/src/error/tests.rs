@@ -70,3 +70,32 @@ fn classification_looks_through_every_wrapper() {
     assert_eq!(unsupported.capture_code(), Some(900));
     assert!(!unsupported.is_out_of_memory());
 }
+
+/// `fn main() -> Result<(), GraphError>` prints `Error: {:?}`: the Debug form must carry the
+/// message a user acts on, then say which variant it is.
+#[test]
+fn debug_form_carries_the_message_and_the_variant() {
+    let e = GraphError::NoDriver;
+    let debug = format!("{e:?}");
+    assert!(debug.starts_with(&e.to_string()), "{debug}");
+    assert!(debug.ends_with("(GraphError::NoDriver)"), "{debug}");
+
+    let e = GraphError::EmptyGraph { graph: "decode" };
+    let debug = format!("{e:?}");
+    assert!(debug.contains("decode"), "{debug}");
+    assert!(debug.starts_with(&e.to_string()), "{debug}");
+    assert!(debug.ends_with("(GraphError::EmptyGraph)"), "{debug}");
+    assert_eq!(format!("{e:#?}"), debug);
+}
+
+/// The message a user without a GPU reads speaks of their program, not of this
+/// repository's tests.
+#[test]
+fn no_driver_speaks_in_the_users_terms() {
+    let text = GraphError::NoDriver.to_string();
+    assert!(text.starts_with("no CUDA driver"), "{text}");
+    assert!(text.contains("install the NVIDIA driver"), "{text}");
+    for word in ["workspace", "CUDA_GRAPH_REQUIRE_GPU", "test"] {
+        assert!(!text.contains(word), "{text}");
+    }
+}

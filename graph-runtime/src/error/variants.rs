@@ -20,15 +20,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// (`CaptureUnsupported` is 900, `CaptureInvalidated` 901, …); each message names the graph,
 /// says what CUDA saw and how to fix the body. After any of them the capture has been ended
 /// and the [`Runtime`](crate::Runtime) is usable again.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is its message followed by the variant's name, so that
+/// `fn main() -> Result<(), GraphError>` (which prints the error with `Debug`) shows the
+/// message: `Error: no CUDA driver: … (GraphError::NoDriver)`. Match on the variants for
+/// their fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum GraphError {
     /// The CUDA driver library (`libcuda.so`) is not installed on this machine.
     #[error(
         "no CUDA driver: libcuda could not be loaded, so there is no GPU to run on; \
-         install the NVIDIA driver, or run on a machine with a GPU \
-         (this workspace's GPU tests count as ignored without one, and fail with \
-         CUDA_GRAPH_REQUIRE_GPU=1)"
+         install the NVIDIA driver, or run the program on a machine with an NVIDIA GPU"
     )]
     NoDriver,
 
@@ -75,7 +78,7 @@ pub enum GraphError {
 
     /// A body whose context is a stream asked for the runtime of that stream, and none exists.
     #[error(
-        "no runtime was made for this stream: `graph_runtime::function(stream, …)` reaches the kernel cache \
+        "no runtime was made for this stream: `graph_runtime::function_for_stream(stream, …)` reaches the kernel cache \
          of the runtime that owns the stream. Fix: make the runtime first (`Runtime::new`, \
          `Runtime::from_stream(stream)`), and keep it alive while the body runs"
     )]
@@ -590,8 +593,72 @@ pub enum GraphError {
     /// A collective failed or was refused: NCCL set-up, a collective's arguments, or ranks
     /// that did not capture the same collectives (see [`crate::nccl::CollectiveError`]).
     #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
     #[error(transparent)]
     Collective(Box<CollectiveError>),
+}
+
+impl GraphError {
+    /// The variant's name (`"NoDriver"`), as the `Debug` form shows it.
+    fn variant_name(&self) -> &'static str {
+        match self {
+            GraphError::NoDriver => "NoDriver",
+            GraphError::MissingLibrary { .. } => "MissingLibrary",
+            GraphError::NoDevice { .. } => "NoDevice",
+            GraphError::EventTracking { .. } => "EventTracking",
+            GraphError::DefaultStream => "DefaultStream",
+            GraphError::NoRuntimeForStream => "NoRuntimeForStream",
+            GraphError::CaptureUnsupported { .. } => "CaptureUnsupported",
+            GraphError::CaptureInvalidated { .. } => "CaptureInvalidated",
+            GraphError::CaptureMerge { .. } => "CaptureMerge",
+            GraphError::CaptureUnmatched { .. } => "CaptureUnmatched",
+            GraphError::CaptureUnjoined { .. } => "CaptureUnjoined",
+            GraphError::CaptureIsolation { .. } => "CaptureIsolation",
+            GraphError::CaptureImplicit { .. } => "CaptureImplicit",
+            GraphError::CapturedEvent { .. } => "CapturedEvent",
+            GraphError::CaptureWrongThread { .. } => "CaptureWrongThread",
+            GraphError::SyncInCapture { .. } => "SyncInCapture",
+            GraphError::PageableCopyCaptured { .. } => "PageableCopyCaptured",
+            GraphError::RngHostStateInCapture { .. } => "RngHostStateInCapture",
+            GraphError::SideStreamInCapture { .. } => "SideStreamInCapture",
+            GraphError::GeneratorInCapture { .. } => "GeneratorInCapture",
+            GraphError::EmptyGraph { .. } => "EmptyGraph",
+            GraphError::Warmup { .. } => "Warmup",
+            GraphError::Body { .. } => "Body",
+            GraphError::StateMoved { .. } => "StateMoved",
+            GraphError::VerifyMismatch { .. } => "VerifyMismatch",
+            GraphError::WarmupDiverged { .. } => "WarmupDiverged",
+            GraphError::NondeterministicCapture { .. } => "NondeterministicCapture",
+            GraphError::InputShape { .. } => "InputShape",
+            GraphError::ResultShape { .. } => "ResultShape",
+            GraphError::NoCandleDevice => "NoCandleDevice",
+            GraphError::FreedInCapture { .. } => "FreedInCapture",
+            GraphError::Bucket { .. } => "Bucket",
+            GraphError::BatchAboveBuckets { .. } => "BatchAboveBuckets",
+            GraphError::NestedCapture { .. } => "NestedCapture",
+            GraphError::StreamCapturing { .. } => "StreamCapturing",
+            GraphError::OutOfMemory { .. } => "OutOfMemory",
+            GraphError::Compile { .. } => "Compile",
+            GraphError::MissingKernel { .. } => "MissingKernel",
+            GraphError::ConditionalUnsupported { .. } => "ConditionalUnsupported",
+            GraphError::ForbiddenInConditional { .. } => "ForbiddenInConditional",
+            GraphError::ConditionalBody { .. } => "ConditionalBody",
+            GraphError::ConditionMisuse { .. } => "ConditionMisuse",
+            GraphError::UnusedCondition { .. } => "UnusedCondition",
+            GraphError::Driver(_) => "Driver",
+            GraphError::Cublas(_) => "Cublas",
+            GraphError::User(_) => "User",
+            #[cfg(feature = "nccl")]
+            GraphError::Collective(_) => "Collective",
+        }
+    }
+}
+
+/// The message, then the variant: what `fn main() -> Result<(), GraphError>` prints.
+impl std::fmt::Debug for GraphError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self} (GraphError::{})", self.variant_name())
+    }
 }
 
 /// `1536` → `1.5 KiB`: byte counts as people read them.

@@ -86,8 +86,13 @@
 //! # or, from this repository: bash scripts/with-nccl.sh ./my-program
 //! ```
 //!
-//! The bindings are cudarc's for NCCL 2.28 (the GPU machine's 2.28.3); the runtime needs
-//! at least [`MIN_NCCL`] and calls only functions every later version has.
+//! The NCCL version of cudarc's bindings is left to your binary: this crate asks cudarc for
+//! `nccl-version-from-build-system`, which reads `nccl.h` (`NCCL_HOME`, the CUDA paths) or,
+//! without one, takes cudarc's newest bindings. A binary that pins a version through cudarc
+//! (its `nccl` feature is the newest bindings, 2.30 in cudarc 0.19) builds beside it when
+//! the version found is the same one; on a machine whose `nccl.h` is another version, pin
+//! the same version through both, or build where no `nccl.h` is found. The runtime needs at
+//! least [`MIN_NCCL`] at run time and calls only functions every later version has.
 //!
 //! # Inside a body
 //! [`all_reduce`](Communicator::all_reduce), [`all_reduce_in_place`](Communicator::all_reduce_in_place),

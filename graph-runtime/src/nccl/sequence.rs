@@ -83,6 +83,7 @@ impl fmt::Display for CollectiveOp {
 /// One collective as one rank issued it: what NCCL matches across ranks, plus where in the
 /// program it was called (for messages; not compared).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct CollectiveCall {
     /// The operation.
     pub op: CollectiveOp,

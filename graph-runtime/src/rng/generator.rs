@@ -44,6 +44,7 @@ impl std::fmt::Debug for Generator {
 
 /// How far one replay moves one generator, in Philox counters (4 values each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RngAdvance {
     /// [`Generator::id`](crate::Generator::id) of the generator.
     pub generator: u64,

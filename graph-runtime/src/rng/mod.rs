@@ -82,7 +82,7 @@
 //! * **A block that skips `philox_end`** (every thread of it returned early): the arrival
 //!   count is left wrong, so in later kernels the offset moves too early (before all their
 //!   blocks have read it: draws that overlap and depend on scheduling) or not at all, until
-//!   [`Generator::set_state`] or [`Generator::manual_seed`] resets the state. A thread that
+//!   [`Generator::set_seed_and_offset`] or [`Generator::manual_seed`] resets the state. A thread that
 //!   returns early while others call `philox_end` is a `__syncthreads()` that not every
 //!   thread reaches: undefined behavior.
 //! * **Counters past `groups`:** the next draw from the generator draws them again, so the
@@ -90,7 +90,7 @@
 //! * **Two streams at once:** two kernels that draw from one generator concurrently race on
 //!   its offset and its arrival count: they may draw the same numbers, and the count can be
 //!   corrupted. Give each concurrent stream its own generator.
-//! * **Host reads in the body:** [`Generator::state`] inside a capture is refused
+//! * **Host reads in the body:** [`Generator::seed_and_offset`] inside a capture is refused
 //!   ([`GraphError::RngHostStateInCapture`]); save and restore on the device instead.
 //!
 //! ```no_run
@@ -274,9 +274,9 @@ impl Generator {
     /// Inside a captured body this is refused with [`GraphError::RngHostStateInCapture`]: a
     /// host read would happen once, at capture. Use [`Generator::save_state`] there.
     #[track_caller]
-    pub fn state(&self, rt: &Runtime) -> Result<(u64, u64), GraphError> {
+    pub fn seed_and_offset(&self, rt: &Runtime) -> Result<(u64, u64), GraphError> {
         refuse_in_capture(
-            "Generator::state",
+            "Generator::seed_and_offset",
             "Generator::save_state",
             Location::caller(),
         )?;
@@ -290,9 +290,14 @@ impl Generator {
     /// values would be baked into the graph and every replay would rewind to them. Use
     /// [`Generator::restore_state`] there.
     #[track_caller]
-    pub fn set_state(&self, rt: &Runtime, seed: u64, offset: u64) -> Result<(), GraphError> {
+    pub fn set_seed_and_offset(
+        &self,
+        rt: &Runtime,
+        seed: u64,
+        offset: u64,
+    ) -> Result<(), GraphError> {
         refuse_in_capture(
-            "Generator::set_state",
+            "Generator::set_seed_and_offset",
             "Generator::restore_state",
             Location::caller(),
         )?;
@@ -300,7 +305,7 @@ impl Generator {
     }
 
     /// Restarts the generator at `seed`, offset 0 (host side; refused inside a capture like
-    /// [`Generator::set_state`]).
+    /// [`Generator::set_seed_and_offset`]).
     #[track_caller]
     pub fn manual_seed(&self, rt: &Runtime, seed: u64) -> Result<(), GraphError> {
         refuse_in_capture(
@@ -355,7 +360,7 @@ impl WarmupSnapshot {
             .map(|g| {
                 let mut snapshot = RngState::new(rt)?;
                 g.save_state(rt, &mut snapshot)?;
-                let offset = g.state(rt)?.1;
+                let offset = g.seed_and_offset(rt)?.1;
                 Ok((g, snapshot, offset))
             })
             .collect::<Result<_, GraphError>>()?;
@@ -367,7 +372,7 @@ impl WarmupSnapshot {
     pub(crate) fn restore(self, rt: &Runtime, warmup: u32) -> Result<Vec<RngAdvance>, GraphError> {
         let mut moved = Vec::new();
         for (g, snapshot, before) in self.saved {
-            let after = g.state(rt)?.1;
+            let after = g.seed_and_offset(rt)?.1;
             if after != before {
                 moved.push(RngAdvance {
                     generator: g.id(),

@@ -60,6 +60,15 @@ pub struct Verifier<'a> {
     items: Vec<Observed>,
 }
 
+impl std::fmt::Debug for Verifier<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("tolerance", &self.tolerance)
+            .field("observed", &self.items.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'a> Verifier<'a> {
     /// Snapshots every `&mut` state of the graph and every generator of the runtime, so the
     /// eager run can be undone before the replay.

@@ -44,6 +44,7 @@ pub enum Compared {
 
 /// The comparison of one output or state.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ItemReport {
     /// The parameter's name.
     pub name: &'static str,
@@ -65,6 +66,7 @@ pub struct ItemReport {
 
 /// The result of [verifying](super) one replay against the eager function.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// The graph.
     pub graph: &'static str,

@@ -250,7 +250,7 @@ pub fn run_tests() -> ExitCode {
     if !args.list {
         match &machine {
             Err((why, _)) if !gpu_required() => println!(
-                "{} GPU tests are ignored on this machine: {why}",
+                "{} GPU tests are ignored on this machine (CUDA_GRAPH_REQUIRE_GPU=1 makes them fail): {why}",
                 gpu_tests.len()
             ),
             Ok(have) => {
