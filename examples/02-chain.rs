@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use bench_report::record::{read_output, Record, Side};
 use clap::Parser;
 use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use graph_runtime::cudarc::driver::DevicePtr;
 use graph_runtime::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
-use graph_runtime::cudarc::driver::DevicePtr;
 use graph_runtime::{cuda_graph, BoxError, EarlyLaunch, GraphError, Runtime, Tolerance};
 use workloads::check::verified;
 use workloads::kernels::ELEMENTWISE;
@@ -184,13 +184,7 @@ fn raw_capture(
 /// The chain captured by hand on raw device addresses: `y = x + 1`, then `kernels - 1` times
 /// `y += 1`, with ordinary launches or with early launches (programmatic edges). Capturing
 /// it on the addresses of our graph's own buffers compares like with like.
-fn hand_chain(
-    rt: &Runtime,
-    x: u64,
-    y: u64,
-    kernels: usize,
-    early: bool,
-) -> Result<(), GraphError> {
+fn hand_chain(rt: &Runtime, x: u64, y: u64, kernels: usize, early: bool) -> Result<(), GraphError> {
     let s = rt.stream();
     let (first, inc) = if early {
         ("add_scalar_early", "add_one_inplace_early")
@@ -335,9 +329,12 @@ fn like_for_like(rt: &Runtime, n: usize, placements: usize) -> Result<Placed, Gr
         s.synchronize()?;
         out.ours
             .push(wall_us(&s, iters, || g.replay(&src).map(|_| ()))?);
-        out.raw_same.push(wall_us(&s, iters, || Ok(raw_same.launch()?))?);
-        out.floor_plain.push(wall_us(&s, iters, || Ok(plain.launch()?))?);
-        out.floor_early.push(wall_us(&s, iters, || Ok(early.launch()?))?);
+        out.raw_same
+            .push(wall_us(&s, iters, || Ok(raw_same.launch()?))?);
+        out.floor_plain
+            .push(wall_us(&s, iters, || Ok(plain.launch()?))?);
+        out.floor_early
+            .push(wall_us(&s, iters, || Ok(early.launch()?))?);
         // The raw capture as a user writes it, on buffers of its own.
         let mut ux = s.alloc_zeros::<f32>(ELEMS)?;
         let mut uy = s.alloc_zeros::<f32>(ELEMS)?;
@@ -350,7 +347,11 @@ fn like_for_like(rt: &Runtime, n: usize, placements: usize) -> Result<Placed, Gr
         let mut e = ChainEarlyGraph::capture(rt, &src, ELEMS, n)?;
         out.ours_early
             .push(wall_us(&s, iters, || e.replay(&src).map(|_| ()))?);
-        assert_eq!(s.clone_dtoh(e.replay(&src)?.y)?, want, "early-launch replay");
+        assert_eq!(
+            s.clone_dtoh(e.replay(&src)?.y)?,
+            want,
+            "early-launch replay"
+        );
         users.push((ux, uy, raw));
         earlies.push(e);
         graphs.push((g, xs, raw_same, plain, early));

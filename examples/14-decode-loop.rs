@@ -159,10 +159,11 @@ fn decode_loop(
     #[constant] end: i32,
     #[constant] bounded: bool,
     #[constant] unroll: usize,
+    #[constant] lib_unroll: u32,
 ) -> Result<(), GraphError> {
     let go = rt.condition(true)?;
     let bound = bounded.then_some(max_tokens(&spec) as u32);
-    rt.graph_while(&go, bound, |rt| {
+    rt.graph_while_unrolled(&go, bound, lib_unroll, |rt| {
         for _ in 0..unroll {
             step(rt, w, kv, st, &spec, Last::ArgmaxStop { go: &go, end })?;
         }
@@ -211,6 +212,8 @@ struct Measured {
     loop_us: f64,
     loop_gpu_us: f64,
     unrolled_us: f64,
+    /// The on-device loop with the library's unrolling (`graph_while_unrolled`).
+    lib_unrolled_us: f64,
     bounded_us: f64,
     replay_us: f64,
     eager_us: f64,
@@ -251,7 +254,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     for _ in 0..runs {
         restart(&s, &mut kv, &mut st)?;
         let ((), us) = wall_once(&s, || {
-            decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1)
+            decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1, 1)
         })?;
         let seq = generated(&s, &st)?;
         eager_runs.push(us / seq.len() as f64);
@@ -290,11 +293,17 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     let mut loop_gpu_runs = Vec::new();
     let mut bounded_runs = Vec::new();
     let mut unrolled_runs = Vec::new();
+    let mut lib_runs = Vec::new();
     let unroll = args.unroll as usize;
-    for (bounded, k) in [(false, 1), (true, 1), (false, unroll)] {
+    for (bounded, k, lib) in [
+        (false, 1, 1),
+        (true, 1, 1),
+        (false, unroll, 1),
+        (false, 1, args.unroll),
+    ] {
         let (kv_l, st_l) = fresh()?;
         let mut looped =
-            DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded, k)?;
+            DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded, k, lib)?;
         for _ in 0..runs {
             {
                 let state = looped.state_mut();
@@ -306,6 +315,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             let n = seq.len() as f64;
             match (bounded, k) {
                 (true, _) => bounded_runs.push(t.wall_us / n),
+                _ if lib > 1 => lib_runs.push(t.wall_us / n),
                 (false, 1) => {
                     loop_runs.push(t.wall_us / n);
                     loop_gpu_runs.push(t.gpu_us / n);
@@ -343,6 +353,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
         loop_us: median(loop_runs),
         loop_gpu_us: median(loop_gpu_runs),
         unrolled_us: median(unrolled_runs),
+        lib_unrolled_us: median(lib_runs),
         bounded_us: median(bounded_runs),
         replay_us: median(replay_runs),
         eager_us: median(eager_runs),
@@ -422,9 +433,21 @@ fn main() -> Result<(), BoxError> {
         );
         row(
             &mut t,
-            &format!("on-device loop, {} steps per iteration, wall", args.unroll),
+            &format!(
+                "on-device loop, {} steps per iteration (hand-unrolled, done flag), wall",
+                args.unroll
+            ),
             "1".into(),
             m.unrolled_us,
+        );
+        row(
+            &mut t,
+            &format!(
+                "on-device loop, {} steps per iteration (`graph_while_unrolled`), wall",
+                args.unroll
+            ),
+            "1".into(),
+            m.lib_unrolled_us,
         );
         row(
             &mut t,
@@ -480,6 +503,7 @@ fn main() -> Result<(), BoxError> {
             .with("bounded_us", m.bounded_us)
             .with("unrolled_us", m.unrolled_us)
             .with("unroll", args.unroll)
+            .with("lib_unrolled_us", m.lib_unrolled_us)
             .with("eager_loop_us", m.eager_us);
             println!("{}", rec.line());
         }

@@ -56,6 +56,10 @@ struct Args {
     /// Timed solves per variant, each with a fresh random right-hand side.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
+    /// Iterations per iteration of the loop node in the unrolled on-device loop
+    /// (`graph_while_unrolled`).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    unroll: u32,
     /// Print one JSON line after the table.
     #[arg(long)]
     json: bool,
@@ -192,9 +196,10 @@ fn jacobi_solve(
     #[constant] m: usize,
     #[constant] tol: f32,
     #[constant] max: u32,
+    #[constant] unroll: u32,
 ) -> Result<(), GraphError> {
     let go = rt.condition(true)?;
-    rt.graph_while(&go, Some(max), |rt| {
+    rt.graph_while_unrolled(&go, Some(max), unroll, |rt| {
         iteration(rt, sys, m)?;
         go.set_from(rt, &sys.stats, Compare::Gt, tol)
     })
@@ -284,18 +289,21 @@ fn main() -> Result<(), BoxError> {
 
     // The eager solve, and the three graphs (each owns its system).
     let mut eager = System::new(&s, m)?;
-    let mut looped = JacobiSolveGraph::capture(&rt, System::new(&s, m)?, m, tol, max)?;
+    let mut looped = JacobiSolveGraph::capture(&rt, System::new(&s, m)?, m, tol, max, 1)?;
+    let k = args.unroll;
+    let mut looped_k = JacobiSolveGraph::capture(&rt, System::new(&s, m)?, m, tol, max, k)?;
     let mut one = JacobiIterationGraph::capture(&rt, System::new(&s, m)?, m)?;
     let mut unrolled = JacobiUnrolledGraph::capture(&rt, System::new(&s, m)?, m, UNROLL)?;
 
     let (mut eager_ms, mut loop_ms, mut loop_gpu_ms, mut replay_ms, mut gpu_iter_us) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut loop_k_ms, mut loop_k_gpu_ms) = (vec![], vec![]);
     let mut iterations = Vec::new();
     let mut failures = Vec::new();
     for (run, b) in rhs.iter().enumerate() {
         // a. Eagerly: graph_while reads the condition after every iteration.
         eager.reset(&s, b)?;
-        let ((), us) = wall_once(&s, || jacobi_solve(&rt, &mut eager, m, tol, max))?;
+        let ((), us) = wall_once(&s, || jacobi_solve(&rt, &mut eager, m, tol, max, 1))?;
         eager_ms.push(us / 1e3);
         let e = read(&s, &eager)?;
 
@@ -305,6 +313,13 @@ fn main() -> Result<(), BoxError> {
         loop_ms.push(t.wall_us / 1e3);
         loop_gpu_ms.push(t.gpu_us / 1e3);
         let g = read(&s, looped.state_mut().sys)?;
+
+        // b'. The same loop, `--unroll` iterations per iteration of the loop node.
+        looped_k.state_mut().sys.reset(&s, b)?;
+        let t = once(&s, || looped_k.launch().map(drop))?;
+        loop_k_ms.push(t.wall_us / 1e3);
+        loop_k_gpu_ms.push(t.gpu_us / 1e3);
+        let gk = read(&s, looped_k.state_mut().sys)?;
 
         // c. One replay per iteration, the residual read back after each.
         one.state_mut().sys.reset(&s, b)?;
@@ -334,10 +349,15 @@ fn main() -> Result<(), BoxError> {
         gpu_iter_us.push(t.gpu_us / (launches * UNROLL) as f64);
 
         let host = host_relative_residual(m, b, &g.x);
-        let same = e.x == g.x && r.x == g.x && e.sweeps == g.sweeps && r.sweeps == g.sweeps;
+        let same = e.x == g.x
+            && r.x == g.x
+            && gk.x == g.x
+            && e.sweeps == g.sweeps
+            && r.sweeps == g.sweeps
+            && gk.sweeps == g.sweeps;
         println!(
             "solve {run}: {} iterations ({} sweeps), relative residual {:.3e} on the GPU, {host:.3e} in f64 \
-             on the host; eager, replay and on-device loop bitwise equal: {}",
+             on the host; eager, replay, on-device loop and unrolled loop bitwise equal: {}",
             g.sweeps / 2,
             g.sweeps,
             g.residual,
@@ -345,8 +365,8 @@ fn main() -> Result<(), BoxError> {
         );
         if !same {
             failures.push(format!(
-                "solve {run}: eager ({} sweeps), replay ({}) and loop ({}) differ",
-                e.sweeps, r.sweeps, g.sweeps
+                "solve {run}: eager ({} sweeps), replay ({}), loop ({}) and unrolled loop ({}) differ",
+                e.sweeps, r.sweeps, g.sweeps, gk.sweeps
             ));
         }
         if host > f64::from(tol) * 1.01 || g.sweeps / 2 >= max {
@@ -405,6 +425,21 @@ fn main() -> Result<(), BoxError> {
         l,
     );
     row(&mut t, "on-device loop, GPU time (events)", "1".into(), lg);
+    let (lk, lkg) = (median(loop_k_ms), median(loop_k_gpu_ms));
+    row(
+        &mut t,
+        &format!(
+            "on-device loop, {k} iterations per loop-node iteration (`graph_while_unrolled`), wall"
+        ),
+        "1".into(),
+        lk,
+    );
+    row(
+        &mut t,
+        &format!("on-device loop, {k} per loop-node iteration, GPU time (events)"),
+        "1".into(),
+        lkg,
+    );
     row(
         &mut t,
         "one replay per iteration + host read of the residual",
@@ -437,12 +472,15 @@ fn main() -> Result<(), BoxError> {
         .with("iterations", its)
         .with("gpu_iteration_us", gpu)
         .with("loop_gpu_ms", lg)
-        .with("eager_loop_ms", e);
+        .with("eager_loop_ms", e)
+        .with("unroll", k)
+        .with("unrolled_loop_ms", lk)
+        .with("unrolled_loop_gpu_ms", lkg);
         println!("{}", rec.line());
     }
     if !failures.is_empty() {
         return Err(failures.join("; ").into());
     }
-    println!("every solve converged, and the three loops agreed bitwise");
+    println!("every solve converged, and the four loops agreed bitwise");
     Ok(())
 }

@@ -779,6 +779,214 @@ fn refused_misplaced_conditions(rt: Runtime) -> Result<(), GraphError> {
     still_usable(&rt)
 }
 
+// ---------------------------------------------------------------------------------------
+// 7. Unrolled loops (`graph_while_unrolled`): the same steps as `graph_while`, bit for bit,
+//    for trip counts that are and are not multiples of the unroll factor.
+
+/// `halve_until_small` with `unroll` steps per iteration of the loop node.
+#[cuda_graph(warmup = 2, check_determinism)]
+fn halve_unrolled(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    iters: &mut CudaSlice<u32>,
+    #[constant] unroll: u32,
+) -> Result<(), GraphError> {
+    let s = rt.stream();
+    let halve = rt.function(SRC, "halve_count")?;
+    let n = x.len() as i32;
+    s.memcpy_dtod(x, &mut *y)?;
+    s.memset_zeros(&mut *iters)?;
+    let go = rt.condition(false)?;
+    go.set_from(rt, &*y, Compare::Gt, 1.0)?;
+    rt.graph_while_unrolled(&go, Some(1000), unroll, |rt| {
+        // SAFETY: `halve_count` reads and writes `n` floats of `y` and one word of `iters`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&halve)
+                .arg(&mut *y)
+                .arg(&n)
+                .arg(&mut *iters)
+                .launch(grid(n as usize))
+        }?;
+        go.set_from(rt, &*y, Compare::Gt, 1.0)
+    })
+}
+
+#[gpu_test]
+fn unrolled_while_loop_matches_eager_and_the_plain_loop(rt: Runtime) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("unrolled_while_loop_matches_eager_and_the_plain_loop");
+    let n = 1000;
+    let s = rt.stream().clone();
+    let input = |rng: &mut rand::rngs::SmallRng| {
+        let mut x = random_vec(rng, n);
+        // 0 to ~17 iterations: x[0] in (0.05, 1e5).
+        x[0] = rng.random_range(-3.0f32..11.5).exp();
+        x
+    };
+    let mut plain = HalveUntilSmallGraph::capture(&rt, &input(&mut rng), n, 1)?;
+    let (mut ey, mut ei) = (s.alloc_zeros::<f32>(n)?, s.alloc_zeros::<u32>(1)?);
+    for unroll in [2u32, 3, 4, 8] {
+        let mut graph = HalveUnrolledGraph::capture(&rt, &input(&mut rng), n, 1, unroll)?;
+        let kinds = graph.info().kinds;
+        assert_eq!(
+            kinds.conditionals,
+            1,
+            "one loop node at the top: {:?}",
+            graph.info()
+        );
+        let mut trips = Vec::new();
+        for replay in 0..8 {
+            let x = input(&mut rng);
+            let out = graph.replay(&x)?;
+            let (gy, gi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
+            let out = plain.replay(&x)?;
+            let (py, pi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
+            halve_unrolled(&rt, &s.clone_htod(&x)?, &mut ey, &mut ei, unroll)?;
+            let (hy, hi) = halve_on_host(&x);
+            let at = format!("unroll {unroll}, replay {replay}, {hi} iterations");
+            assert_eq!(gi, hi, "{at}: iterations, unrolled graph vs host");
+            assert_eq!(pi, hi, "{at}: iterations, plain graph vs host");
+            assert_eq!(s.clone_dtoh(&ei)?[0], hi, "{at}: iterations, eager");
+            assert_eq!(gy, hy, "{at}: unrolled graph vs host, bitwise");
+            assert_eq!(gy, py, "{at}: unrolled vs plain graph, bitwise");
+            assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host, bitwise");
+            trips.push(hi);
+        }
+        assert!(
+            trips.iter().any(|t| t % unroll != 0),
+            "unroll {unroll}: a trip count not a multiple of it: {trips:?}"
+        );
+        let report = graph.verify(&input(&mut rng), Tolerance::BITWISE)?;
+        assert!(report.is_ok(), "unroll {unroll}: {report}");
+    }
+    Ok(())
+}
+
+/// `count_to` unrolled: the condition set by a kernel of the test (`kernel_arg` taken inside
+/// the step), the bound counted in steps.
+#[cuda_graph(warmup = 2)]
+fn count_to_unrolled(
+    rt: &Runtime,
+    stop: &CudaSlice<u32>,
+    count: &mut CudaSlice<u32>,
+    #[constant] bound: Option<u32>,
+    #[constant] unroll: u32,
+) -> Result<(), GraphError> {
+    let f = rt.function(SRC, "count_until")?;
+    rt.stream().memset_zeros(&mut *count)?;
+    let go = rt.condition(true)?;
+    rt.graph_while_unrolled(&go, bound, unroll, |rt| {
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `count_until` reads one word of `stop`, updates one of `count`, sets `go`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&f)
+                .arg(&mut *count)
+                .arg(stop)
+                .arg(&arg)
+                .launch(one())
+        }?;
+        Ok(())
+    })
+}
+
+#[gpu_test]
+fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("unrolled_loop_stops_at_the_device_condition_and_the_bound");
+    let s = rt.stream().clone();
+    let mut eager = s.alloc_zeros::<u32>(1)?;
+    for unroll in [3u32, 4] {
+        let mut bounded =
+            CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, Some(BOUND), unroll)?;
+        let mut free = CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, None, unroll)?;
+        for replay in 0..12 {
+            // The first iteration always runs (the condition starts true): at least 1.
+            let stop: u32 = match replay {
+                0 => 1_000_000,
+                1 => BOUND,
+                2 => BOUND + 1,
+                _ => rng.random_range(1..=2 * BOUND),
+            };
+            let at = format!("unroll {unroll}, replay {replay}, stop {stop}");
+            let got = s.clone_dtoh(bounded.replay([stop].as_slice())?.count)?[0];
+            count_to_unrolled(
+                &rt,
+                &s.clone_htod(&[stop])?,
+                &mut eager,
+                Some(BOUND),
+                unroll,
+            )?;
+            let want = stop.clamp(1, BOUND);
+            assert_eq!(got, want, "{at}: bounded graph");
+            assert_eq!(s.clone_dtoh(&eager)?[0], want, "{at}: bounded eager");
+            if stop <= 2 * BOUND {
+                let got = s.clone_dtoh(free.replay([stop].as_slice())?.count)?[0];
+                assert_eq!(got, stop.max(1), "{at}: unbounded graph");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `never_clears` unrolled: the bound alone ends it, 7 steps with 3 per iteration.
+#[cuda_graph(warmup = 1)]
+fn never_clears_unrolled(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
+    let f = rt.function(SRC, "count_only")?;
+    rt.stream().memset_zeros(&mut *count)?;
+    let go = rt.condition(true)?;
+    rt.graph_while_unrolled(&go, Some(7), 3, |rt| {
+        // SAFETY: `count_only` updates one word of `count`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&f)
+                .arg(&mut *count)
+                .launch(one())
+        }?;
+        Ok(())
+    })
+}
+
+/// `unroll = 0`: refused.
+#[cuda_graph(warmup = 1)]
+fn unrolled_zero(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
+    let go = rt.condition(false)?;
+    rt.graph_while_unrolled(&go, Some(7), 0, |rt| {
+        rt.stream().memset_zeros(&mut *count)?;
+        Ok(())
+    })
+}
+
+#[gpu_test]
+fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), GraphError> {
+    let s = rt.stream().clone();
+    let mut eager = s.alloc_zeros::<u32>(1)?;
+    never_clears_unrolled(&rt, &mut eager)?;
+    assert_eq!(s.clone_dtoh(&eager)?, vec![7], "eager");
+    let mut graph = NeverClearsUnrolledGraph::capture(&rt, 1)?;
+    for replay in 0..3 {
+        assert_eq!(
+            s.clone_dtoh(graph.replay()?.count)?,
+            vec![7],
+            "replay {replay}"
+        );
+    }
+    let err = UnrolledZeroGraph::capture(&rt, 1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::ConditionMisuse {
+                construct: "graph_while_unrolled",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    still_usable(&rt)
+}
+
 #[cpu_test]
 fn the_device_api_is_prepended_once() {
     assert_eq!(SRC.matches("struct GraphCondition").count(), 1);

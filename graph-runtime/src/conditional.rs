@@ -128,7 +128,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe, Location};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::{
@@ -146,6 +146,7 @@ pub(crate) mod record;
 mod site;
 #[cfg(test)]
 mod tests;
+mod unroll;
 
 /// The device API for kernels of yours that set a condition: the `GraphCondition` struct that
 /// [`Condition::kernel_arg`] fills and `graph_condition_set(GraphCondition, bool)`.
@@ -221,6 +222,29 @@ extern "C" __global__ void cg_loop_bound(GraphCondition c, unsigned int *count, 
     unsigned int n = *count + 1u;
     *count = n;
     if (n >= max) graph_condition_set(c, false);
+}
+
+// Before an unrolled loop node (`graph_while_unrolled`): the body's steps write the condition
+// into `flag[0]` (the eager flag), `flag[1]` counts iterations for the bound.
+extern "C" __global__ void cg_unroll_begin(unsigned int *flag) {
+    flag[0] = 1u;
+    flag[1] = 0u;
+}
+
+// After each step of an unrolled loop's body: the value the step left in `flag[0]` (cleared
+// once `max` steps have run, when `max` is not 0) goes to the loop's handle when it stops the
+// loop, and to the handle of the IF node guarding the next step (`has_next`).
+extern "C" __global__ void cg_unroll_guard(unsigned long long loop_handle,
+                                           unsigned long long next_handle, unsigned int has_next,
+                                           unsigned int *flag, unsigned int max) {
+    unsigned int v = flag[0] != 0u ? 1u : 0u;
+    if (max != 0u) {
+        unsigned int n = flag[1] + 1u;
+        flag[1] = n;
+        if (n >= max) v = 0u;
+    }
+    if (v == 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
+    if (has_next != 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)next_handle, v);
 }
 "#
 );
@@ -314,6 +338,9 @@ pub struct Condition {
     location: &'static Location<'static>,
     /// The construct that tests it: CUDA ties a conditional handle to one node.
     tested_at: OnceLock<&'static Location<'static>>,
+    /// While an unrolled loop's body is recorded: setting the condition writes the flag,
+    /// which the library's guard after each step hands on to the handles.
+    via_flag: AtomicBool,
 }
 
 impl std::fmt::Debug for Condition {
@@ -368,7 +395,10 @@ impl Condition {
     /// `graph_condition_set` (see the [module docs](self#setting-a-condition-from-your-own-kernels)).
     /// Launch that kernel on `rt`'s stream.
     pub fn kernel_arg(&self, rt: &Runtime) -> ConditionArg<'_> {
-        match self.handle {
+        let handle = self
+            .handle
+            .filter(|_| !self.via_flag.load(Ordering::Relaxed));
+        match handle {
             Some(handle) => ConditionArg {
                 handle,
                 flag: 0,

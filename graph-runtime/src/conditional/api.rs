@@ -62,6 +62,7 @@ impl Runtime {
                     capture: root.1,
                     location,
                     tested_at: OnceLock::new(),
+                    via_flag: AtomicBool::new(false),
                 }
             }
             _ => Condition {
@@ -70,6 +71,7 @@ impl Runtime {
                 capture: 0,
                 location,
                 tested_at: OnceLock::new(),
+                via_flag: AtomicBool::new(false),
             },
         };
         condition.set(self, initial)?;
