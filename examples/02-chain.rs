@@ -167,18 +167,19 @@ fn raw_capture(
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     kernels: usize,
-) -> Result<(CudaGraph, Duration), GraphError> {
+) -> Result<(CudaGraph, Duration, Duration), GraphError> {
     let s = rt.stream();
     launch_chain(s, rt, x, y, kernels)?; // warm: compile, load
     s.synchronize()?;
     let t = Instant::now();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     launch_chain(s, rt, x, y, kernels)?;
+    let recorded = t.elapsed();
     let graph = s
         .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?
         .expect("the chain records kernels");
     graph.upload()?;
-    Ok((graph, t.elapsed()))
+    Ok((graph, t.elapsed(), recorded))
 }
 
 /// The chain captured by hand on raw device addresses: `y = x + 1`, then `kernels - 1` times
@@ -338,7 +339,7 @@ fn like_for_like(rt: &Runtime, n: usize, placements: usize) -> Result<Placed, Gr
         // The raw capture as a user writes it, on buffers of its own.
         let mut ux = s.alloc_zeros::<f32>(ELEMS)?;
         let mut uy = s.alloc_zeros::<f32>(ELEMS)?;
-        let (raw, _t) = raw_capture(rt, &ux, &mut uy, n)?;
+        let (raw, _t, _rec) = raw_capture(rt, &ux, &mut uy, n)?;
         out.raw_own.push(wall_us(&s, iters, || {
             s.memcpy_dtod(&src, &mut ux)?;
             Ok(raw.launch()?)
@@ -378,6 +379,8 @@ struct Row {
     ours_capture_ms: f64,
     ours_capture_total_ms: f64,
     raw_capture_ms: f64,
+    /// Of `raw_capture_ms`: begin and the launches (the rest: end, instantiate, upload).
+    raw_record_ms: f64,
     /// Of `ours_capture_ms`: recording, reading the nodes, instantiating and uploading.
     ours_record_ms: f64,
     ours_inspect_ms: f64,
@@ -440,16 +443,18 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
     // Raw cudarc, same kernels, same stream, same input copy.
     let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
     let mut ys = s.alloc_zeros::<f32>(ELEMS)?;
-    let mut raw_times = Vec::new();
+    let (mut raw_times, mut raw_records) = (Vec::new(), Vec::new());
     let mut raw = None;
     for _ in 0..3 {
         drop(raw.take());
-        let (g, t) = raw_capture(rt, &xs, &mut ys, n)?;
+        let (g, t, rec) = raw_capture(rt, &xs, &mut ys, n)?;
         raw_times.push(t.as_secs_f64() * 1e3);
+        raw_records.push(rec.as_secs_f64() * 1e3);
         raw = Some(g);
     }
     let raw = raw.expect("captured three times");
     let raw_capture_ms = median(raw_times);
+    let raw_record_ms = median(raw_records);
     let raw_replay = |xs: &mut CudaSlice<f32>| -> Result<(), GraphError> {
         s.memcpy_dtod(&src, xs)?;
         raw.launch()?;
@@ -513,6 +518,7 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
         ours_capture_ms,
         ours_capture_total_ms,
         raw_capture_ms,
+        raw_record_ms,
         ours_record_ms,
         ours_inspect_ms,
         early_us,
@@ -683,15 +689,17 @@ fn main() -> Result<(), BoxError> {
         );
     }
     println!("\ncapture cost (ms): where ours goes, against the raw capture (begin, launches, end, instantiate, upload)");
-    println!("| N | ours record ms | ours inspect ms | ours instantiate + upload ms | ours total ms | raw ms | ours/raw |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| N | ours record ms | raw record ms | ours inspect ms | ours instantiate + upload ms | raw end + instantiate + upload ms | ours total ms | raw ms | ours/raw |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.n,
             r.ours_record_ms,
+            r.raw_record_ms,
             r.ours_inspect_ms,
             r.ours_capture_ms - r.ours_record_ms - r.ours_inspect_ms,
+            r.raw_capture_ms - r.raw_record_ms,
             r.ours_capture_ms,
             r.raw_capture_ms,
             r.ours_capture_ms / r.raw_capture_ms

@@ -36,7 +36,9 @@ use bench_report::record::{Record, Side};
 use bench_report::table::{us, Table};
 use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, BoxError, Compare, DeviceState, GraphError, Runtime};
+use graph_runtime::{
+    cuda_graph, BoxError, Compare, ConditionArg, DeviceState, GraphError, Runtime,
+};
 use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
 use workloads::timing::{median, once, wall_once};
 
@@ -65,9 +67,13 @@ struct Args {
     json: bool,
 }
 
-const SRC: &str = r#"
-// y = (b + the four neighbours of x) / 4 on an m x m grid with a zero boundary.
-extern "C" __global__ void jacobi_sweep(const float *x, const float *b, float *y, int m) {
+const SRC: &str = concat!(
+    graph_runtime::condition_device_api!(),
+    r#"
+// y = (b + the four neighbours of x) / 4 on an m x m grid with a zero boundary. Nothing once
+// the loop's condition is cleared (`graph_while_unrolled`: a step after the last one).
+extern "C" __global__ void jacobi_sweep(const float *x, const float *b, float *y, int m, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
     int n = m * m;
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
         int i = k / m, j = k % m;
@@ -83,7 +89,8 @@ extern "C" __global__ void jacobi_sweep(const float *x, const float *b, float *y
 // stats[0] = |b - A x| / |b|, stats[1] = |b - A x|; iters[0] += 2 (two sweeps). One block of
 // 1024 threads: each sums a fixed set of cells, then a fixed tree: the same bits every run.
 extern "C" __global__ void relative_residual(const float *x, const float *b, float *stats,
-                                             unsigned int *iters, int m) {
+                                             unsigned int *iters, int m, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
     __shared__ float rr[1024];
     __shared__ float bb[1024];
     int n = m * m;
@@ -116,7 +123,8 @@ extern "C" __global__ void relative_residual(const float *x, const float *b, flo
         iters[0] += 2u;
     }
 }
-"#;
+"#
+);
 
 /// The system and the solver's buffers.
 #[derive(DeviceState)]
@@ -150,8 +158,14 @@ impl System {
     }
 }
 
-/// One loop iteration: two sweeps (x → y → x) and the residual.
-fn iteration(rt: &Runtime, sys: &mut System, m: usize) -> Result<(), GraphError> {
+/// One loop iteration: two sweeps (x → y → x) and the residual; `go` is the loop's condition
+/// (the kernels do nothing once it is cleared), `ConditionArg::always()` outside a loop.
+fn iteration(
+    rt: &Runtime,
+    sys: &mut System,
+    m: usize,
+    go: ConditionArg<'_>,
+) -> Result<(), GraphError> {
     let s = rt.stream();
     let sweep = rt.function(SRC, "jacobi_sweep")?;
     let residual = rt.function(SRC, "relative_residual")?;
@@ -170,12 +184,14 @@ fn iteration(rt: &Runtime, sys: &mut System, m: usize) -> Result<(), GraphError>
             .arg(&sys.b)
             .arg(&mut sys.y)
             .arg(&mi)
+            .arg(&go)
             .launch(cells)?;
         s.launch_builder(&sweep)
             .arg(&sys.y)
             .arg(&sys.b)
             .arg(&mut sys.x)
             .arg(&mi)
+            .arg(&go)
             .launch(cells)?;
         s.launch_builder(&residual)
             .arg(&sys.x)
@@ -183,6 +199,7 @@ fn iteration(rt: &Runtime, sys: &mut System, m: usize) -> Result<(), GraphError>
             .arg(&mut sys.stats)
             .arg(&mut sys.iters)
             .arg(&mi)
+            .arg(&go)
             .launch(block)?;
     }
     Ok(())
@@ -200,7 +217,7 @@ fn jacobi_solve(
 ) -> Result<(), GraphError> {
     let go = rt.condition(true)?;
     rt.graph_while_unrolled(&go, Some(max), unroll, |rt| {
-        iteration(rt, sys, m)?;
+        iteration(rt, sys, m, go.kernel_arg(rt))?;
         go.set_from(rt, &sys.stats, Compare::Gt, tol)
     })
 }
@@ -212,7 +229,7 @@ fn jacobi_iteration(
     #[state] sys: &mut System,
     #[constant] m: usize,
 ) -> Result<(), GraphError> {
-    iteration(rt, sys, m)
+    iteration(rt, sys, m, ConditionArg::always())
 }
 
 // 3. `steps` iterations in a row without a check: the kernels' GPU time.
@@ -224,7 +241,7 @@ fn jacobi_unrolled(
     #[constant] steps: usize,
 ) -> Result<(), GraphError> {
     for _ in 0..steps {
-        iteration(rt, sys, m)?;
+        iteration(rt, sys, m, ConditionArg::always())?;
     }
     Ok(())
 }

@@ -34,6 +34,25 @@ extern "C" __global__ void count_until(unsigned int *count, const unsigned int *
 // count += 1, and nothing else: a loop whose condition never clears.
 extern "C" __global__ void count_only(unsigned int *count) { *count += 1u; }
 
+// The three above for graph_while_unrolled: nothing changes once an earlier step of the
+// iteration cleared the condition.
+extern "C" __global__ void halve_count_guarded(float *y, int n, unsigned int *iters, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] *= 0.5f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) iters[0] += 1u;
+}
+
+extern "C" __global__ void count_until_guarded(unsigned int *count, const unsigned int *stop, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
+    unsigned int c = *count + 1u;
+    *count = c;
+    graph_condition_set(go, c < *stop);
+}
+
+extern "C" __global__ void count_only_guarded(unsigned int *count, GraphCondition go) {
+    if (graph_condition_active(go)) *count += 1u;
+}
+
 // y = a x + b.
 extern "C" __global__ void affine(const float *x, float *y, int n, float a, float b) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = a * x[i] + b;
@@ -793,20 +812,23 @@ fn halve_unrolled(
     #[constant] unroll: u32,
 ) -> Result<(), GraphError> {
     let s = rt.stream();
-    let halve = rt.function(SRC, "halve_count")?;
+    let halve = rt.function(SRC, "halve_count_guarded")?;
     let n = x.len() as i32;
     s.memcpy_dtod(x, &mut *y)?;
     s.memset_zeros(&mut *iters)?;
     let go = rt.condition(false)?;
     go.set_from(rt, &*y, Compare::Gt, 1.0)?;
     rt.graph_while_unrolled(&go, Some(1000), unroll, |rt| {
-        // SAFETY: `halve_count` reads and writes `n` floats of `y` and one word of `iters`.
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `halve_count_guarded` reads and writes `n` floats of `y` and one word of
+        // `iters`, and reads `go`.
         unsafe {
             rt.stream()
                 .launch_builder(&halve)
                 .arg(&mut *y)
                 .arg(&n)
                 .arg(&mut *iters)
+                .arg(&arg)
                 .launch(grid(n as usize))
         }?;
         go.set_from(rt, &*y, Compare::Gt, 1.0)
@@ -873,7 +895,7 @@ fn count_to_unrolled(
     #[constant] bound: Option<u32>,
     #[constant] unroll: u32,
 ) -> Result<(), GraphError> {
-    let f = rt.function(SRC, "count_until")?;
+    let f = rt.function(SRC, "count_until_guarded")?;
     rt.stream().memset_zeros(&mut *count)?;
     let go = rt.condition(true)?;
     rt.graph_while_unrolled(&go, bound, unroll, |rt| {
@@ -934,18 +956,32 @@ fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
 /// `never_clears` unrolled: the bound alone ends it, 7 steps with 3 per iteration.
 #[cuda_graph(warmup = 1)]
 fn never_clears_unrolled(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
-    let f = rt.function(SRC, "count_only")?;
+    let f = rt.function(SRC, "count_only_guarded")?;
     rt.stream().memset_zeros(&mut *count)?;
     let go = rt.condition(true)?;
     rt.graph_while_unrolled(&go, Some(7), 3, |rt| {
-        // SAFETY: `count_only` updates one word of `count`.
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `count_only_guarded` updates one word of `count` and reads `go`.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
                 .arg(&mut *count)
+                .arg(&arg)
                 .launch(one())
         }?;
         Ok(())
+    })
+}
+
+/// A bounded unrolled step that sets its condition twice: refused when captured (the bound
+/// counts a step once).
+#[cuda_graph(warmup = 1)]
+fn unrolled_set_twice(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
+    rt.stream().memset_zeros(&mut *count)?;
+    let go = rt.condition(true)?;
+    rt.graph_while_unrolled(&go, Some(7), 2, |rt| {
+        go.set_from(rt, &*count, Compare::Lt, 5)?;
+        go.set_from(rt, &*count, Compare::Lt, 5)
     })
 }
 
@@ -973,16 +1009,21 @@ fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), Graph
             "replay {replay}"
         );
     }
+    // Refusals: typed errors (inside the warmup's or the loop body's error), runtime usable.
     let err = UnrolledZeroGraph::capture(&rt, 1).unwrap_err();
+    let text = format!("{err:?}");
     assert!(
-        matches!(
-            err,
-            GraphError::ConditionMisuse {
-                construct: "graph_while_unrolled",
-                ..
-            }
-        ),
-        "{err:?}"
+        text.contains("ConditionMisuse")
+            && text.contains("graph_while_unrolled")
+            && text.contains("is 0"),
+        "{text}"
+    );
+    still_usable(&rt)?;
+    let err = UnrolledSetTwiceGraph::capture(&rt, 1).unwrap_err();
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("ConditionMisuse") && text.contains("set its condition 2 times"),
+        "{text}"
     );
     still_usable(&rt)
 }

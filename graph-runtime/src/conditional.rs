@@ -110,13 +110,29 @@
 //!   builtin that the driver's PTX JIT resolves, with no `-rdc` and no device runtime library.
 //! * Kernels set the condition from the same context that captured the graph.
 //!
+//! # Unrolled loops
+//! [`Runtime::graph_while_unrolled`] records `k` copies of the step in one iteration of the
+//! WHILE node, so that the node's per-iteration toll is paid once per `k` steps. Steps after
+//! the one that cleared the condition still run, and change nothing: inside them the
+//! condition lives in its flag in device memory, the library's setters skip once it is
+//! cleared, and kernels of yours that take [`Condition::kernel_arg`] start with
+//! `if (!graph_condition_active(go)) return;` (device API above; outside a step it is always
+//! true, and [`ConditionArg::always`] gives a kernel shared with straight-line code an
+//! argument for which it is). The loop then runs exactly the steps of `graph_while`, with the
+//! same results bit for bit; a kernel that cannot check (a cuBLAS call) may run again only
+//! where that changes nothing the loop reads. Set the condition last in a step. A bounded
+//! loop counts a step in its `set` / `set_from` call, or with a one-thread kernel after a
+//! step whose condition a kernel of yours sets.
+//!
 //! # Costs
 //! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
-//! the device, with no host involvement: about 4 µs on an H100 with driver 580
-//! (`examples/14-decode-loop.rs`: a 13-kernel decode step of 30.1 µs takes 34.2 µs per
-//! iteration). A body of several steps pays it once per iteration (8 steps: 31.3 µs per step);
-//! a `max_iterations` bound adds a one-thread kernel, about 0.8 µs. One replay per step with a
-//! host read of the condition costs about 13 µs more per step on the same machine.
+//! the device, with no host involvement: on an H200 with driver 580, `examples/14-decode-loop.rs`'s
+//! 13-kernel decode step of 29.7 µs takes 33.7 µs per iteration, and
+//! `examples/15-jacobi-solve.rs`'s iteration of 5.64 µs of kernels 10.6 µs (its setter and
+//! bound are two more one-thread kernels). [`Runtime::graph_while_unrolled`] pays the toll once
+//! per `k` steps. An IF node costs about as much as a WHILE iteration, so guarding each step
+//! with one gains nothing. One replay per step with a host read of the condition costs about
+//! 12 µs more per step on the same machine.
 //!
 //! # Files
 //! This file holds the public types ([`Condition`], [`ConditionArg`], [`Compare`],
@@ -128,7 +144,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe, Location};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::{
@@ -164,17 +180,25 @@ typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
                                                                        unsigned int value);
 // Condition::kernel_arg: the graph's conditional handle while captured (flag == nullptr), a
-// flag in device memory when the body runs eagerly.
+// flag in device memory when the body runs eagerly (handle == 0), and the flag with handle ==
+// GRAPH_CONDITION_STEP inside a step of graph_while_unrolled.
 struct GraphCondition {
     unsigned long long handle;
     unsigned int *flag;
 };
+#define GRAPH_CONDITION_STEP 0xffffffffffffffffull
+// Whether the loop is still going: false only inside a step of graph_while_unrolled once an
+// earlier step of the same iteration cleared the condition. A kernel of such a step returns
+// at once when it is false (the step is then a no-op); true everywhere else.
+__device__ __forceinline__ bool graph_condition_active(GraphCondition c) {
+    return c.flag == nullptr || c.handle != GRAPH_CONDITION_STEP || *(volatile unsigned int *)c.flag != 0u;
+}
 // graph_while runs its body again, graph_if takes its first branch, when `value` is true.
 // Call it from one thread, or from every thread with the same value.
 __device__ __forceinline__ void graph_condition_set(GraphCondition c, bool value) {
     unsigned int v = value ? 1u : 0u;
     if (c.flag != nullptr) {
-        *c.flag = v;
+        if (graph_condition_active(c)) *c.flag = v;
     } else {
         cudaGraphSetConditional((cudaGraphConditionalHandle)c.handle, v);
     }
@@ -204,13 +228,26 @@ template <typename T> __device__ __forceinline__ bool cg_compare(T a, int op, T 
     }
 }
 
-extern "C" __global__ void cg_condition_set(GraphCondition c, unsigned int value) {
-    graph_condition_set(c, value != 0u);
+// Sets the condition; inside a bounded step of graph_while_unrolled (`max` != 0) it also
+// counts the step and clears the condition once `max` steps have run.
+__device__ __forceinline__ void cg_set(GraphCondition c, bool value, unsigned int max) {
+    if (max != 0u && c.flag != nullptr && c.handle == GRAPH_CONDITION_STEP) {
+        if (c.flag[0] == 0u) return;
+        unsigned int n = c.flag[1] + 1u;
+        c.flag[1] = n;
+        if (n >= max) value = false;
+    }
+    graph_condition_set(c, value);
 }
 
-#define CG_SET_FROM(T, NAME)                                                          \
-    extern "C" __global__ void NAME(GraphCondition c, const T *x, int op, T rhs) {    \
-        graph_condition_set(c, cg_compare<T>(*x, op, rhs));                          \
+extern "C" __global__ void cg_condition_set(GraphCondition c, unsigned int value, unsigned int max) {
+    cg_set(c, value != 0u, max);
+}
+
+#define CG_SET_FROM(T, NAME)                                                                     \
+    extern "C" __global__ void NAME(GraphCondition c, const T *x, int op, T rhs, unsigned int max) { \
+        if (!graph_condition_active(c)) return;                                                  \
+        cg_set(c, cg_compare<T>(*x, op, rhs), max);                                              \
     }
 CG_SET_FROM(float, cg_condition_set_from_f32)
 CG_SET_FROM(int, cg_condition_set_from_i32)
@@ -224,27 +261,26 @@ extern "C" __global__ void cg_loop_bound(GraphCondition c, unsigned int *count, 
     if (n >= max) graph_condition_set(c, false);
 }
 
-// Before an unrolled loop node (`graph_while_unrolled`): the body's steps write the condition
-// into `flag[0]` (the eager flag), `flag[1]` counts iterations for the bound.
+// graph_while_unrolled: before the loop node, the condition's flag (the steps set it) is 1
+// and the step count 0.
 extern "C" __global__ void cg_unroll_begin(unsigned int *flag) {
     flag[0] = 1u;
     flag[1] = 0u;
 }
 
-// After each step of an unrolled loop's body: the value the step left in `flag[0]` (cleared
-// once `max` steps have run, when `max` is not 0) goes to the loop's handle when it stops the
-// loop, and to the handle of the IF node guarding the next step (`has_next`).
-extern "C" __global__ void cg_unroll_guard(unsigned long long loop_handle,
-                                           unsigned long long next_handle, unsigned int has_next,
-                                           unsigned int *flag, unsigned int max) {
-    unsigned int v = flag[0] != 0u ? 1u : 0u;
-    if (max != 0u) {
-        unsigned int n = flag[1] + 1u;
-        flag[1] = n;
-        if (n >= max) v = 0u;
-    }
-    if (v == 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
-    if (has_next != 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)next_handle, v);
+// graph_while_unrolled, after a bounded step that did not count itself (its condition was set
+// by a kernel of the user's, or not at all): counts it while the loop goes on.
+extern "C" __global__ void cg_unroll_count(unsigned int *flag, unsigned int max) {
+    if (flag[0] == 0u) return;
+    unsigned int n = flag[1] + 1u;
+    flag[1] = n;
+    if (n >= max) flag[0] = 0u;
+}
+
+// graph_while_unrolled, the last node of the loop's body: the loop stops when a step cleared
+// the flag.
+extern "C" __global__ void cg_unroll_end(unsigned long long loop_handle, const unsigned int *flag) {
+    if (flag[0] == 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
 }
 "#
 );
@@ -338,9 +374,20 @@ pub struct Condition {
     location: &'static Location<'static>,
     /// The construct that tests it: CUDA ties a conditional handle to one node.
     tested_at: OnceLock<&'static Location<'static>>,
-    /// While an unrolled loop's body is recorded: setting the condition writes the flag,
-    /// which the library's guard after each step hands on to the handles.
-    via_flag: AtomicBool,
+    /// While the steps of an unrolled loop are recorded: the condition is its flag (see
+    /// `conditional/unroll.rs`).
+    pub(super) step: StepMode,
+}
+
+/// How a condition is set while the steps of `graph_while_unrolled` are recorded.
+#[derive(Default)]
+pub(super) struct StepMode {
+    /// Recording a step: setters write the flag, `kernel_arg` hands out the flag.
+    pub(super) on: AtomicBool,
+    /// The loop's bound, counted by the step's one library setter (0: none).
+    pub(super) max: AtomicU32,
+    /// Library setters (`set`, `set_from`) in the current step.
+    pub(super) sets: AtomicU32,
 }
 
 impl std::fmt::Debug for Condition {
@@ -370,6 +417,19 @@ pub struct ConditionArg<'c> {
 // layout of the device API's `struct GraphCondition { unsigned long long; unsigned int *; }`.
 unsafe impl DeviceRepr for ConditionArg<'_> {}
 
+impl ConditionArg<'static> {
+    /// No condition: for a kernel that takes a `GraphCondition` to check
+    /// `graph_condition_active` (see [`Runtime::graph_while_unrolled`]) when it runs outside
+    /// any loop. `graph_condition_active` is true for it; do not set it.
+    pub fn always() -> Self {
+        ConditionArg {
+            handle: 0,
+            flag: 0,
+            _condition: PhantomData,
+        }
+    }
+}
+
 impl ConditionArg<'_> {
     /// The conditional handle (0 eagerly).
     pub fn handle(&self) -> u64 {
@@ -395,10 +455,14 @@ impl Condition {
     /// `graph_condition_set` (see the [module docs](self#setting-a-condition-from-your-own-kernels)).
     /// Launch that kernel on `rt`'s stream.
     pub fn kernel_arg(&self, rt: &Runtime) -> ConditionArg<'_> {
-        let handle = self
-            .handle
-            .filter(|_| !self.via_flag.load(Ordering::Relaxed));
-        match handle {
+        if self.step.on.load(Ordering::Relaxed) {
+            return ConditionArg {
+                handle: u64::MAX,
+                flag: self.flag_ptr(rt),
+                _condition: PhantomData,
+            };
+        }
+        match self.handle {
             Some(handle) => ConditionArg {
                 handle,
                 flag: 0,
@@ -409,6 +473,18 @@ impl Condition {
                 flag: self.flag_ptr(rt),
                 _condition: PhantomData,
             },
+        }
+    }
+
+    /// A library setter is being recorded: counted for the step, and the bound it counts
+    /// (0: none; only the step's first setter counts the step).
+    fn library_setter(&self) -> u32 {
+        if !self.step.on.load(Ordering::Relaxed) {
+            return 0;
+        }
+        match self.step.sets.fetch_add(1, Ordering::Relaxed) {
+            0 => self.step.max.load(Ordering::Relaxed),
+            _ => 0,
         }
     }
 
@@ -424,15 +500,18 @@ impl Condition {
     /// Sets the condition to `value` on the device, in stream order (a one-thread kernel).
     pub fn set(&self, rt: &Runtime, value: bool) -> Result<(), GraphError> {
         let f = rt.library_function(CONDITION_KERNELS, "cg_condition_set")?;
+        let max = self.library_setter();
         let arg = self.kernel_arg(rt);
         let v = u32::from(value);
-        // SAFETY: `cg_condition_set(GraphCondition, unsigned int)` writes the 4-byte flag this
-        // condition owns (eagerly) or sets its graph's handle (captured); one thread.
+        // SAFETY: `cg_condition_set(GraphCondition, unsigned int, unsigned int)` writes the
+        // 8 bytes this condition owns (eagerly, or in a step of an unrolled loop) or sets its
+        // graph's handle (captured); one thread.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
                 .arg(&arg)
                 .arg(&v)
+                .arg(&max)
                 .launch(one_thread())
         }?;
         Ok(())
@@ -457,12 +536,13 @@ impl Condition {
             });
         }
         let f = rt.library_function(CONDITION_KERNELS, T::KERNEL)?;
+        let max = self.library_setter();
         let arg = self.kernel_arg(rt);
         let (src, _sync) = x.device_ptr(rt.stream());
         let op = cmp.code();
-        // SAFETY: `cg_condition_set_from_<T>(GraphCondition, const T *, int, T)` reads the
-        // first element of `x` (non-empty, checked above; borrowed for the call, and freed in
-        // stream order after it) and sets this condition; one thread.
+        // SAFETY: `cg_condition_set_from_<T>(GraphCondition, const T *, int, T, unsigned int)`
+        // reads the first element of `x` (non-empty, checked above; borrowed for the call, and
+        // freed in stream order after it) and sets this condition; one thread.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
@@ -470,6 +550,7 @@ impl Condition {
                 .arg(&src)
                 .arg(&op)
                 .arg(&rhs)
+                .arg(&max)
                 .launch(one_thread())
         }?;
         Ok(())

@@ -62,7 +62,7 @@ impl Runtime {
                     capture: root.1,
                     location,
                     tested_at: OnceLock::new(),
-                    via_flag: AtomicBool::new(false),
+                    step: StepMode::default(),
                 }
             }
             _ => Condition {
@@ -71,7 +71,7 @@ impl Runtime {
                 capture: 0,
                 location,
                 tested_at: OnceLock::new(),
-                via_flag: AtomicBool::new(false),
+                step: StepMode::default(),
             },
         };
         condition.set(self, initial)?;

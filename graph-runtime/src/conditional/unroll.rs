@@ -1,144 +1,102 @@
 //! `Runtime::graph_while_unrolled`: a WHILE node whose body holds `unroll` copies of the
-//! loop's step, each after the first guarded by an IF node, so that the relaunch of the body
-//! that every WHILE iteration costs on the device is paid once per `unroll` steps.
+//! loop's step, so that the relaunch of the body that every WHILE iteration costs on the
+//! device is paid once per `unroll` steps.
 //!
 //! Captured, one iteration of the loop node is
 //!
 //! ```text
-//! step 1; guard 1; IF (h1) { step 2; guard 2; IF (h2) { … step k; guard k } }
+//! step 1; step 2; …; step k; cg_unroll_end
 //! ```
 //!
-//! While the steps are recorded the condition is set through its flag in device memory (as
-//! eagerly: [`Condition::kernel_arg`] hands out the flag), and the library's one-thread guard
-//! after each step reads the flag, counts the step against the bound, clears the loop's
-//! handle when the loop is to stop and sets the handle of the IF node around the next step. A
-//! step after the one that cleared the condition is therefore never run: the loop runs
-//! exactly the steps of the plain `graph_while`, with the same results bit for bit. Eagerly
-//! it is the plain host loop.
+//! with `cg_unroll_begin` before the node. While the steps are recorded, the condition lives
+//! in its flag in device memory (as eagerly), and [`Condition::kernel_arg`] hands out the flag
+//! marked as a step's (`GRAPH_CONDITION_STEP`): `graph_condition_set` writes the flag only
+//! while it is still set, and `graph_condition_active` tells the step's kernels whether an
+//! earlier step of the iteration cleared it, so that they return at once. The library's
+//! setters check it themselves, and the first of a bounded step counts the step; a step whose
+//! condition is set otherwise gets a one-thread counting kernel. The last node hands a
+//! cleared flag to the loop's handle. (An IF node around each step would need no cooperation
+//! from the kernels, but on driver 580 an IF node costs as much as a WHILE iteration: no
+//! gain, measured on an H200.)
 
 use super::construct::{Construct, NEEDS_CONDITIONALS};
-use super::record::{with_record, HandleRecord};
+use super::record::with_record;
 use super::site::Site;
 use super::*;
 
-/// Turns `cond`'s setters to its flag while alive, and back when dropped.
-struct ViaFlag<'c>(&'c Condition);
+/// Puts `cond` into step mode while alive, and back when dropped.
+struct Steps<'c> {
+    cond: &'c Condition,
+}
 
-impl<'c> ViaFlag<'c> {
-    fn new(cond: &'c Condition) -> Self {
-        cond.via_flag.store(true, Ordering::Relaxed);
-        ViaFlag(cond)
+impl<'c> Steps<'c> {
+    fn new(cond: &'c Condition, max: u32) -> Self {
+        cond.step.max.store(max, Ordering::Relaxed);
+        cond.step.on.store(true, Ordering::Relaxed);
+        Steps { cond }
+    }
+
+    /// Before a step is recorded: nothing set yet.
+    fn begin_step(&self) {
+        self.cond.step.sets.store(0, Ordering::Relaxed);
+    }
+
+    /// Library setters (`set`, `set_from`) of the step just recorded.
+    fn setters(&self) -> u32 {
+        self.cond.step.sets.load(Ordering::Relaxed)
     }
 }
 
-impl Drop for ViaFlag<'_> {
+impl Drop for Steps<'_> {
     fn drop(&mut self) {
-        self.0.via_flag.store(false, Ordering::Relaxed);
-    }
-}
-
-/// What the recording of an unrolled loop's steps needs.
-struct Steps<'a> {
-    rt: &'a Runtime,
-    graph: &'static str,
-    location: &'static Location<'static>,
-    mode: sys::CUstreamCaptureMode,
-    stream: sys::CUstream,
-    loop_handle: u64,
-    /// The handles of the IF nodes around steps 2..=k (one fewer than the steps).
-    guards: Vec<u64>,
-    flag: u64,
-    /// The iteration bound in steps (0: none).
-    max: u32,
-    guard: CudaFunction,
-}
-
-impl Steps<'_> {
-    /// Records step `j` (from 0), its guard, and the IF node holding the steps after it.
-    fn record(
-        &self,
-        rt: &Runtime,
-        j: usize,
-        body: &mut dyn FnMut(&Runtime) -> Result<(), GraphError>,
-    ) -> Result<(), GraphError> {
-        body(rt)?;
-        let next = self.guards.get(j).copied();
-        let has_next = u32::from(next.is_some());
-        let next_handle = next.unwrap_or(0);
-        // SAFETY: `cg_unroll_guard(unsigned long long, unsigned long long, unsigned int,
-        // unsigned int *, unsigned int)` reads and writes the condition's two words (alive
-        // until the condition drops, after the graph's use of it) and sets the loop's handle
-        // and the next IF node's handle, both created for the graph being captured; one thread.
-        unsafe {
-            rt.stream()
-                .launch_builder(&self.guard)
-                .arg(&self.loop_handle)
-                .arg(&next_handle)
-                .arg(&has_next)
-                .arg(&self.flag)
-                .arg(&self.max)
-                .launch(one_thread())
-        }?;
-        let Some(handle) = next else {
-            return Ok(());
-        };
-        let validating = with_record(|r| r.validating > 0).unwrap_or(false);
-        if validating {
-            // The scratch recording of an enclosing node: every step inline.
-            return self.record(rt, j + 1, body);
-        }
-        let site = Site {
-            rt: self.rt,
-            construct: Construct::If,
-            graph: self.graph,
-            location: self.location,
-            mode: self.mode,
-            stream: self.stream,
-        };
-        site.record(handle, true, &mut |rt, _| {
-            self.record(rt, j + 1, &mut *body)
-        })
+        self.cond.step.on.store(false, Ordering::Relaxed);
+        self.cond.step.max.store(0, Ordering::Relaxed);
     }
 }
 
 impl Runtime {
     /// [`Runtime::graph_while`] with `unroll` steps per iteration of the loop node: the same
-    /// loop, the same steps and the same results bit for bit, with the loop node's per-iteration
-    /// cost on the device (the relaunch of its body, a few µs) paid once per `unroll` steps.
+    /// loop and the same results bit for bit, with the loop node's per-iteration cost on the
+    /// device (the relaunch of its body, a few µs) paid once per `unroll` steps.
     ///
     /// `body` is one step, as for `graph_while`: it sets `cond` for the next test. Captured,
-    /// the loop node's body holds `unroll` copies of the step; after each, a one-thread library
-    /// kernel (the guard) hands the condition on, and the copies after the first sit inside IF
-    /// nodes that run them only while the condition holds, so no step runs after the one that
-    /// cleared it (iteration counts need not be multiples of `unroll`). `max_iterations`
-    /// counts steps, as for `graph_while`, in the guard. Eagerly it is `graph_while`'s host
-    /// loop.
+    /// the loop node's body holds `unroll` copies of the step. A step after the one that
+    /// cleared the condition still runs, and must change nothing; the library makes its own
+    /// kernels so, and yours cooperate through the device API (see the
+    /// [module docs](crate::conditional#unrolled-loops)):
+    ///
+    /// ```text
+    /// extern "C" __global__ void sweep(const float *x, float *y, int n, GraphCondition go) {
+    ///     if (!graph_condition_active(go)) return;   // an earlier step stopped the loop
+    ///     …
+    /// }
+    /// ```
+    ///
+    /// so each step's kernels take `cond.kernel_arg(rt)` (taken inside the step) and return
+    /// at once when `graph_condition_active` is false. Kernels that cannot check it (a cuBLAS
+    /// call) are fine when running them again changes nothing the loop reads. Set the
+    /// condition last in the step (a kernel after the setter sees the new value). Iteration
+    /// counts need not be multiples of `unroll`; `max_iterations` counts steps, as for
+    /// `graph_while`. Eagerly it is `graph_while`'s host loop, where
+    /// `graph_condition_active` is always true.
     ///
     /// ```no_run
     /// # use graph_runtime::cudarc::driver::CudaSlice;
-    /// # use graph_runtime::{Compare, GraphError, Runtime};
-    /// # fn step(rt: &Runtime, x: &mut CudaSlice<f32>, r: &mut CudaSlice<f32>) -> Result<(), GraphError> { Ok(()) }
+    /// # use graph_runtime::{Compare, Condition, GraphError, Runtime};
+    /// # fn step(rt: &Runtime, go: &Condition, x: &mut CudaSlice<f32>, r: &mut CudaSlice<f32>) -> Result<(), GraphError> { Ok(()) }
     /// # fn solve(rt: &Runtime, x: &mut CudaSlice<f32>, r: &mut CudaSlice<f32>) -> Result<(), GraphError> {
     /// let go = rt.condition(true)?;
     /// rt.graph_while_unrolled(&go, Some(10_000), 8, |rt| {
-    ///     step(rt, x, r)?;
+    ///     step(rt, &go, x, r)?;                         // kernels given go.kernel_arg(rt)
     ///     go.set_from(rt, &*r, Compare::Gt, 1e-6)
     /// })
     /// # }
     /// ```
     ///
-    /// Whether it pays depends on the driver's cost of an IF node against a WHILE iteration:
-    /// `examples/15-jacobi-solve.rs` and `examples/14-decode-loop.rs` measure both.
-    ///
-    /// What a step may record is what a `graph_while` body may, with two more limits:
-    /// * set the condition inside the step (with [`Condition::set`], [`Condition::set_from`], or
-    ///   a kernel given [`Condition::kernel_arg`] taken inside the step: an argument taken
-    ///   before the call addresses the loop node directly and skips the guard);
-    /// * no conditional constructs of its own: each copy would test the same condition, which
-    ///   is [`GraphError::ConditionMisuse`] when captured.
-    ///
     /// # Errors
-    /// Those of [`Runtime::graph_while`]; [`GraphError::ConditionMisuse`] for `unroll == 0`.
+    /// Those of [`Runtime::graph_while`]; [`GraphError::ConditionMisuse`] for `unroll == 0`,
+    /// and, in a bounded loop, for a step that calls `set` / `set_from` more than once (the
+    /// step's setter counts it against the bound).
     #[track_caller]
     pub fn graph_while_unrolled(
         &self,
@@ -166,7 +124,6 @@ impl Runtime {
         self.while_unrolled(cond, max_iterations, unroll, location, &mut body)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn while_unrolled(
         &self,
         cond: &Condition,
@@ -197,16 +154,17 @@ impl Runtime {
         if first != location {
             return Err(misuse(super::api::tested_twice(cond, first)));
         }
-        let (capture, validating, mode, root) =
-            with_record(|r| (r.id, r.validating > 0, r.mode, r.root))
-                .ok_or_else(|| misuse(super::api::foreign_capture(graph)))?;
+        let (capture, validating, mode) = with_record(|r| (r.id, r.validating > 0, r.mode))
+            .ok_or_else(|| misuse(super::api::foreign_capture(graph)))?;
         let loop_handle = match cond.handle {
             Some(h) if cond.capture == capture => h,
             _ => return Err(misuse(super::api::from_elsewhere(cond))),
         };
         let begin = self.library_function(CONDITION_KERNELS, "cg_unroll_begin")?;
-        let guard = self.library_function(CONDITION_KERNELS, "cg_unroll_guard")?;
+        let count = self.library_function(CONDITION_KERNELS, "cg_unroll_count")?;
+        let end = self.library_function(CONDITION_KERNELS, "cg_unroll_end")?;
         let flag = cond.flag_ptr(self);
+        let max = bound.unwrap_or(0);
         // SAFETY: `cg_unroll_begin(unsigned int *)` writes the condition's two words (alive
         // until the condition drops, after the graph's use of them); one thread.
         unsafe {
@@ -215,46 +173,53 @@ impl Runtime {
                 .arg(&flag)
                 .launch(one_thread())
         }?;
-        let guards = if validating {
-            // Inside the scratch recording of an enclosing body: no nodes, no handles.
-            vec![0; unroll as usize - 1]
-        } else {
-            self.context().bind_to_thread()?;
-            (1..unroll)
-                .map(|_| {
-                    // SAFETY: `root` is the graph being captured, on this runtime's context
-                    // (bound above); the driver supports CUDA 12.4 (checked).
-                    let h = unsafe {
-                        driver::conditional_handle_create(root, self.context().cu_ctx(), 0)
+        let mut record = |rt: &Runtime, _: usize| -> Result<(), GraphError> {
+            let steps = Steps::new(cond, max);
+            for _ in 0..unroll {
+                steps.begin_step();
+                body(rt)?;
+                if max == 0 {
+                    continue;
+                }
+                match steps.setters() {
+                    1 => {} // the library setter counted the step
+                    0 => {
+                        // SAFETY: `cg_unroll_count(unsigned int *, unsigned int)` reads and
+                        // writes the condition's two words (alive as above); one thread.
+                        unsafe {
+                            rt.stream()
+                                .launch_builder(&count)
+                                .arg(&flag)
+                                .arg(&max)
+                                .launch(one_thread())
+                        }?;
                     }
-                    .map_err(|e| GraphError::from_driver(graph, e))?;
-                    with_record(|r| {
-                        r.handles.push(HandleRecord {
-                            handle: h,
-                            location,
-                            used: false,
-                        })
-                    });
-                    Ok(h)
-                })
-                .collect::<Result<Vec<u64>, GraphError>>()?
+                    sets => {
+                        return Err(misuse(format!(
+                            "a step of this bounded loop set its condition {sets} times with `set` / \
+                             `set_from`; the bound is counted by the step's setter, so a step sets it \
+                             once, last: with one `set` / `set_from` call, or from a kernel of yours"
+                        )))
+                    }
+                }
+            }
+            drop(steps);
+            // SAFETY: `cg_unroll_end(unsigned long long, const unsigned int *)` reads the
+            // condition's flag (alive as above) and clears the loop's handle, created for the
+            // graph being captured; one thread.
+            unsafe {
+                rt.stream()
+                    .launch_builder(&end)
+                    .arg(&loop_handle)
+                    .arg(&flag)
+                    .launch(one_thread())
+            }?;
+            Ok(())
         };
-        let steps = Steps {
-            rt: self,
-            graph,
-            location,
-            mode,
-            stream: self.stream().cu_stream(),
-            loop_handle,
-            guards,
-            flag,
-            max: bound.unwrap_or(0),
-            guard,
-        };
-        let _via_flag = ViaFlag::new(cond);
         if validating {
+            // Inside the scratch recording of an enclosing body: the steps inline.
             let _inside = DepthScope::conditional();
-            return steps.record(self, 0, body);
+            return record(self, 0);
         }
         let tested = with_record(|r| r.handles.iter().any(|h| h.handle == loop_handle && h.used));
         if tested == Some(true) {
@@ -266,10 +231,8 @@ impl Runtime {
             graph,
             location,
             mode,
-            stream: steps.stream,
+            stream: self.stream().cu_stream(),
         };
-        site.record(loop_handle, bound.is_none(), &mut |rt, _| {
-            steps.record(rt, 0, &mut *body)
-        })
+        site.record(loop_handle, bound.is_none(), &mut record)
     }
 }
