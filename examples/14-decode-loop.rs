@@ -32,6 +32,10 @@
 //!   device: once the end token (or the length limit) is reached, the remaining steps of the
 //!   iteration change nothing (no token, no position); they still run, so a sequence pays at
 //!   most 7 wasted steps;
+//! * **on-device loop, 8 steps per iteration, `graph_while_unrolled`**: the library's
+//!   unrolling of the one-step loop; the argmax kernel's `done` flag and the library's guard
+//!   (`graph_condition_active` is false after the step that stopped) keep the extra steps
+//!   from changing the tokens, and the steps after the end only rewrite the frozen position;
 //! * **replay + host read**: the one-step graph launched per token, then the token read back
 //!   (`clone_dtoh` of 4 bytes, which synchronizes) to decide whether to stop;
 //! * **eager loop**: the same function called eagerly: `graph_while` then runs on the host,

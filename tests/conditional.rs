@@ -973,18 +973,6 @@ fn never_clears_unrolled(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(),
     })
 }
 
-/// A bounded unrolled step that sets its condition twice: refused when captured (the bound
-/// counts a step once).
-#[cuda_graph(warmup = 1)]
-fn unrolled_set_twice(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
-    rt.stream().memset_zeros(&mut *count)?;
-    let go = rt.condition(true)?;
-    rt.graph_while_unrolled(&go, Some(7), 2, |rt| {
-        go.set_from(rt, &*count, Compare::Lt, 5)?;
-        go.set_from(rt, &*count, Compare::Lt, 5)
-    })
-}
-
 /// `unroll = 0`: refused.
 #[cuda_graph(warmup = 1)]
 fn unrolled_zero(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
@@ -1016,13 +1004,6 @@ fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), Graph
         text.contains("ConditionMisuse")
             && text.contains("graph_while_unrolled")
             && text.contains("is 0"),
-        "{text}"
-    );
-    still_usable(&rt)?;
-    let err = UnrolledSetTwiceGraph::capture(&rt, 1).unwrap_err();
-    let text = format!("{err:?}");
-    assert!(
-        text.contains("ConditionMisuse") && text.contains("set its condition 2 times"),
         "{text}"
     );
     still_usable(&rt)

@@ -180,18 +180,24 @@ typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
                                                                        unsigned int value);
 // Condition::kernel_arg: the graph's conditional handle while captured (flag == nullptr), a
-// flag in device memory when the body runs eagerly (handle == 0), and the flag with handle ==
-// GRAPH_CONDITION_STEP inside a step of graph_while_unrolled.
+// flag in device memory when the body runs eagerly (handle == 0), and inside step j of a
+// graph_while_unrolled iteration the flag with handle == GRAPH_CONDITION_NONE - 1 - j; the
+// flag's words are then [condition, steps before this iteration, bound]. ConditionArg::always:
+// handle == GRAPH_CONDITION_NONE, no flag.
 struct GraphCondition {
     unsigned long long handle;
     unsigned int *flag;
 };
-#define GRAPH_CONDITION_STEP 0xffffffffffffffffull
-// Whether the loop is still going: false only inside a step of graph_while_unrolled once an
-// earlier step of the same iteration cleared the condition. A kernel of such a step returns
-// at once when it is false (the step is then a no-op); true everywhere else.
+#define GRAPH_CONDITION_NONE 0xffffffffffffffffull
+#define GRAPH_CONDITION_MAX_STEPS 4096ull
+// Whether the loop is still going: false only inside a step of graph_while_unrolled that comes
+// after the step that cleared the condition (or past the loop's bound); a kernel of such a
+// step returns at once. True everywhere else.
 __device__ __forceinline__ bool graph_condition_active(GraphCondition c) {
-    return c.flag == nullptr || c.handle != GRAPH_CONDITION_STEP || *(volatile unsigned int *)c.flag != 0u;
+    if (c.flag == nullptr || c.handle < GRAPH_CONDITION_NONE - GRAPH_CONDITION_MAX_STEPS) return true;
+    const volatile unsigned int *f = c.flag;
+    unsigned int j = (unsigned int)(GRAPH_CONDITION_NONE - 1ull - c.handle);
+    return f[0] != 0u && f[1] + j < f[2];
 }
 // graph_while runs its body again, graph_if takes its first branch, when `value` is true.
 // Call it from one thread, or from every thread with the same value.
@@ -199,7 +205,7 @@ __device__ __forceinline__ void graph_condition_set(GraphCondition c, bool value
     unsigned int v = value ? 1u : 0u;
     if (c.flag != nullptr) {
         if (graph_condition_active(c)) *c.flag = v;
-    } else {
+    } else if (c.handle != GRAPH_CONDITION_NONE) {
         cudaGraphSetConditional((cudaGraphConditionalHandle)c.handle, v);
     }
 }
@@ -228,26 +234,13 @@ template <typename T> __device__ __forceinline__ bool cg_compare(T a, int op, T 
     }
 }
 
-// Sets the condition; inside a bounded step of graph_while_unrolled (`max` != 0) it also
-// counts the step and clears the condition once `max` steps have run.
-__device__ __forceinline__ void cg_set(GraphCondition c, bool value, unsigned int max) {
-    if (max != 0u && c.flag != nullptr && c.handle == GRAPH_CONDITION_STEP) {
-        if (c.flag[0] == 0u) return;
-        unsigned int n = c.flag[1] + 1u;
-        c.flag[1] = n;
-        if (n >= max) value = false;
-    }
-    graph_condition_set(c, value);
+extern "C" __global__ void cg_condition_set(GraphCondition c, unsigned int value) {
+    graph_condition_set(c, value != 0u);
 }
 
-extern "C" __global__ void cg_condition_set(GraphCondition c, unsigned int value, unsigned int max) {
-    cg_set(c, value != 0u, max);
-}
-
-#define CG_SET_FROM(T, NAME)                                                                     \
-    extern "C" __global__ void NAME(GraphCondition c, const T *x, int op, T rhs, unsigned int max) { \
-        if (!graph_condition_active(c)) return;                                                  \
-        cg_set(c, cg_compare<T>(*x, op, rhs), max);                                              \
+#define CG_SET_FROM(T, NAME)                                                          \
+    extern "C" __global__ void NAME(GraphCondition c, const T *x, int op, T rhs) {    \
+        if (graph_condition_active(c)) graph_condition_set(c, cg_compare<T>(*x, op, rhs)); \
     }
 CG_SET_FROM(float, cg_condition_set_from_f32)
 CG_SET_FROM(int, cg_condition_set_from_i32)
@@ -261,26 +254,21 @@ extern "C" __global__ void cg_loop_bound(GraphCondition c, unsigned int *count, 
     if (n >= max) graph_condition_set(c, false);
 }
 
-// graph_while_unrolled: before the loop node, the condition's flag (the steps set it) is 1
-// and the step count 0.
-extern "C" __global__ void cg_unroll_begin(unsigned int *flag) {
+// graph_while_unrolled: before the loop node, the condition's flag is 1, no step has run, and
+// the bound is `max` (0: none).
+extern "C" __global__ void cg_unroll_begin(unsigned int *flag, unsigned int max) {
     flag[0] = 1u;
     flag[1] = 0u;
+    flag[2] = max != 0u ? max : 0xffffffffu;
 }
 
-// graph_while_unrolled, after a bounded step that did not count itself (its condition was set
-// by a kernel of the user's, or not at all): counts it while the loop goes on.
-extern "C" __global__ void cg_unroll_count(unsigned int *flag, unsigned int max) {
-    if (flag[0] == 0u) return;
-    unsigned int n = flag[1] + 1u;
-    flag[1] = n;
-    if (n >= max) flag[0] = 0u;
-}
-
-// graph_while_unrolled, the last node of the loop's body: the loop stops when a step cleared
-// the flag.
-extern "C" __global__ void cg_unroll_end(unsigned long long loop_handle, const unsigned int *flag) {
-    if (flag[0] == 0u) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
+// graph_while_unrolled, the last node of the loop's body: `steps` more steps are behind; the
+// loop stops when one cleared the flag or the bound is reached.
+extern "C" __global__ void cg_unroll_end(unsigned long long loop_handle, unsigned int *flag,
+                                         unsigned int steps) {
+    unsigned int done = flag[1] + steps;
+    flag[1] = done;
+    if (flag[0] == 0u || done >= flag[2]) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
 }
 "#
 );
@@ -358,14 +346,14 @@ impl ConditionValue for u32 {
 /// The value a [`Runtime::graph_while`] or [`Runtime::graph_if`] tests, set on the device.
 ///
 /// Made by [`Runtime::condition`] inside a `#[cuda_graph]` body (or in any eager code). It
-/// owns 8 bytes of device memory (the eager flag and the loop counter; a graph allocation
+/// owns 12 bytes of device memory (the eager flag, the loop counter and bound; a graph allocation
 /// node while captured) and, while captured, the graph's conditional handle. Set it with
 /// [`Condition::set`], [`Condition::set_from`], or from a kernel of yours through
 /// [`Condition::kernel_arg`]. One construct tests it: CUDA ties a conditional handle to one
 /// conditional node, so a second `graph_while` / `graph_if` / `graph_if_else` call site
 /// testing the same condition is [`GraphError::ConditionMisuse`].
 pub struct Condition {
-    /// `[flag, iteration count]`.
+    /// `[flag, iteration count, bound]` (the bound for `graph_while_unrolled`).
     mem: CudaSlice<u32>,
     /// The graph's conditional handle while captured; `None` eagerly.
     handle: Option<u64>,
@@ -379,15 +367,13 @@ pub struct Condition {
     pub(super) step: StepMode,
 }
 
-/// How a condition is set while the steps of `graph_while_unrolled` are recorded.
+/// How a condition is handed out while the steps of `graph_while_unrolled` are recorded.
 #[derive(Default)]
 pub(super) struct StepMode {
-    /// Recording a step: setters write the flag, `kernel_arg` hands out the flag.
+    /// Recording a step: `kernel_arg` hands out the flag, marked with the step's index.
     pub(super) on: AtomicBool,
-    /// The loop's bound, counted by the step's one library setter (0: none).
-    pub(super) max: AtomicU32,
-    /// Library setters (`set`, `set_from`) in the current step.
-    pub(super) sets: AtomicU32,
+    /// The index of the step being recorded in its iteration.
+    pub(super) index: AtomicU32,
 }
 
 impl std::fmt::Debug for Condition {
@@ -418,12 +404,13 @@ pub struct ConditionArg<'c> {
 unsafe impl DeviceRepr for ConditionArg<'_> {}
 
 impl ConditionArg<'static> {
-    /// No condition: for a kernel that takes a `GraphCondition` to check
-    /// `graph_condition_active` (see [`Runtime::graph_while_unrolled`]) when it runs outside
-    /// any loop. `graph_condition_active` is true for it; do not set it.
+    /// No condition: for a kernel that takes a `GraphCondition` (to check
+    /// `graph_condition_active`, see [`Runtime::graph_while_unrolled`], or to set it) when it
+    /// runs outside any loop: `graph_condition_active` is true for it, and
+    /// `graph_condition_set` does nothing.
     pub fn always() -> Self {
         ConditionArg {
-            handle: 0,
+            handle: u64::MAX,
             flag: 0,
             _condition: PhantomData,
         }
@@ -456,8 +443,9 @@ impl Condition {
     /// Launch that kernel on `rt`'s stream.
     pub fn kernel_arg(&self, rt: &Runtime) -> ConditionArg<'_> {
         if self.step.on.load(Ordering::Relaxed) {
+            let j = u64::from(self.step.index.load(Ordering::Relaxed));
             return ConditionArg {
-                handle: u64::MAX,
+                handle: u64::MAX - 1 - j,
                 flag: self.flag_ptr(rt),
                 _condition: PhantomData,
             };
@@ -476,18 +464,6 @@ impl Condition {
         }
     }
 
-    /// A library setter is being recorded: counted for the step, and the bound it counts
-    /// (0: none; only the step's first setter counts the step).
-    fn library_setter(&self) -> u32 {
-        if !self.step.on.load(Ordering::Relaxed) {
-            return 0;
-        }
-        match self.step.sets.fetch_add(1, Ordering::Relaxed) {
-            0 => self.step.max.load(Ordering::Relaxed),
-            _ => 0,
-        }
-    }
-
     fn flag_ptr(&self, rt: &Runtime) -> u64 {
         let (ptr, _sync) = self.mem.device_ptr(rt.stream());
         ptr
@@ -500,18 +476,16 @@ impl Condition {
     /// Sets the condition to `value` on the device, in stream order (a one-thread kernel).
     pub fn set(&self, rt: &Runtime, value: bool) -> Result<(), GraphError> {
         let f = rt.library_function(CONDITION_KERNELS, "cg_condition_set")?;
-        let max = self.library_setter();
         let arg = self.kernel_arg(rt);
         let v = u32::from(value);
-        // SAFETY: `cg_condition_set(GraphCondition, unsigned int, unsigned int)` writes the
-        // 8 bytes this condition owns (eagerly, or in a step of an unrolled loop) or sets its
-        // graph's handle (captured); one thread.
+        // SAFETY: `cg_condition_set(GraphCondition, unsigned int)` reads and writes the words
+        // this condition owns (eagerly, or in a step of an unrolled loop) or sets its graph's
+        // handle (captured); one thread.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
                 .arg(&arg)
                 .arg(&v)
-                .arg(&max)
                 .launch(one_thread())
         }?;
         Ok(())
@@ -536,12 +510,11 @@ impl Condition {
             });
         }
         let f = rt.library_function(CONDITION_KERNELS, T::KERNEL)?;
-        let max = self.library_setter();
         let arg = self.kernel_arg(rt);
         let (src, _sync) = x.device_ptr(rt.stream());
         let op = cmp.code();
-        // SAFETY: `cg_condition_set_from_<T>(GraphCondition, const T *, int, T, unsigned int)`
-        // reads the first element of `x` (non-empty, checked above; borrowed for the call, and
+        // SAFETY: `cg_condition_set_from_<T>(GraphCondition, const T *, int, T)` reads the
+        // first element of `x` (non-empty, checked above; borrowed for the call, and
         // freed in stream order after it) and sets this condition; one thread.
         unsafe {
             rt.stream()
@@ -550,7 +523,6 @@ impl Condition {
                 .arg(&src)
                 .arg(&op)
                 .arg(&rhs)
-                .arg(&max)
                 .launch(one_thread())
         }?;
         Ok(())

@@ -9,15 +9,15 @@
 //! ```
 //!
 //! with `cg_unroll_begin` before the node. While the steps are recorded, the condition lives
-//! in its flag in device memory (as eagerly), and [`Condition::kernel_arg`] hands out the flag
-//! marked as a step's (`GRAPH_CONDITION_STEP`): `graph_condition_set` writes the flag only
-//! while it is still set, and `graph_condition_active` tells the step's kernels whether an
-//! earlier step of the iteration cleared it, so that they return at once. The library's
-//! setters check it themselves, and the first of a bounded step counts the step; a step whose
-//! condition is set otherwise gets a one-thread counting kernel. The last node hands a
-//! cleared flag to the loop's handle. (An IF node around each step would need no cooperation
-//! from the kernels, but on driver 580 an IF node costs as much as a WHILE iteration: no
-//! gain, measured on an H200.)
+//! in its flag in device memory (as eagerly), whose three words are the condition, the steps
+//! before this iteration and the bound, and [`Condition::kernel_arg`] hands out the flag
+//! marked with the step's index in the iteration: `graph_condition_active` is false in a step
+//! after the one that cleared the condition or past the bound, and `graph_condition_set`
+//! (the library's setters too) does nothing there. The step's kernels check it and return at
+//! once. The last node counts the iteration's steps and clears the loop's handle when the flag
+//! is cleared or the bound reached. No library kernel runs per step. (An IF node around each
+//! step would need no cooperation from the kernels, but on driver 580 an IF node costs as much
+//! as a WHILE iteration: no gain, measured on an H200.)
 
 use super::construct::{Construct, NEEDS_CONDITIONALS};
 use super::record::with_record;
@@ -30,29 +30,26 @@ struct Steps<'c> {
 }
 
 impl<'c> Steps<'c> {
-    fn new(cond: &'c Condition, max: u32) -> Self {
-        cond.step.max.store(max, Ordering::Relaxed);
+    fn new(cond: &'c Condition) -> Self {
+        cond.step.index.store(0, Ordering::Relaxed);
         cond.step.on.store(true, Ordering::Relaxed);
         Steps { cond }
     }
 
-    /// Before a step is recorded: nothing set yet.
-    fn begin_step(&self) {
-        self.cond.step.sets.store(0, Ordering::Relaxed);
-    }
-
-    /// Library setters (`set`, `set_from`) of the step just recorded.
-    fn setters(&self) -> u32 {
-        self.cond.step.sets.load(Ordering::Relaxed)
+    /// Step `j` of the iteration is recorded next.
+    fn step(&self, j: u32) {
+        self.cond.step.index.store(j, Ordering::Relaxed);
     }
 }
 
 impl Drop for Steps<'_> {
     fn drop(&mut self) {
         self.cond.step.on.store(false, Ordering::Relaxed);
-        self.cond.step.max.store(0, Ordering::Relaxed);
     }
 }
+
+/// The most steps per iteration (`GRAPH_CONDITION_MAX_STEPS` of the device API).
+const MAX_UNROLL: u32 = 4096;
 
 impl Runtime {
     /// [`Runtime::graph_while`] with `unroll` steps per iteration of the loop node: the same
@@ -77,8 +74,10 @@ impl Runtime {
     /// call) are fine when running them again changes nothing the loop reads. Set the
     /// condition last in the step (a kernel after the setter sees the new value). Iteration
     /// counts need not be multiples of `unroll`; `max_iterations` counts steps, as for
-    /// `graph_while`. Eagerly it is `graph_while`'s host loop, where
-    /// `graph_condition_active` is always true.
+    /// `graph_while`, and no library kernel runs per step: setting the condition from a
+    /// kernel of yours (`graph_condition_set`) makes the toll of a step nothing at all.
+    /// Eagerly it is `graph_while`'s host loop, where `graph_condition_active` is always
+    /// true.
     ///
     /// ```no_run
     /// # use graph_runtime::cudarc::driver::CudaSlice;
@@ -94,9 +93,8 @@ impl Runtime {
     /// ```
     ///
     /// # Errors
-    /// Those of [`Runtime::graph_while`]; [`GraphError::ConditionMisuse`] for `unroll == 0`,
-    /// and, in a bounded loop, for a step that calls `set` / `set_from` more than once (the
-    /// step's setter counts it against the bound).
+    /// Those of [`Runtime::graph_while`]; [`GraphError::ConditionMisuse`] for `unroll == 0`
+    /// or above 4096.
     #[track_caller]
     pub fn graph_while_unrolled(
         &self,
@@ -106,14 +104,14 @@ impl Runtime {
         mut body: impl FnMut(&Runtime) -> Result<(), GraphError>,
     ) -> Result<(), GraphError> {
         let location = Location::caller();
-        if unroll == 0 {
+        if unroll == 0 || unroll > MAX_UNROLL {
             return Err(GraphError::ConditionMisuse {
                 construct: "graph_while_unrolled",
                 location,
-                problem:
-                    "`unroll` is 0; it is the number of steps per iteration of the loop node (1: \
-                          `graph_while`)"
-                        .into(),
+                problem: format!(
+                    "`unroll` is {unroll}; it is the number of steps per iteration of the loop node, \
+                     1 (`graph_while`) to {MAX_UNROLL}"
+                ),
             });
         }
         let captured = matches!(phase::phase(), Phase::Capture { .. });
@@ -161,57 +159,34 @@ impl Runtime {
             _ => return Err(misuse(super::api::from_elsewhere(cond))),
         };
         let begin = self.library_function(CONDITION_KERNELS, "cg_unroll_begin")?;
-        let count = self.library_function(CONDITION_KERNELS, "cg_unroll_count")?;
         let end = self.library_function(CONDITION_KERNELS, "cg_unroll_end")?;
         let flag = cond.flag_ptr(self);
         let max = bound.unwrap_or(0);
-        // SAFETY: `cg_unroll_begin(unsigned int *)` writes the condition's two words (alive
-        // until the condition drops, after the graph's use of them); one thread.
+        // SAFETY: `cg_unroll_begin(unsigned int *, unsigned int)` writes the condition's three
+        // words (alive until the condition drops, after the graph's use of them); one thread.
         unsafe {
             self.stream()
                 .launch_builder(&begin)
                 .arg(&flag)
+                .arg(&max)
                 .launch(one_thread())
         }?;
         let mut record = |rt: &Runtime, _: usize| -> Result<(), GraphError> {
-            let steps = Steps::new(cond, max);
-            for _ in 0..unroll {
-                steps.begin_step();
+            let steps = Steps::new(cond);
+            for j in 0..unroll {
+                steps.step(j);
                 body(rt)?;
-                if max == 0 {
-                    continue;
-                }
-                match steps.setters() {
-                    1 => {} // the library setter counted the step
-                    0 => {
-                        // SAFETY: `cg_unroll_count(unsigned int *, unsigned int)` reads and
-                        // writes the condition's two words (alive as above); one thread.
-                        unsafe {
-                            rt.stream()
-                                .launch_builder(&count)
-                                .arg(&flag)
-                                .arg(&max)
-                                .launch(one_thread())
-                        }?;
-                    }
-                    sets => {
-                        return Err(misuse(format!(
-                            "a step of this bounded loop set its condition {sets} times with `set` / \
-                             `set_from`; the bound is counted by the step's setter, so a step sets it \
-                             once, last: with one `set` / `set_from` call, or from a kernel of yours"
-                        )))
-                    }
-                }
             }
             drop(steps);
-            // SAFETY: `cg_unroll_end(unsigned long long, const unsigned int *)` reads the
-            // condition's flag (alive as above) and clears the loop's handle, created for the
-            // graph being captured; one thread.
+            // SAFETY: `cg_unroll_end(unsigned long long, unsigned int *, unsigned int)` reads
+            // and writes the condition's words (alive as above) and clears the loop's handle,
+            // created for the graph being captured; one thread.
             unsafe {
                 rt.stream()
                     .launch_builder(&end)
                     .arg(&loop_handle)
                     .arg(&flag)
+                    .arg(&unroll)
                     .launch(one_thread())
             }?;
             Ok(())
