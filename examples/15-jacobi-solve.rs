@@ -31,6 +31,10 @@
 //! same iteration count and bitwise the same `x`; the residual of that `x`, recomputed on the
 //! host in f64, is below the tolerance.
 //!
+//! On an H200 (driver 580), 48×48, median 1371 iterations: kernels 5.77 µs per iteration;
+//! `graph_while` 10.0 µs (+73%); `graph_while_unrolled` by 8, 7.65 µs (+33%); one replay
+//! per iteration with a host read 17.2 µs.
+//!
 //! Run: `cargo run --release --example 15-jacobi-solve` (`-- --json` for a JSON line,
 //! `-- --grid 64 --tol 1e-5` for another problem).
 

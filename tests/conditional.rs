@@ -1,7 +1,9 @@
 //! Loops and branches on the GPU (`graph_while`, `graph_if`, `graph_if_else`): replay against
 //! eager execution on fresh random inputs, several replays, inputs changed between them;
 //! conditions set by the library's kernels and by kernels of the test through the device
-//! API; the iteration bound; nesting; random numbers drawn inside a loop; and the typed
+//! API; the iteration bound; nesting; random numbers drawn inside a loop; unrolled loops
+//! (`graph_while_unrolled`) against eager and the plain loop, trip counts not multiples of
+//! the unroll factor, the bound mid-iteration; and the typed
 //! errors for what a conditional body must not record, with the runtime usable afterwards.
 //!
 //! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with

@@ -534,6 +534,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn one_table_per_family_in_order() {
+        let r = sample();
+        let tables = r.family_tables();
+        let families: Vec<&str> = tables.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(families, ["mlp", "train", "decode", "dropout_train"]);
+        let rows: usize = tables.iter().map(|(_, t)| t.rows.len()).sum();
+        assert_eq!(
+            rows,
+            r.summary().len(),
+            "every workload in exactly one table"
+        );
+        let (_, mlp) = &tables[0];
+        assert!(
+            mlp.rows.iter().all(|row| row[0].starts_with("MLP")),
+            "{:?}",
+            mlp.rows
+        );
+        assert_eq!(
+            tables[1].1.rows.len(),
+            1,
+            "ours and PyTorch's train step share a row"
+        );
+    }
+
+    #[test]
     fn the_chain_sweep() {
         let chain = |side, n: u32, eager: f64, graph: f64| {
             Record::new(

@@ -126,13 +126,16 @@
 //!
 //! # Costs
 //! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
-//! the device, with no host involvement: on an H200 with driver 580, `examples/14-decode-loop.rs`'s
-//! 13-kernel decode step of 29.7 µs takes 33.7 µs per iteration, and
-//! `examples/15-jacobi-solve.rs`'s iteration of 5.64 µs of kernels 10.6 µs (its setter and
-//! bound are two more one-thread kernels). [`Runtime::graph_while_unrolled`] pays the toll once
-//! per `k` steps. An IF node costs about as much as a WHILE iteration, so guarding each step
-//! with one gains nothing. One replay per step with a host read of the condition costs about
-//! 12 µs more per step on the same machine.
+//! the device, with no host involvement. On an H200 with driver 580
+//! (`examples/14-decode-loop.rs`): a 13-kernel decode step of 29.4 µs takes 33.8 µs per
+//! iteration (+14.7%), and 31.0 µs (+5.3%) with [`Runtime::graph_while_unrolled`] at 8 steps
+//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (5.77 µs) takes
+//! 10.0 µs with `graph_while` and 7.65 µs unrolled by 8 (kernels of a few µs pay more inside a
+//! conditional body than in a straight-line graph). A `max_iterations` bound adds a one-thread
+//! kernel per iteration to `graph_while` (about 0.6 µs) and nothing to
+//! `graph_while_unrolled`; so does [`Condition::set_from`], where setting the condition from
+//! a kernel of yours costs nothing. An IF node costs about as much as a WHILE iteration. One
+//! replay per step with a host read of the condition costs 8–12 µs more per step.
 //!
 //! # Files
 //! This file holds the public types ([`Condition`], [`ConditionArg`], [`Compare`],
