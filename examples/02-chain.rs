@@ -13,6 +13,17 @@
 //! * PyTorch: `scripts/torch_chain.py` (eager `add_`, `torch.cuda.graph` replay), when
 //!   `python3` with torch is on the machine.
 //!
+//! The first table compares like with like: on Hopper the L2 hashes addresses, so the same
+//! chain of tiny kernels runs up to ~10% faster or slower depending only on where its buffer
+//! sits (H200: 0.83–0.92 µs per node over 8 placements). So it measures `--placements` graphs
+//! of ours, each with its own static buffers, and on each graph's own buffers the hand-written
+//! capture with the same input copy (raw) and two floors captured by hand with no copy: plain
+//! edges, and early launch (programmatic edges); median and range over the placements.
+//! Placement moves real workloads far less (H200, `BENCH_PAD_BYTES` shifting every buffer:
+//! MLP batch 1 and 64 within 1%, decode step within 0.2%), so the library leaves static
+//! buffers where the allocator puts them; when benchmarking tiny kernels, compare on the same
+//! buffers or over several placements.
+//!
 //! Figures: wall µs per replay (back-to-back replays, then one sync), µs per node, host µs
 //! spent inside one replay call, GPU µs per node (CUDA events), and capture + instantiate
 //! time. Each timing is the median of 7 measurements (captures: of 3), each measurement about
@@ -30,10 +41,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use graph_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use graph_runtime::cudarc::driver::DevicePtr;
 use graph_runtime::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
-use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime, Tolerance};
+use graph_runtime::{cuda_graph, BoxError, EarlyLaunch, GraphError, Runtime, Tolerance};
 use record::{read_output, Record, Side};
 
 const ELEMS: usize = 256;
@@ -54,6 +66,10 @@ struct Args {
     /// Leave out PyTorch (`scripts/torch_chain.py`).
     #[arg(long)]
     no_torch: bool,
+    /// Buffer placements of the like-for-like table: that many graphs of ours (each with its
+    /// own static buffers), each raw capture on the same buffers as one of them.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    placements: u32,
 }
 
 /// Calls per measurement for a chain of `n` kernels: about [`BATCH_US`] of replays.
@@ -161,18 +177,200 @@ fn raw_capture(
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     kernels: usize,
-) -> Result<(CudaGraph, Duration), GraphError> {
+) -> Result<(CudaGraph, Duration, Duration), GraphError> {
     let s = rt.stream();
     launch_chain(s, rt, x, y, kernels)?; // warm: compile, load
     s.synchronize()?;
     let t = Instant::now();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     launch_chain(s, rt, x, y, kernels)?;
+    let recorded = t.elapsed();
     let graph = s
         .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?
         .expect("the chain records kernels");
     graph.upload()?;
-    Ok((graph, t.elapsed()))
+    Ok((graph, t.elapsed(), recorded))
+}
+
+/// The chain captured by hand on raw device addresses: `y = x + 1`, then `kernels - 1` times
+/// `y += 1`, with ordinary launches or with early launches (programmatic edges). Capturing
+/// it on the addresses of our graph's own buffers compares like with like.
+fn hand_chain(rt: &Runtime, x: u64, y: u64, kernels: usize, early: bool) -> Result<(), GraphError> {
+    let s = rt.stream();
+    let (first, inc) = if early {
+        ("add_scalar_early", "add_one_inplace_early")
+    } else {
+        ("add_scalar", "add_one_inplace")
+    };
+    let first = rt.function(ELEMENTWISE, first)?;
+    let inc = rt.function(ELEMENTWISE, inc)?;
+    let n = ELEMS as i32;
+    let cfg = LaunchConfig::for_num_elems(n as u32);
+    // SAFETY: `x` and `y` address live buffers of `ELEMS` floats (the caller keeps them alive
+    // while the graph recorded here can run); each kernel touches `n = ELEMS` floats, and the
+    // early-launch kernels wait for the kernel before them before touching memory.
+    unsafe {
+        if early {
+            EarlyLaunch::new(s, &first)
+                .arg(x)
+                .arg(y)
+                .arg(1.0f32)
+                .arg(n)
+                .launch(cfg)?;
+            for _ in 1..kernels {
+                EarlyLaunch::new(s, &inc).arg(y).arg(n).launch(cfg)?;
+            }
+        } else {
+            s.launch_builder(&first)
+                .arg(&x)
+                .arg(&y)
+                .arg(&1.0f32)
+                .arg(&n)
+                .launch(cfg)?;
+            for _ in 1..kernels {
+                s.launch_builder(&inc).arg(&y).arg(&n).launch(cfg)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`hand_chain`] captured (after one eager run) into an instantiated, uploaded graph.
+fn hand_capture(
+    rt: &Runtime,
+    x: u64,
+    y: u64,
+    kernels: usize,
+    early: bool,
+    copy_from: Option<&CudaSlice<f32>>,
+) -> Result<CudaGraph, GraphError> {
+    let s = rt.stream();
+    hand_chain(rt, x, y, kernels, early)?;
+    s.synchronize()?;
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    if let Some(src) = copy_from {
+        // The input copy a replay of ours does, into the same input buffer.
+        let (sp, _sync) = src.device_ptr(s);
+        // SAFETY: `x` addresses a live buffer of `ELEMS` floats and `src` holds `ELEMS`
+        // floats; the copy is recorded, not run.
+        unsafe {
+            graph_runtime::cudarc::driver::result::memcpy_dtod_async(
+                x,
+                sp,
+                ELEMS * std::mem::size_of::<f32>(),
+                s.cu_stream(),
+            )
+        }?;
+    }
+    hand_chain(rt, x, y, kernels, early)?;
+    let graph = s
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?
+        .expect("the chain records kernels");
+    graph.upload()?;
+    Ok(graph)
+}
+
+/// Median, least and greatest of `v`.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(v.to_vec()), lo, hi)
+}
+
+/// Like for like, per placement: ours, raw on ours' buffers, the two floors, and the raw
+/// capture on buffers of its own (µs per replay, wall).
+#[derive(Default)]
+struct Placed {
+    ours: Vec<f64>,
+    raw_same: Vec<f64>,
+    floor_plain: Vec<f64>,
+    floor_early: Vec<f64>,
+    raw_own: Vec<f64>,
+    ours_early: Vec<f64>,
+}
+
+/// Wall µs per replay of ours and of hand captures on the same buffers, over `placements`
+/// graphs of ours (each with its own static buffers, so at its own addresses).
+fn like_for_like(rt: &Runtime, n: usize, placements: usize) -> Result<Placed, GraphError> {
+    let s = rt.stream().clone();
+    let iters = iters_for_chain(n);
+    let host_x: Vec<f32> = (0..ELEMS).map(|i| i as f32).collect();
+    let src = s.clone_htod(&host_x)?;
+    let want: Vec<f32> = host_x.iter().map(|v| v + n as f32).collect();
+    // Every graph of ours stays alive until the end, so that each sits at its own address.
+    let mut graphs = Vec::new();
+    let mut earlies = Vec::new();
+    let mut users = Vec::new();
+    let mut out = Placed::default();
+    for _ in 0..placements {
+        let mut g = ChainGraph::capture(rt, &src, ELEMS, n)?;
+        let y = {
+            let y = g.replay(&src)?.y;
+            let (p, _sync) = y.device_ptr(&s);
+            p
+        };
+        // The graph's static input: the replay's copy writes it; ours reads it. A raw copy into
+        // a buffer of the same placement: the first node's source.
+        let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
+        let x = {
+            let (p, _sync) = xs.device_ptr(&s);
+            p
+        };
+        let raw_same = hand_capture(rt, x, y, n, false, Some(&src))?;
+        let plain = hand_capture(rt, x, y, n, false, None)?;
+        let early = hand_capture(rt, x, y, n, true, None)?;
+        s.memcpy_dtod(&src, &mut xs)?;
+        for (what, graph) in [("raw", &raw_same), ("plain", &plain), ("early", &early)] {
+            let mut got = vec![0f32; ELEMS];
+            // SAFETY: `y` addresses our graph's output buffer of `ELEMS` floats, alive (the
+            // graph is); the stream is synchronized before the host copy reads it.
+            unsafe {
+                graph_runtime::cudarc::driver::result::memset_d8_async(
+                    y,
+                    0,
+                    ELEMS * 4,
+                    s.cu_stream(),
+                )?;
+                graph.launch()?;
+                s.synchronize()?;
+                graph_runtime::cudarc::driver::result::memcpy_dtoh_sync(&mut got, y)?;
+            }
+            assert_eq!(got, want, "hand capture ({what}) on our buffers");
+        }
+        s.synchronize()?;
+        out.ours
+            .push(wall_us(&s, iters, || g.replay(&src).map(|_| ()))?);
+        out.raw_same
+            .push(wall_us(&s, iters, || Ok(raw_same.launch()?))?);
+        out.floor_plain
+            .push(wall_us(&s, iters, || Ok(plain.launch()?))?);
+        out.floor_early
+            .push(wall_us(&s, iters, || Ok(early.launch()?))?);
+        // The raw capture as a user writes it, on buffers of its own.
+        let mut ux = s.alloc_zeros::<f32>(ELEMS)?;
+        let mut uy = s.alloc_zeros::<f32>(ELEMS)?;
+        let (raw, _t, _rec) = raw_capture(rt, &ux, &mut uy, n)?;
+        out.raw_own.push(wall_us(&s, iters, || {
+            s.memcpy_dtod(&src, &mut ux)?;
+            Ok(raw.launch()?)
+        })?);
+        assert_eq!(s.clone_dtoh(&uy)?, want, "raw replay");
+        let mut e = ChainEarlyGraph::capture(rt, &src, ELEMS, n)?;
+        out.ours_early
+            .push(wall_us(&s, iters, || e.replay(&src).map(|_| ()))?);
+        assert_eq!(
+            s.clone_dtoh(e.replay(&src)?.y)?,
+            want,
+            "early-launch replay"
+        );
+        users.push((ux, uy, raw));
+        earlies.push(e);
+        graphs.push((g, xs, raw_same, plain, early));
+    }
+    drop(users);
+    drop(earlies);
+    drop(graphs);
+    Ok(out)
 }
 
 struct Row {
@@ -191,6 +389,8 @@ struct Row {
     ours_capture_ms: f64,
     ours_capture_total_ms: f64,
     raw_capture_ms: f64,
+    /// Of `raw_capture_ms`: begin and the launches (the rest: end, instantiate, upload).
+    raw_record_ms: f64,
     /// Of `ours_capture_ms`: recording, reading the nodes, instantiating and uploading.
     ours_record_ms: f64,
     ours_inspect_ms: f64,
@@ -253,16 +453,18 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
     // Raw cudarc, same kernels, same stream, same input copy.
     let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
     let mut ys = s.alloc_zeros::<f32>(ELEMS)?;
-    let mut raw_times = Vec::new();
+    let (mut raw_times, mut raw_records) = (Vec::new(), Vec::new());
     let mut raw = None;
     for _ in 0..3 {
         drop(raw.take());
-        let (g, t) = raw_capture(rt, &xs, &mut ys, n)?;
+        let (g, t, rec) = raw_capture(rt, &xs, &mut ys, n)?;
         raw_times.push(t.as_secs_f64() * 1e3);
+        raw_records.push(rec.as_secs_f64() * 1e3);
         raw = Some(g);
     }
     let raw = raw.expect("captured three times");
     let raw_capture_ms = median(raw_times);
+    let raw_record_ms = median(raw_records);
     let raw_replay = |xs: &mut CudaSlice<f32>| -> Result<(), GraphError> {
         s.memcpy_dtod(&src, xs)?;
         raw.launch()?;
@@ -326,6 +528,7 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
         ours_capture_ms,
         ours_capture_total_ms,
         raw_capture_ms,
+        raw_record_ms,
         ours_record_ms,
         ours_inspect_ms,
         early_us,
@@ -406,6 +609,16 @@ fn main() -> Result<(), BoxError> {
         "02-chain: runtime, kernels and warm-up in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let mut placed = Vec::new();
+    for &n in &ns {
+        let t = Instant::now();
+        placed.push((n, like_for_like(&rt, n, args.placements as usize)?));
+        eprintln!(
+            "02-chain: N = {n}: like for like over {} placements in {:.1} s",
+            args.placements,
+            t.elapsed().as_secs_f64()
+        );
+    }
     let mut rows = Vec::new();
     for &n in &ns {
         let mut p = Phases::default();
@@ -423,6 +636,33 @@ fn main() -> Result<(), BoxError> {
     };
     eprintln!("02-chain: PyTorch in {:.1} s", t.elapsed().as_secs_f64());
 
+    println!(
+        "like for like: µs per node (wall, back-to-back replays), median [least–greatest] over {} placements; \
+         raw, plain floor and early floor are captured by hand on the same buffers as ours (raw: with the same \
+         input copy; floors: no copy, the fastest CUDA allows with plain and with programmatic edges)",
+        args.placements
+    );
+    println!("| N | ours µs/node | raw same buffers µs/node | ours/raw (median of per-placement ratios) | floor plain µs/node | floor early-launch µs/node | ours early-launch µs/node | raw own buffers µs/node |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (n, p) in &placed {
+        let per = |v: &[f64]| {
+            let (m, lo, hi) = spread(v);
+            let n = *n as f64;
+            format!("{:.3} [{:.3}–{:.3}]", m / n, lo / n, hi / n)
+        };
+        let ratios: Vec<f64> = p.ours.iter().zip(&p.raw_same).map(|(o, r)| o / r).collect();
+        let (rm, rlo, rhi) = spread(&ratios);
+        println!(
+            "| {n} | {} | {} | {rm:.3} [{rlo:.3}–{rhi:.3}] | {} | {} | {} | {} |",
+            per(&p.ours),
+            per(&p.raw_same),
+            per(&p.floor_plain),
+            per(&p.floor_early),
+            per(&p.ours_early),
+            per(&p.raw_own)
+        );
+    }
+    println!();
     println!("wall time per replay (µs) and per kernel/node (µs)");
     println!("| N | eager µs/kernel | ours replay µs | ours µs/node | raw cudarc replay µs | raw µs/node | ours/raw | ours early-launch µs/node | early/raw | ours launch-only µs | raw launch-only µs | speedup vs eager |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -459,15 +699,17 @@ fn main() -> Result<(), BoxError> {
         );
     }
     println!("\ncapture cost (ms): where ours goes, against the raw capture (begin, launches, end, instantiate, upload)");
-    println!("| N | ours record ms | ours inspect ms | ours instantiate + upload ms | ours total ms | raw ms | ours/raw |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| N | ours record ms | raw record ms | ours inspect ms | ours instantiate + upload ms | raw end + instantiate + upload ms | ours total ms | raw ms | ours/raw |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.n,
             r.ours_record_ms,
+            r.raw_record_ms,
             r.ours_inspect_ms,
             r.ours_capture_ms - r.ours_record_ms - r.ours_inspect_ms,
+            r.raw_capture_ms - r.raw_record_ms,
             r.ours_capture_ms,
             r.raw_capture_ms,
             r.ours_capture_ms / r.raw_capture_ms

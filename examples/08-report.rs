@@ -3,15 +3,20 @@
 //! Borrows from this workspace: `workloads` (the machine's GPU and host facts, the runtime or a
 //! skip) and `bench-report` (running the programs, the summary and the report's files).
 //!
-//! One command for every benchmark: runs `02-chain`, `04-mlp-inference`, `05-decode-step`,
-//! `06-train-step` and `07-dropout-train` (the example binaries next to this one) with
-//! `--json`, then `scripts/torch_chain.py` and `scripts/torch_models.py` when `python3` is
-//! there (they skip by themselves without PyTorch), reads the JSON lines they print
-//! (`bench_report::record`), and writes
+//! One command for every benchmark: runs every example (the binaries next to this one), the
+//! benchmarks among them with `--json`: `02-chain`, `04-mlp-inference`, `05-decode-step`,
+//! `06-train-step`, `07-dropout-train`, `14-decode-loop`, `15-jacobi-solve`, the two-GPU
+//! `10-tensor-parallel-mlp` and `11-data-parallel-train` (built with `--features nccl`;
+//! skipped, with the reason, on a machine of one GPU) and the candle tier `12-candle-mlp`
+//! and `13-candle-decoder` (when built with `--features candle`); `01`, `03` and `09` are
+//! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py` and
+//! `scripts/torch_decode_loop.py` when `python3` is there (they skip by themselves without
+//! PyTorch). It reads the JSON lines they print (`bench_report::record`) and writes
 //!
 //! * `report/report.json`: machine, library versions, every record, the summary;
-//! * `report/report.md`: one table with our eager and graph times next to PyTorch's, the
-//!   issue's targets with their verdicts, where graphs stop helping, the agreement checks;
+//! * `report/report.md`: one table per workload family with our eager and graph times next
+//!   to PyTorch's, the issue's targets with their verdicts, where graphs stop helping, the
+//!   agreement checks, the programs run (or skipped, and why);
 //! * `report/speedup.svg`: speedup against kernels per graph and against batch size;
 //! * `report/logs/*.log`: each program's full output.
 //!
@@ -30,7 +35,7 @@ use bench_report::versions::{built_version, utc_timestamp};
 use clap::Parser;
 use graph_runtime::BoxError;
 use workloads::machine::{gpu_facts, host_facts};
-use workloads::testing::runtime_or_skip;
+use workloads::testing::{runtime_or_skip, usable_gpus};
 
 /// Runs every benchmark and writes the report (Markdown, JSON, SVG and the programs' logs).
 #[derive(Parser)]
@@ -46,17 +51,76 @@ struct Args {
     no_torch: bool,
 }
 
-/// The example binaries the report runs, in order, with their arguments.
-const PROGRAMS: &[(&str, &[&str])] = &[
+/// One example binary the report runs.
+struct Program {
+    name: &'static str,
+    flags: &'static [&'static str],
+    /// Whether it prints benchmark records (the others are checked for a clean exit).
+    records: bool,
+    /// The cargo feature it is built with, if any: without it the binary is absent, and the
+    /// report says so instead of failing.
+    feature: Option<&'static str>,
+    /// GPUs it needs.
+    gpus: usize,
+}
+
+const fn program(name: &'static str, flags: &'static [&'static str]) -> Program {
+    Program {
+        name,
+        flags,
+        records: true,
+        feature: None,
+        gpus: 1,
+    }
+}
+
+/// Every example the report runs, in order.
+const PROGRAMS: &[Program] = &[
+    Program {
+        records: false,
+        ..program("01-first-graph", &[])
+    },
     // PyTorch's chain runs from the report, below, like its other figures.
-    ("02-chain", &["--json", "--no-torch"]),
-    ("04-mlp-inference", &["--json"]),
-    ("05-decode-step", &["--json"]),
-    ("06-train-step", &["--json"]),
-    ("07-dropout-train", &["--json"]),
+    program("02-chain", &["--json", "--no-torch"]),
+    Program {
+        records: false,
+        ..program("03-rng-fill", &[])
+    },
+    program("04-mlp-inference", &["--json"]),
+    program("05-decode-step", &["--json"]),
+    program("06-train-step", &["--json"]),
+    program("07-dropout-train", &["--json"]),
+    Program {
+        records: false,
+        ..program("09-user-rng-kernel", &[])
+    },
+    Program {
+        feature: Some("nccl"),
+        gpus: 2,
+        ..program("10-tensor-parallel-mlp", &["--json"])
+    },
+    Program {
+        feature: Some("nccl"),
+        gpus: 2,
+        ..program("11-data-parallel-train", &["--json"])
+    },
+    Program {
+        feature: Some("candle"),
+        ..program("12-candle-mlp", &["--json"])
+    },
+    Program {
+        feature: Some("candle"),
+        ..program("13-candle-decoder", &["--json"])
+    },
+    program("14-decode-loop", &["--json"]),
+    program("15-jacobi-solve", &["--json"]),
 ];
-/// The PyTorch scripts, in order.
-const TORCH_SCRIPTS: &[&str] = &["scripts/torch_chain.py", "scripts/torch_models.py"];
+/// The PyTorch scripts, in order, with their arguments.
+const TORCH_SCRIPTS: &[(&str, &[&str])] = &[
+    ("scripts/torch_chain.py", &[]),
+    ("scripts/torch_models.py", &[]),
+    ("scripts/torch_decode_loop.py", &["--json"]),
+];
 
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
@@ -72,6 +136,7 @@ fn main() -> Result<(), BoxError> {
     let mut env = vec![("generated".to_owned(), utc_timestamp(now))];
     env.extend(gpu_facts(&rt));
     drop(rt);
+    let gpus = usable_gpus().unwrap_or(1);
     for (what, package) in [
         ("cuda-graphs / graph-runtime", "graph-runtime"),
         ("cudarc", "cudarc"),
@@ -93,26 +158,47 @@ fn main() -> Result<(), BoxError> {
     };
 
     // 2. Our benchmarks.
-    for &(name, flags) in PROGRAMS {
+    for p in PROGRAMS {
+        let name = p.name;
         let path = here.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
         if !path.exists() {
-            report.runs.push(Run::not_run(
-                name,
-                format!(
-                    "{} not found: build the examples first (`cargo build --release --examples`)",
-                    path.display()
+            let run = match p.feature {
+                Some(feature) => Run::skipped(
+                    name,
+                    format!(
+                        "not built: it needs the `{feature}` feature \
+                         (`cargo build --release --examples --features {feature}`)"
+                    ),
                 ),
-            ));
+                None => Run::not_run(
+                    name,
+                    format!(
+                        "{} not found: build the examples first (`cargo build --release --examples`)",
+                        path.display()
+                    ),
+                ),
+            };
+            say(&run);
+            report.runs.push(run);
+            continue;
+        }
+        if p.gpus > gpus {
+            let run = Run::skipped(
+                name,
+                format!("it needs {} GPUs, this machine has {gpus}", p.gpus),
+            );
+            say(&run);
+            report.runs.push(run);
             continue;
         }
         let mut cmd = Command::new(&path);
-        cmd.args(flags);
+        cmd.args(p.flags);
         if let (Some(b), "04-mlp-inference") = (&args.batches, name) {
             cmd.args(["--batches", b]);
         }
         eprintln!("running {name} …");
         let (mut run, output) = run_program(name, cmd, &logs)?;
-        if run.ok && output.records.is_empty() {
+        if run.ok && p.records && output.records.is_empty() {
             // A run that printed nothing the report can read is a broken benchmark.
             run.ok = false;
             run.detail = "exited 0 but printed no record".into();
@@ -123,7 +209,7 @@ fn main() -> Result<(), BoxError> {
     }
 
     // 3. PyTorch, same workloads, when the scripts and python3 are here.
-    for &script in TORCH_SCRIPTS {
+    for &(script, flags) in TORCH_SCRIPTS {
         let name = Path::new(script)
             .file_name()
             .and_then(|n| n.to_str())
@@ -140,7 +226,7 @@ fn main() -> Result<(), BoxError> {
             continue;
         }
         let mut cmd = Command::new("python3");
-        cmd.arg(script);
+        cmd.arg(script).args(flags);
         if let (Some(b), "torch_models.py") = (&args.batches, name) {
             cmd.args(["--batches", b]);
         }

@@ -35,6 +35,10 @@
 //!   device: once the end token (or the length limit) is reached, the remaining steps of the
 //!   iteration change nothing (no token, no position); they still run, so a sequence pays at
 //!   most 7 wasted steps;
+//! * **on-device loop, 8 steps per iteration, `graph_while_unrolled`**: the library's
+//!   unrolling of the one-step loop; the argmax kernel's `done` flag and the library's guard
+//!   (`graph_condition_active` is false after the step that stopped) keep the extra steps
+//!   from changing the tokens, and the steps after the end only rewrite the frozen position;
 //! * **replay + host read**: the one-step graph launched per token, then the token read back
 //!   (`clone_dtoh` of 4 bytes, which synchronizes) to decide whether to stop;
 //! * **eager loop**: the same function called eagerly: `graph_while` then runs on the host,
@@ -47,7 +51,9 @@
 //! On an H100 (driver 580), per token: `tiny` 30.1 µs of kernels; on-device loop 34.2 µs
 //! (+13%), 31.3 µs with 8 steps per iteration (+3.9%); one replay per token with a host read
 //! 44.8 µs (1.43× slower than the unrolled loop); PyTorch's replay + `.item()` 103 µs.
-//! `example05`: 424 µs of kernels, on-device loop +1.2%.
+//! `example05`: 424 µs of kernels, on-device loop +1.2%. On an H200 (driver 580), `tiny`:
+//! 29.4 µs of kernels; on-device loop 33.8 µs (+14.7%); 8 steps per iteration 30.7 µs by
+//! hand (+4.3%) and 31.0 µs with `graph_while_unrolled` (+5.3%); replay + host read 41.6 µs.
 //!
 //! The model on the GPU (weights, state, one step's kernels, the stopping argmax) is
 //! `workloads::decode`, shared with `05-decode-step`; this file holds the three graphs over
@@ -162,10 +168,11 @@ fn decode_loop(
     #[constant] end: i32,
     #[constant] bounded: bool,
     #[constant] unroll: usize,
+    #[constant] lib_unroll: u32,
 ) -> Result<(), GraphError> {
     let go = rt.condition(true)?;
     let bound = bounded.then_some(max_tokens(&spec) as u32);
-    rt.graph_while(&go, bound, |rt| {
+    rt.graph_while_unrolled(&go, bound, lib_unroll, |rt| {
         for _ in 0..unroll {
             step(rt, w, kv, st, &spec, Last::ArgmaxStop { go: &go, end })?;
         }
@@ -214,6 +221,8 @@ struct Measured {
     loop_us: f64,
     loop_gpu_us: f64,
     unrolled_us: f64,
+    /// The on-device loop with the library's unrolling (`graph_while_unrolled`).
+    lib_unrolled_us: f64,
     bounded_us: f64,
     replay_us: f64,
     eager_us: f64,
@@ -254,7 +263,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     for _ in 0..runs {
         restart(&s, &mut kv, &mut st)?;
         let ((), us) = wall_once(&s, || {
-            decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1)
+            decode_loop(rt, &w, &mut kv, &mut st, spec, end, false, 1, 1)
         })?;
         let seq = generated(&s, &st)?;
         eager_runs.push(us / seq.len() as f64);
@@ -293,11 +302,17 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
     let mut loop_gpu_runs = Vec::new();
     let mut bounded_runs = Vec::new();
     let mut unrolled_runs = Vec::new();
+    let mut lib_runs = Vec::new();
     let unroll = args.unroll as usize;
-    for (bounded, k) in [(false, 1), (true, 1), (false, unroll)] {
+    for (bounded, k, lib) in [
+        (false, 1, 1),
+        (true, 1, 1),
+        (false, unroll, 1),
+        (false, 1, args.unroll),
+    ] {
         let (kv_l, st_l) = fresh()?;
         let mut looped =
-            DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded, k)?;
+            DecodeLoopGraph::capture(rt, w.clone(), kv_l, st_l, spec, end, bounded, k, lib)?;
         for _ in 0..runs {
             {
                 let state = looped.state_mut();
@@ -309,6 +324,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
             let n = seq.len() as f64;
             match (bounded, k) {
                 (true, _) => bounded_runs.push(t.wall_us / n),
+                _ if lib > 1 => lib_runs.push(t.wall_us / n),
                 (false, 1) => {
                     loop_runs.push(t.wall_us / n);
                     loop_gpu_runs.push(t.gpu_us / n);
@@ -346,6 +362,7 @@ fn run_size(rt: &Runtime, size: Size, args: &Args) -> Result<Measured, BoxError>
         loop_us: median(loop_runs),
         loop_gpu_us: median(loop_gpu_runs),
         unrolled_us: median(unrolled_runs),
+        lib_unrolled_us: median(lib_runs),
         bounded_us: median(bounded_runs),
         replay_us: median(replay_runs),
         eager_us: median(eager_runs),
@@ -425,9 +442,21 @@ fn main() -> Result<(), BoxError> {
         );
         row(
             &mut t,
-            &format!("on-device loop, {} steps per iteration, wall", args.unroll),
+            &format!(
+                "on-device loop, {} steps per iteration (hand-unrolled, done flag), wall",
+                args.unroll
+            ),
             "1".into(),
             m.unrolled_us,
+        );
+        row(
+            &mut t,
+            &format!(
+                "on-device loop, {} steps per iteration (`graph_while_unrolled`), wall",
+                args.unroll
+            ),
+            "1".into(),
+            m.lib_unrolled_us,
         );
         row(
             &mut t,
@@ -483,6 +512,7 @@ fn main() -> Result<(), BoxError> {
             .with("bounded_us", m.bounded_us)
             .with("unrolled_us", m.unrolled_us)
             .with("unroll", args.unroll)
+            .with("lib_unrolled_us", m.lib_unrolled_us)
             .with("eager_loop_us", m.eager_us);
             println!("{}", rec.line());
         }

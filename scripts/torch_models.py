@@ -143,6 +143,65 @@ def mlp_bench(batches):
                  check="output bitwise, eager vs graph", agree=agree)
 
 
+def mlp_probe(b):
+    """What sets PyTorch's MLP time at batch `b`: the model's graph against the same 16 layers
+    as one cuBLASLt call each with the bias + GELU epilogue (what 04-mlp-inference's `lt` does),
+    and as addmm + GELU; the GPU time of each graph and the kernels PyTorch runs (profiler).
+    Printed on stderr, so that stdout keeps only records."""
+    torch.manual_seed(4)
+    lin = [torch.nn.Linear(MLP_DIM, MLP_DIM).cuda() for _ in range(MLP_LAYERS)]
+    ws = [l.weight.detach() for l in lin]
+    bs = [l.bias.detach() for l in lin]
+    x = torch.randn(b, MLP_DIM, device="cuda")
+
+    def model():
+        h = x
+        for l in lin:
+            h = torch.nn.functional.gelu(l(h), approximate="tanh")
+        return h
+
+    def lt_epilogue():
+        h = x
+        for w, bias in zip(ws, bs):
+            h = torch._addmm_activation(bias, h, w.t(), use_gelu=True)
+        return h
+
+    def addmm_gelu():
+        h = x
+        for w, bias in zip(ws, bs):
+            h = torch.nn.functional.gelu(torch.addmm(bias, h, w.t()), approximate="tanh")
+        return h
+
+    def mm_then_bias_gelu():
+        h = x
+        for w, bias in zip(ws, bs):
+            h = torch.nn.functional.gelu(torch.mm(h, w.t()) + bias, approximate="tanh")
+        return h
+
+    out = {}
+    with torch.no_grad():
+        for name, fn in [("Linear+GELU (the model)", model), ("_addmm_activation(use_gelu) = cuBLASLt GELU_BIAS", lt_epilogue),
+                         ("addmm + gelu", addmm_gelu), ("mm, then bias + gelu", mm_then_bias_gelu)]:
+            warm_on_side_stream(fn)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            it = iters_for(gpu_us(g.replay, 3))
+            out[name] = gpu_us(g.replay, it)
+        print(f"\nMLP probe, batch {b}, {MLP_LAYERS} layers, GPU µs per graph replay (events):", file=sys.stderr)
+        for name, v in out.items():
+            print(f"  {name}: {v:.1f} µs", file=sys.stderr)
+        try:
+            from torch.profiler import profile, ProfilerActivity
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    model()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8), file=sys.stderr)
+        except Exception as e:  # the profiler is optional
+            print(f"  (profiler not available: {e})", file=sys.stderr)
+
+
 # --------------------------------------------------------------------------------------
 # Decode step
 
@@ -383,6 +442,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--only", default="mlp,decode,train")
+    ap.add_argument("--probe-mlp", type=int, default=0,
+                    help="only the MLP probe at this batch (stderr): which GEMM path sets the time")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: PyTorch sees no CUDA device", file=sys.stderr)
@@ -391,6 +452,9 @@ def main():
     env = [["PyTorch", torch.__version__], ["PyTorch CUDA", str(torch.version.cuda)],
            ["PyTorch device", torch.cuda.get_device_name(0)]]
     print(json.dumps({"env": env}), flush=True)
+    if args.probe_mlp:
+        mlp_probe(args.probe_mlp)
+        return
     only = set(args.only.split(","))
     if "mlp" in only:
         mlp_bench([int(b) for b in args.batches.split(",") if b.strip()])

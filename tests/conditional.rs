@@ -1,7 +1,9 @@
 //! Loops and branches on the GPU (`graph_while`, `graph_if`, `graph_if_else`): replay against
 //! eager execution on fresh random inputs, several replays, inputs changed between them;
 //! conditions set by the library's kernels and by kernels of the test through the device
-//! API; the iteration bound; nesting; random numbers drawn inside a loop; and the typed
+//! API; the iteration bound; nesting; random numbers drawn inside a loop; unrolled loops
+//! (`graph_while_unrolled`) against eager and the plain loop, trip counts not multiples of
+//! the unroll factor, the bound mid-iteration; and the typed
 //! errors for what a conditional body must not record, with the runtime usable afterwards.
 //!
 //! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with
@@ -33,6 +35,25 @@ extern "C" __global__ void count_until(unsigned int *count, const unsigned int *
 
 // count += 1, and nothing else: a loop whose condition never clears.
 extern "C" __global__ void count_only(unsigned int *count) { *count += 1u; }
+
+// The three above for graph_while_unrolled: nothing changes once an earlier step of the
+// iteration cleared the condition.
+extern "C" __global__ void halve_count_guarded(float *y, int n, unsigned int *iters, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] *= 0.5f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) iters[0] += 1u;
+}
+
+extern "C" __global__ void count_until_guarded(unsigned int *count, const unsigned int *stop, GraphCondition go) {
+    if (!graph_condition_active(go)) return;
+    unsigned int c = *count + 1u;
+    *count = c;
+    graph_condition_set(go, c < *stop);
+}
+
+extern "C" __global__ void count_only_guarded(unsigned int *count, GraphCondition go) {
+    if (graph_condition_active(go)) *count += 1u;
+}
 
 // y = a x + b.
 extern "C" __global__ void affine(const float *x, float *y, int n, float a, float b) {
@@ -775,6 +796,217 @@ fn refused_misplaced_conditions(rt: Runtime) -> Result<(), GraphError> {
             }
         ),
         "{err:?}"
+    );
+    still_usable(&rt)
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Unrolled loops (`graph_while_unrolled`): the same steps as `graph_while`, bit for bit,
+//    for trip counts that are and are not multiples of the unroll factor.
+
+/// `halve_until_small` with `unroll` steps per iteration of the loop node.
+#[cuda_graph(warmup = 2, check_determinism)]
+fn halve_unrolled(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    iters: &mut CudaSlice<u32>,
+    #[constant] unroll: u32,
+) -> Result<(), GraphError> {
+    let s = rt.stream();
+    let halve = rt.function(SRC, "halve_count_guarded")?;
+    let n = x.len() as i32;
+    s.memcpy_dtod(x, &mut *y)?;
+    s.memset_zeros(&mut *iters)?;
+    let go = rt.condition(false)?;
+    go.set_from(rt, &*y, Compare::Gt, 1.0)?;
+    rt.graph_while_unrolled(&go, Some(1000), unroll, |rt| {
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `halve_count_guarded` reads and writes `n` floats of `y` and one word of
+        // `iters`, and reads `go`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&halve)
+                .arg(&mut *y)
+                .arg(&n)
+                .arg(&mut *iters)
+                .arg(&arg)
+                .launch(grid(n as usize))
+        }?;
+        go.set_from(rt, &*y, Compare::Gt, 1.0)
+    })
+}
+
+#[gpu_test]
+fn unrolled_while_loop_matches_eager_and_the_plain_loop(rt: Runtime) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("unrolled_while_loop_matches_eager_and_the_plain_loop");
+    let n = 1000;
+    let s = rt.stream().clone();
+    let input = |rng: &mut rand::rngs::SmallRng| {
+        let mut x = random_vec(rng, n);
+        // 0 to ~17 iterations: x[0] in (0.05, 1e5).
+        x[0] = rng.random_range(-3.0f32..11.5).exp();
+        x
+    };
+    let mut plain = HalveUntilSmallGraph::capture(&rt, &input(&mut rng), n, 1)?;
+    let (mut ey, mut ei) = (s.alloc_zeros::<f32>(n)?, s.alloc_zeros::<u32>(1)?);
+    for unroll in [2u32, 3, 4, 8] {
+        let mut graph = HalveUnrolledGraph::capture(&rt, &input(&mut rng), n, 1, unroll)?;
+        let kinds = graph.info().kinds;
+        assert_eq!(
+            kinds.conditionals,
+            1,
+            "one loop node at the top: {:?}",
+            graph.info()
+        );
+        let mut trips = Vec::new();
+        for replay in 0..8 {
+            let x = input(&mut rng);
+            let out = graph.replay(&x)?;
+            let (gy, gi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
+            let out = plain.replay(&x)?;
+            let (py, pi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
+            halve_unrolled(&rt, &s.clone_htod(&x)?, &mut ey, &mut ei, unroll)?;
+            let (hy, hi) = halve_on_host(&x);
+            let at = format!("unroll {unroll}, replay {replay}, {hi} iterations");
+            assert_eq!(gi, hi, "{at}: iterations, unrolled graph vs host");
+            assert_eq!(pi, hi, "{at}: iterations, plain graph vs host");
+            assert_eq!(s.clone_dtoh(&ei)?[0], hi, "{at}: iterations, eager");
+            assert_eq!(gy, hy, "{at}: unrolled graph vs host, bitwise");
+            assert_eq!(gy, py, "{at}: unrolled vs plain graph, bitwise");
+            assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host, bitwise");
+            trips.push(hi);
+        }
+        assert!(
+            trips.iter().any(|t| t % unroll != 0),
+            "unroll {unroll}: a trip count not a multiple of it: {trips:?}"
+        );
+        let report = graph.verify(&input(&mut rng), Tolerance::BITWISE)?;
+        assert!(report.is_ok(), "unroll {unroll}: {report}");
+    }
+    Ok(())
+}
+
+/// `count_to` unrolled: the condition set by a kernel of the test (`kernel_arg` taken inside
+/// the step), the bound counted in steps.
+#[cuda_graph(warmup = 2)]
+fn count_to_unrolled(
+    rt: &Runtime,
+    stop: &CudaSlice<u32>,
+    count: &mut CudaSlice<u32>,
+    #[constant] bound: Option<u32>,
+    #[constant] unroll: u32,
+) -> Result<(), GraphError> {
+    let f = rt.function(SRC, "count_until_guarded")?;
+    rt.stream().memset_zeros(&mut *count)?;
+    let go = rt.condition(true)?;
+    rt.graph_while_unrolled(&go, bound, unroll, |rt| {
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `count_until` reads one word of `stop`, updates one of `count`, sets `go`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&f)
+                .arg(&mut *count)
+                .arg(stop)
+                .arg(&arg)
+                .launch(one())
+        }?;
+        Ok(())
+    })
+}
+
+#[gpu_test]
+fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("unrolled_loop_stops_at_the_device_condition_and_the_bound");
+    let s = rt.stream().clone();
+    let mut eager = s.alloc_zeros::<u32>(1)?;
+    for unroll in [3u32, 4] {
+        let mut bounded =
+            CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, Some(BOUND), unroll)?;
+        let mut free = CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, None, unroll)?;
+        for replay in 0..12 {
+            // The first iteration always runs (the condition starts true): at least 1.
+            let stop: u32 = match replay {
+                0 => 1_000_000,
+                1 => BOUND,
+                2 => BOUND + 1,
+                _ => rng.random_range(1..=2 * BOUND),
+            };
+            let at = format!("unroll {unroll}, replay {replay}, stop {stop}");
+            let got = s.clone_dtoh(bounded.replay([stop].as_slice())?.count)?[0];
+            count_to_unrolled(
+                &rt,
+                &s.clone_htod(&[stop])?,
+                &mut eager,
+                Some(BOUND),
+                unroll,
+            )?;
+            let want = stop.clamp(1, BOUND);
+            assert_eq!(got, want, "{at}: bounded graph");
+            assert_eq!(s.clone_dtoh(&eager)?[0], want, "{at}: bounded eager");
+            if stop <= 2 * BOUND {
+                let got = s.clone_dtoh(free.replay([stop].as_slice())?.count)?[0];
+                assert_eq!(got, stop.max(1), "{at}: unbounded graph");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `never_clears` unrolled: the bound alone ends it, 7 steps with 3 per iteration.
+#[cuda_graph(warmup = 1)]
+fn never_clears_unrolled(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
+    let f = rt.function(SRC, "count_only_guarded")?;
+    rt.stream().memset_zeros(&mut *count)?;
+    let go = rt.condition(true)?;
+    rt.graph_while_unrolled(&go, Some(7), 3, |rt| {
+        let arg = go.kernel_arg(rt);
+        // SAFETY: `count_only_guarded` updates one word of `count` and reads `go`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&f)
+                .arg(&mut *count)
+                .arg(&arg)
+                .launch(one())
+        }?;
+        Ok(())
+    })
+}
+
+/// `unroll = 0`: refused.
+#[cuda_graph(warmup = 1)]
+fn unrolled_zero(rt: &Runtime, count: &mut CudaSlice<u32>) -> Result<(), GraphError> {
+    let go = rt.condition(false)?;
+    rt.graph_while_unrolled(&go, Some(7), 0, |rt| {
+        rt.stream().memset_zeros(&mut *count)?;
+        Ok(())
+    })
+}
+
+#[gpu_test]
+fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), GraphError> {
+    let s = rt.stream().clone();
+    let mut eager = s.alloc_zeros::<u32>(1)?;
+    never_clears_unrolled(&rt, &mut eager)?;
+    assert_eq!(s.clone_dtoh(&eager)?, vec![7], "eager");
+    let mut graph = NeverClearsUnrolledGraph::capture(&rt, 1)?;
+    for replay in 0..3 {
+        assert_eq!(
+            s.clone_dtoh(graph.replay()?.count)?,
+            vec![7],
+            "replay {replay}"
+        );
+    }
+    // Refusals: typed errors (inside the warmup's or the loop body's error), runtime usable.
+    let err = UnrolledZeroGraph::capture(&rt, 1).unwrap_err();
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("ConditionMisuse")
+            && text.contains("graph_while_unrolled")
+            && text.contains("is 0"),
+        "{text}"
     );
     still_usable(&rt)
 }

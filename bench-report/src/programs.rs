@@ -14,8 +14,12 @@ use crate::record::{read_output, Output};
 pub struct Run {
     /// The program (`04-mlp-inference`, `torch_models.py`, …).
     pub name: String,
-    /// Whether it ran to completion with exit status 0 and printed readable records.
+    /// Whether it ran to completion with exit status 0 and printed readable records (or was
+    /// skipped for a reason that is no failure).
     pub ok: bool,
+    /// Whether it was left out on purpose: this machine cannot run it (too few GPUs), or it
+    /// was not built (a feature it needs); `detail` says why.
+    pub skipped: bool,
     /// Exit status, or why it did not run or is not usable.
     pub detail: String,
     /// Wall seconds it took.
@@ -30,9 +34,19 @@ impl Run {
         Run {
             name: name.to_owned(),
             ok: false,
+            skipped: false,
             detail: why,
             seconds: 0.0,
             records: 0,
+        }
+    }
+
+    /// A program left out on purpose, and why: no failure.
+    pub fn skipped(name: &str, why: String) -> Self {
+        Run {
+            ok: true,
+            skipped: true,
+            ..Run::not_run(name, why)
         }
     }
 }
@@ -67,6 +81,7 @@ pub fn run_program(name: &str, mut cmd: Command, log_dir: &Path) -> std::io::Res
     let mut run = Run {
         name: name.to_owned(),
         ok: out.status.success(),
+        skipped: false,
         detail: match out.status.code() {
             Some(0) => last,
             Some(c) => format!("exit status {c}: {last}"),

@@ -113,7 +113,11 @@ impl Report {
         md.push_str(
             "\n## Eager against graph, ours and PyTorch\n\nMicroseconds per call of the workload's unit: one forward (MLP), one token (decode), one training step, one whole chain. Graph times include copying new inputs into the graph (`replay`, PyTorch's `copy_` + `replay`) where the workload has inputs. Each figure is a median of 7 measurements of back-to-back calls.\n\n",
         );
-        md.push_str(&self.summary_table().to_markdown());
+        for (family, table) in self.family_tables() {
+            md.push_str(&format!("### {}\n\n", family_title(&family)));
+            md.push_str(&table.to_markdown());
+            md.push('\n');
+        }
         md.push_str("\n## Targets\n\n");
         for t in self.targets() {
             md.push_str(&format!("- {t}\n"));
@@ -147,7 +151,9 @@ impl Report {
         for r in &self.runs {
             runs.row(vec![
                 r.name.clone(),
-                if r.ok {
+                if r.skipped {
+                    format!("skipped: {}", r.detail)
+                } else if r.ok {
                     "ok".to_owned()
                 } else {
                     format!("FAILED: {}", r.detail)
@@ -197,6 +203,25 @@ impl Report {
     }
 }
 
+/// The heading of a workload family's table.
+fn family_title(bench: &str) -> String {
+    let what = match bench {
+        "chain" => "a chain of tiny kernels (µs per whole chain)",
+        "mlp" => "MLP inference (µs per forward)",
+        "decode" => "decoder step (µs per token)",
+        "train" => "training step (µs per step)",
+        "dropout_train" => "training step with dropout (µs per step)",
+        "decode_loop" => "decoding until the end token (µs per token: eager = one replay per token + host read, graph = the on-device loop; PyTorch: replay + `.item()`, replays without a check)",
+        "jacobi" => "Jacobi solve until the residual is small (µs per iteration: eager = one replay per iteration + host read, graph = the on-device loop)",
+        "tp_mlp" => "tensor-parallel MLP, 2 GPUs (µs per forward)",
+        "ddp_train" => "data-parallel training, 2 GPUs (µs per step)",
+        "candle" => "candle code as graphs (µs per call)",
+        "" => "other",
+        other => other,
+    };
+    format!("{bench}: {what}")
+}
+
 #[cfg(test)]
 mod tests {
     use crate::summary::tests::sample;
@@ -215,6 +240,22 @@ mod tests {
             "{md}"
         );
         assert!(Report::default().markdown().contains("No agreement checks"));
+        // One heading per workload family, and a program left out says why.
+        assert!(
+            md.contains("### mlp: MLP inference (µs per forward)"),
+            "{md}"
+        );
+        assert!(md.contains("### train: training step"), "{md}");
+        let mut r = sample();
+        r.runs.push(crate::programs::Run::skipped(
+            "10-tensor-parallel-mlp",
+            "it needs 2 GPUs, this machine has 1".into(),
+        ));
+        let md = r.markdown();
+        assert!(
+            md.contains("| 10-tensor-parallel-mlp | skipped: it needs 2 GPUs, this machine has 1 | 0.0 | 0 |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -128,9 +128,37 @@ impl Report {
         rows
     }
 
-    /// The summary as a Markdown table.
-    pub fn summary_table(&self) -> Table {
-        let mut t = Table::new(&[
+    /// The summary as one Markdown table per workload family (the records' `bench`: `chain`,
+    /// `mlp`, `decode`, …), in the order the families first came.
+    pub fn family_tables(&self) -> Vec<(String, Table)> {
+        let rows = self.summary();
+        let family = |r: &Row| {
+            r.ours
+                .as_ref()
+                .or(r.torch.as_ref())
+                .map_or_else(String::new, |rec| rec.bench.clone())
+        };
+        let mut families: Vec<String> = Vec::new();
+        for r in &rows {
+            let f = family(r);
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+        families
+            .into_iter()
+            .map(|f| {
+                let mut t = Self::summary_header();
+                for r in rows.iter().filter(|r| family(r) == f) {
+                    Self::summary_row(&mut t, r);
+                }
+                (f, t)
+            })
+            .collect()
+    }
+
+    fn summary_header() -> Table {
+        Table::new(&[
             "workload",
             ">ours eager µs",
             ">ours graph µs",
@@ -139,25 +167,34 @@ impl Report {
             ">PyTorch graph µs",
             ">PyTorch speedup",
             ">ours graph / PyTorch graph",
+        ])
+    }
+
+    fn summary_row(t: &mut Table, r: &Row) {
+        let mut what = r.what.clone();
+        if !r.shape_mismatch.is_empty() {
+            what.push_str(&format!(
+                " (shapes differ: {})",
+                r.shape_mismatch.join(", ")
+            ));
+        }
+        t.row(vec![
+            what,
+            us(r.ours_eager()),
+            us(r.ours_graph()),
+            times(r.ours_speedup()),
+            us(r.torch_eager()),
+            us(r.torch_graph()),
+            times(r.torch_speedup()),
+            ratio(r.graph_ratio()),
         ]);
+    }
+
+    /// The summary as a Markdown table.
+    pub fn summary_table(&self) -> Table {
+        let mut t = Self::summary_header();
         for r in self.summary() {
-            let mut what = r.what.clone();
-            if !r.shape_mismatch.is_empty() {
-                what.push_str(&format!(
-                    " (shapes differ: {})",
-                    r.shape_mismatch.join(", ")
-                ));
-            }
-            t.row(vec![
-                what,
-                us(r.ours_eager()),
-                us(r.ours_graph()),
-                times(r.ours_speedup()),
-                us(r.torch_eager()),
-                us(r.torch_graph()),
-                times(r.torch_speedup()),
-                ratio(r.graph_ratio()),
-            ]);
+            Self::summary_row(&mut t, &r);
         }
         t
     }
@@ -409,6 +446,7 @@ pub(crate) mod tests {
             runs: vec![Run {
                 name: "04-mlp-inference".into(),
                 ok: true,
+                skipped: false,
                 detail: "exit 0".into(),
                 seconds: 1.5,
                 records: 3,
@@ -493,6 +531,31 @@ pub(crate) mod tests {
             .expect("no crossover");
         assert!(torch.contains("(64)"), "{torch}");
         assert!(Report::default().where_graphs_stop_helping()[0].contains("nothing to say"));
+    }
+
+    #[test]
+    fn one_table_per_family_in_order() {
+        let r = sample();
+        let tables = r.family_tables();
+        let families: Vec<&str> = tables.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(families, ["mlp", "train", "decode", "dropout_train"]);
+        let rows: usize = tables.iter().map(|(_, t)| t.rows.len()).sum();
+        assert_eq!(
+            rows,
+            r.summary().len(),
+            "every workload in exactly one table"
+        );
+        let (_, mlp) = &tables[0];
+        assert!(
+            mlp.rows.iter().all(|row| row[0].starts_with("MLP")),
+            "{:?}",
+            mlp.rows
+        );
+        assert_eq!(
+            tables[1].1.rows.len(),
+            1,
+            "ours and PyTorch's train step share a row"
+        );
     }
 
     #[test]

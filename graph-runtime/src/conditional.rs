@@ -110,13 +110,32 @@
 //!   builtin that the driver's PTX JIT resolves, with no `-rdc` and no device runtime library.
 //! * Kernels set the condition from the same context that captured the graph.
 //!
+//! # Unrolled loops
+//! [`Runtime::graph_while_unrolled`] records `k` copies of the step in one iteration of the
+//! WHILE node, so that the node's per-iteration toll is paid once per `k` steps. Steps after
+//! the one that cleared the condition still run, and change nothing: inside them the
+//! condition lives in its flag in device memory, the library's setters skip once it is
+//! cleared, and kernels of yours that take [`Condition::kernel_arg`] start with
+//! `if (!graph_condition_active(go)) return;` (device API above; outside a step it is always
+//! true, and [`ConditionArg::always`] gives a kernel shared with straight-line code an
+//! argument for which it is). The loop then runs exactly the steps of `graph_while`, with the
+//! same results bit for bit; a kernel that cannot check (a cuBLAS call) may run again only
+//! where that changes nothing the loop reads. Set the condition last in a step. A bounded
+//! loop counts a step in its `set` / `set_from` call, or with a one-thread kernel after a
+//! step whose condition a kernel of yours sets.
+//!
 //! # Costs
 //! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
-//! the device, with no host involvement: about 4 µs on an H100 with driver 580
-//! (`examples/14-decode-loop.rs`: a 13-kernel decode step of 30.1 µs takes 34.2 µs per
-//! iteration). A body of several steps pays it once per iteration (8 steps: 31.3 µs per step);
-//! a `max_iterations` bound adds a one-thread kernel, about 0.8 µs. One replay per step with a
-//! host read of the condition costs about 13 µs more per step on the same machine.
+//! the device, with no host involvement. On an H200 with driver 580
+//! (`examples/14-decode-loop.rs`): a 13-kernel decode step of 29.4 µs takes 33.8 µs per
+//! iteration (+14.7%), and 31.0 µs (+5.3%) with [`Runtime::graph_while_unrolled`] at 8 steps
+//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (5.77 µs) takes
+//! 10.0 µs with `graph_while` and 7.65 µs unrolled by 8 (kernels of a few µs pay more inside a
+//! conditional body than in a straight-line graph). A `max_iterations` bound adds a one-thread
+//! kernel per iteration to `graph_while` (about 0.6 µs) and nothing to
+//! `graph_while_unrolled`; so does [`Condition::set_from`], where setting the condition from
+//! a kernel of yours costs nothing. An IF node costs about as much as a WHILE iteration. One
+//! replay per step with a host read of the condition costs 8–12 µs more per step.
 //!
 //! # Files
 //! This file holds the public types ([`Condition`], [`ConditionArg`], [`Compare`],
@@ -128,7 +147,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe, Location};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::{
@@ -146,6 +165,7 @@ pub(crate) mod record;
 mod site;
 #[cfg(test)]
 mod tests;
+mod unroll;
 
 /// The device API for kernels of yours that set a condition: the `GraphCondition` struct that
 /// [`Condition::kernel_arg`] fills and `graph_condition_set(GraphCondition, bool)`.
@@ -163,18 +183,32 @@ typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
                                                                        unsigned int value);
 // Condition::kernel_arg: the graph's conditional handle while captured (flag == nullptr), a
-// flag in device memory when the body runs eagerly.
+// flag in device memory when the body runs eagerly (handle == 0), and inside step j of a
+// graph_while_unrolled iteration the flag with handle == GRAPH_CONDITION_NONE - 1 - j; the
+// flag's words are then [condition, steps before this iteration, bound]. ConditionArg::always:
+// handle == GRAPH_CONDITION_NONE, no flag.
 struct GraphCondition {
     unsigned long long handle;
     unsigned int *flag;
 };
+#define GRAPH_CONDITION_NONE 0xffffffffffffffffull
+#define GRAPH_CONDITION_MAX_STEPS 4096ull
+// Whether the loop is still going: false only inside a step of graph_while_unrolled that comes
+// after the step that cleared the condition (or past the loop's bound); a kernel of such a
+// step returns at once. True everywhere else.
+__device__ __forceinline__ bool graph_condition_active(GraphCondition c) {
+    if (c.flag == nullptr || c.handle < GRAPH_CONDITION_NONE - GRAPH_CONDITION_MAX_STEPS) return true;
+    const volatile unsigned int *f = c.flag;
+    unsigned int j = (unsigned int)(GRAPH_CONDITION_NONE - 1ull - c.handle);
+    return f[0] != 0u && f[1] + j < f[2];
+}
 // graph_while runs its body again, graph_if takes its first branch, when `value` is true.
 // Call it from one thread, or from every thread with the same value.
 __device__ __forceinline__ void graph_condition_set(GraphCondition c, bool value) {
     unsigned int v = value ? 1u : 0u;
     if (c.flag != nullptr) {
-        *c.flag = v;
-    } else {
+        if (graph_condition_active(c)) *c.flag = v;
+    } else if (c.handle != GRAPH_CONDITION_NONE) {
         cudaGraphSetConditional((cudaGraphConditionalHandle)c.handle, v);
     }
 }
@@ -209,7 +243,7 @@ extern "C" __global__ void cg_condition_set(GraphCondition c, unsigned int value
 
 #define CG_SET_FROM(T, NAME)                                                          \
     extern "C" __global__ void NAME(GraphCondition c, const T *x, int op, T rhs) {    \
-        graph_condition_set(c, cg_compare<T>(*x, op, rhs));                          \
+        if (graph_condition_active(c)) graph_condition_set(c, cg_compare<T>(*x, op, rhs)); \
     }
 CG_SET_FROM(float, cg_condition_set_from_f32)
 CG_SET_FROM(int, cg_condition_set_from_i32)
@@ -221,6 +255,23 @@ extern "C" __global__ void cg_loop_bound(GraphCondition c, unsigned int *count, 
     unsigned int n = *count + 1u;
     *count = n;
     if (n >= max) graph_condition_set(c, false);
+}
+
+// graph_while_unrolled: before the loop node, the condition's flag is 1, no step has run, and
+// the bound is `max` (0: none).
+extern "C" __global__ void cg_unroll_begin(unsigned int *flag, unsigned int max) {
+    flag[0] = 1u;
+    flag[1] = 0u;
+    flag[2] = max != 0u ? max : 0xffffffffu;
+}
+
+// graph_while_unrolled, the last node of the loop's body: `steps` more steps are behind; the
+// loop stops when one cleared the flag or the bound is reached.
+extern "C" __global__ void cg_unroll_end(unsigned long long loop_handle, unsigned int *flag,
+                                         unsigned int steps) {
+    unsigned int done = flag[1] + steps;
+    flag[1] = done;
+    if (flag[0] == 0u || done >= flag[2]) cudaGraphSetConditional((cudaGraphConditionalHandle)loop_handle, 0u);
 }
 "#
 );
@@ -298,14 +349,14 @@ impl ConditionValue for u32 {
 /// The value a [`Runtime::graph_while`] or [`Runtime::graph_if`] tests, set on the device.
 ///
 /// Made by [`Runtime::condition`] inside a `#[cuda_graph]` body (or in any eager code). It
-/// owns 8 bytes of device memory (the eager flag and the loop counter; a graph allocation
+/// owns 12 bytes of device memory (the eager flag, the loop counter and bound; a graph allocation
 /// node while captured) and, while captured, the graph's conditional handle. Set it with
 /// [`Condition::set`], [`Condition::set_from`], or from a kernel of yours through
 /// [`Condition::kernel_arg`]. One construct tests it: CUDA ties a conditional handle to one
 /// conditional node, so a second `graph_while` / `graph_if` / `graph_if_else` call site
 /// testing the same condition is [`GraphError::ConditionMisuse`].
 pub struct Condition {
-    /// `[flag, iteration count]`.
+    /// `[flag, iteration count, bound]` (the bound for `graph_while_unrolled`).
     mem: CudaSlice<u32>,
     /// The graph's conditional handle while captured; `None` eagerly.
     handle: Option<u64>,
@@ -314,6 +365,18 @@ pub struct Condition {
     location: &'static Location<'static>,
     /// The construct that tests it: CUDA ties a conditional handle to one node.
     tested_at: OnceLock<&'static Location<'static>>,
+    /// While the steps of an unrolled loop are recorded: the condition is its flag (see
+    /// `conditional/unroll.rs`).
+    pub(super) step: StepMode,
+}
+
+/// How a condition is handed out while the steps of `graph_while_unrolled` are recorded.
+#[derive(Default)]
+pub(super) struct StepMode {
+    /// Recording a step: `kernel_arg` hands out the flag, marked with the step's index.
+    pub(super) on: AtomicBool,
+    /// The index of the step being recorded in its iteration.
+    pub(super) index: AtomicU32,
 }
 
 impl std::fmt::Debug for Condition {
@@ -343,6 +406,20 @@ pub struct ConditionArg<'c> {
 // layout of the device API's `struct GraphCondition { unsigned long long; unsigned int *; }`.
 unsafe impl DeviceRepr for ConditionArg<'_> {}
 
+impl ConditionArg<'static> {
+    /// No condition: for a kernel that takes a `GraphCondition` (to check
+    /// `graph_condition_active`, see [`Runtime::graph_while_unrolled`], or to set it) when it
+    /// runs outside any loop: `graph_condition_active` is true for it, and
+    /// `graph_condition_set` does nothing.
+    pub fn always() -> Self {
+        ConditionArg {
+            handle: u64::MAX,
+            flag: 0,
+            _condition: PhantomData,
+        }
+    }
+}
+
 impl ConditionArg<'_> {
     /// The conditional handle (0 eagerly).
     pub fn handle(&self) -> u64 {
@@ -368,6 +445,14 @@ impl Condition {
     /// `graph_condition_set` (see the [module docs](self#setting-a-condition-from-your-own-kernels)).
     /// Launch that kernel on `rt`'s stream.
     pub fn kernel_arg(&self, rt: &Runtime) -> ConditionArg<'_> {
+        if self.step.on.load(Ordering::Relaxed) {
+            let j = u64::from(self.step.index.load(Ordering::Relaxed));
+            return ConditionArg {
+                handle: u64::MAX - 1 - j,
+                flag: self.flag_ptr(rt),
+                _condition: PhantomData,
+            };
+        }
         match self.handle {
             Some(handle) => ConditionArg {
                 handle,
@@ -396,8 +481,9 @@ impl Condition {
         let f = rt.library_function(CONDITION_KERNELS, "cg_condition_set")?;
         let arg = self.kernel_arg(rt);
         let v = u32::from(value);
-        // SAFETY: `cg_condition_set(GraphCondition, unsigned int)` writes the 4-byte flag this
-        // condition owns (eagerly) or sets its graph's handle (captured); one thread.
+        // SAFETY: `cg_condition_set(GraphCondition, unsigned int)` reads and writes the words
+        // this condition owns (eagerly, or in a step of an unrolled loop) or sets its graph's
+        // handle (captured); one thread.
         unsafe {
             rt.stream()
                 .launch_builder(&f)
@@ -431,8 +517,8 @@ impl Condition {
         let (src, _sync) = x.device_ptr(rt.stream());
         let op = cmp.code();
         // SAFETY: `cg_condition_set_from_<T>(GraphCondition, const T *, int, T)` reads the
-        // first element of `x` (non-empty, checked above; borrowed for the call, and freed in
-        // stream order after it) and sets this condition; one thread.
+        // first element of `x` (non-empty, checked above; borrowed for the call, and
+        // freed in stream order after it) and sets this condition; one thread.
         unsafe {
             rt.stream()
                 .launch_builder(&f)

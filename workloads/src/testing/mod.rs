@@ -156,7 +156,10 @@ pub fn exit_on_error(result: Result<(), graph_runtime::BoxError>) {
 pub fn runtime_or_skip(program: &str) -> Option<Runtime> {
     init_tracing();
     match Runtime::new(0) {
-        Ok(rt) => Some(rt),
+        Ok(rt) => {
+            pad_allocations(&rt);
+            Some(rt)
+        }
         Err(e) if means_no_gpu(&e) => {
             if gpu_required() {
                 panic!("{program}: {REQUIRE_GPU}=1 but there is no usable GPU: {e}");
@@ -165,6 +168,31 @@ pub fn runtime_or_skip(program: &str) -> Option<Runtime> {
             None
         }
         Err(e) => panic!("{program}: the runtime failed to start: {e}"),
+    }
+}
+
+/// The environment variable that shifts where a benchmark's buffers land:
+/// [`runtime_or_skip`] allocates (and keeps) that many bytes before the program allocates
+/// anything, so that the same program can be measured with its buffers at other addresses.
+pub const PAD_BYTES: &str = "BENCH_PAD_BYTES";
+
+fn pad_allocations(rt: &Runtime) {
+    let Some(bytes) = std::env::var(PAD_BYTES)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&b| b > 0)
+    else {
+        return;
+    };
+    match rt.stream().alloc_zeros::<u8>(bytes) {
+        Ok(pad) => {
+            eprintln!(
+                "{PAD_BYTES}={bytes}: the program's buffers start after a pad of {bytes} bytes"
+            );
+            // Kept for the life of the process: the point is that later buffers sit after it.
+            std::mem::forget(pad);
+        }
+        Err(e) => eprintln!("{PAD_BYTES}={bytes}: the pad could not be allocated ({e})"),
     }
 }
 
