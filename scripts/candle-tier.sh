@@ -8,7 +8,8 @@
 #   1. builds ci/beside-cubecl (graph-runtime beside cudarc with cubecl-cuda's features),
 #      before the toolchain is on PATH: it must build without one;
 #   2. lints the workspace with the `candle` feature (`cargo clippy -D warnings`);
-#   3. runs graph-runtime's and the root package's tests with it (`tests/candle.rs`; without a
+#   3. runs graph-runtime's tests and doc examples and the root package's tests with it
+#      (`tests/candle.rs`; without a
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
@@ -37,6 +38,8 @@ step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D 
 # Binaries linked against candle ask for libcuda.so.1 & co.: here, the stubs (no GPU).
 export LD_LIBRARY_PATH="$CUDA_GRAPH_STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 step cargo test -p graph-runtime --features candle --lib
+# The doc examples with candle on, the candle module's among them.
+step cargo test -p graph-runtime --features candle --doc
 step cargo test -p cuda-graphs --features candle --test candle
 step cargo build -p cuda-graphs --features candle --example 12-candle-mlp --example 13-candle-decoder
 
