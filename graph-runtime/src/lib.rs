@@ -171,7 +171,7 @@
 //! | buffers | `buffer.rs` (static buffers, sources, `Staging`), `fingerprint.rs` | input nodes, constructs and below |
 //! | work in a body | `inputs.rs`, `fork.rs`, `timer.rs`, `conditional/`, `verify/`, `nccl/`, `state/snapshot.rs`, `rng/` draws | one another (never in a circle), the runtime and below |
 //! | runtime | `runtime/` (context, streams, cuBLAS, kernel cache, library probes) | the generator core and below |
-//! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs` | errors and driver calls |
+//! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs`, `recorded.rs` (the owner of a recorded graph) | errors and driver calls |
 //! | ground | `error/`, `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | nothing of the crate (`error/` only the report and NCCL error it carries) |
 
 #![warn(missing_docs)]
@@ -198,6 +198,7 @@ pub mod launch;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod phase;
+mod recorded;
 mod region;
 pub mod rng;
 mod runtime;

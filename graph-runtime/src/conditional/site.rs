@@ -5,6 +5,7 @@
 use super::construct::{Branches, Construct};
 use super::record::{with_record, NodeRecord};
 use super::*;
+use crate::recorded::RecordedGraph;
 
 /// Where a captured construct is recorded.
 pub(super) struct Site<'a> {
@@ -190,22 +191,18 @@ impl Site<'_> {
         };
         with_record(|r| r.validating -= 1);
         // SAFETY: the stream is capturing the scratch graph, begun above on this thread.
-        let ended = unsafe { driver::end_capture(self.stream) };
+        let ended = unsafe { RecordedGraph::end_capture(self.stream) };
         // Errors cudarc recorded meanwhile (a buffer's free that failed) belong to the scratch
         // recording.
         if let Some(e) = self.rt.take_recorded_error() {
             tracing::debug!(error = ?e, "cleared an error recorded while checking a conditional body");
         }
-        let scratch = ended.as_ref().ok().copied().filter(|g| !g.is_null());
-        let verdict = match scratch {
-            Some(g) => forbidden_nodes(g),
-            None => Ok((None, 0)),
+        let (ended, verdict) = match ended {
+            // The scratch graph is read, then destroyed as it drops.
+            Ok(Some(scratch)) => (Ok(()), forbidden_nodes(scratch.raw())),
+            Ok(None) => (Ok(()), Ok((None, 0))),
+            Err(e) => (Err(e), Ok((None, 0))),
         };
-        if let Some(g) = scratch {
-            // SAFETY: the scratch graph was returned by cuStreamEndCapture just now and is
-            // owned here; it was never instantiated.
-            let _ = unsafe { driver::graph_destroy(g) };
-        }
         match ran {
             Err(payload) => return Err(Refused::Panic(payload)),
             Ok(Err(e)) => return Err(Refused::Error(self.body_error(e))),
