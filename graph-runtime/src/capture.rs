@@ -29,7 +29,7 @@ use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
 use crate::graph::{Graph, GraphInfo};
 use crate::inputs::InputNodes;
-use crate::phase::{Phase, PhaseScope, ProcedureScope};
+use crate::phase::{FrameScope, Phase};
 use crate::recorded::RecordedGraph;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
@@ -42,7 +42,7 @@ use crate::state::AddressBook;
 struct ActiveCapture<'r> {
     rt: &'r Runtime,
     site: &'static GraphSite,
-    _phase: PhaseScope,
+    _phase: FrameScope,
     open: bool,
 }
 
@@ -75,7 +75,7 @@ impl<'r> ActiveCapture<'r> {
         Ok(ActiveCapture {
             rt,
             site,
-            _phase: PhaseScope::enter(Phase::Capture { graph: site.name }),
+            _phase: FrameScope::phase(Phase::Capture { graph: site.name }),
             open: true,
         })
     }
@@ -204,7 +204,7 @@ fn warm_up(
         // Only the last run's kernel lookups are compared with the capture's.
         drop(lookups.take());
         let ran = {
-            let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
+            let _phase = FrameScope::phase(Phase::Warmup { graph, run });
             panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Warmup { run }))))
         };
         let checked = body(Step::Check(When::Warmup { run }));
@@ -274,7 +274,7 @@ pub fn capture(
     let graph = site.name;
     // One capture procedure per thread at a time: a body that captures another graph, during
     // its warmup or its capture, gets an error instead of a deadlock on the capture lock.
-    let _procedure = match ProcedureScope::enter(graph) {
+    let _procedure = match FrameScope::procedure(graph) {
         Ok(scope) => scope,
         Err(outer) => return Err(GraphError::NestedCapture { graph, outer }),
     };

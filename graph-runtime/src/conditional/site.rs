@@ -122,7 +122,7 @@ impl Site<'_> {
                 return Err(self.driver_error("beginning a body's recording", e));
             }
             let ran = {
-                let _inside = DepthScope::conditional();
+                let _inside = FrameScope::conditional();
                 panic::catch_unwind(AssertUnwindSafe(|| record(self.rt, i)))
             };
             // SAFETY: the stream is capturing into `body`, begun above on this thread.
@@ -184,7 +184,7 @@ impl Site<'_> {
             .map_err(|e| Refused::Error(self.driver_error("beginning the scratch recording", e)))?;
         with_record(|r| r.validating += 1);
         let ran = {
-            let _inside = DepthScope::conditional();
+            let _inside = FrameScope::conditional();
             panic::catch_unwind(AssertUnwindSafe(|| {
                 (0..self.construct.bodies() as usize).try_for_each(|i| record(self.rt, i))
             }))
