@@ -1,6 +1,10 @@
 //! The graph type of a function without buckets: `FooGraph` with its `capture`, `replay`,
 //! `verify` and state access, and the `FooInputs` / `FooOutputs` / `FooState` views.
 //!
+//! One function per generated item ([`Gen::graph_struct`], [`Gen::views`], [`Gen::capture`],
+//! [`Gen::replay`], …), as serde_derive's `ser.rs` does; the capture-time locals are named
+//! after the user's parameters.
+//!
 //! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
 //! `buckets.rs` or `check`.
 
@@ -16,446 +20,23 @@ use crate::tokens::relocated;
 /// The graph type of the function and its views, as the items of the generated module,
 /// and the names to re-export from it.
 pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
-    let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
-    let (fn_name, item) = (&parts.fn_name, &model.item);
-    let (inputs, outputs, states) = (&parts.inputs, &parts.outputs, &parts.states);
-    let graph_ty = parts.type_name("Graph");
-    let inputs_ty = parts.type_name("Inputs");
-    let outputs_ty = parts.type_name("Outputs");
-    let state_ty = parts.type_name("State");
-    let warmup = args.warmup();
-    let ty = |p: &Param| parts.ty(p);
-
-    // Struct fields: static buffers and held state, all private to the generated module.
-    let static_fields = model
-        .of(|r| matches!(r, Role::Input | Role::Output))
-        .map(|p| {
-            let (i, t) = (&p.ident, ty(p));
-            quote!(#i: #t)
-        });
-    let state_fields = parts.state_fields();
-    let const_fields = parts.const_fields();
-    // A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
-    let result_ty = model.result.as_ref().map(relocated);
-    let result_field = result_ty.iter().map(|t| quote!(result: #t));
-
-    // `capture`: generics and parameters, in the function's order.
-    let capture_params: Vec<CaptureParam> = model
-        .params
-        .iter()
-        .enumerate()
-        .map(|(n, p)| {
-            let (i, t) = (&p.ident, ty(p));
-            match p.role {
-                Role::Input => {
-                    let g = capture_generic(n);
-                    (
-                        Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
-                        quote!(#i: &#g),
-                    )
-                }
-                // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
-                Role::Output if is_cuda_slice(&p.ty) => (None, quote!(#i: usize)),
-                Role::Output => (None, quote!(#i: <#t as #pr::StaticBuffer>::Shape)),
-                _ => parts.held_capture_param(n, p),
-            }
-        })
-        .collect();
-    let hold_states = parts.hold_states();
-    let stage = model.params.iter().enumerate().filter_map(|(n, p)| {
-        let (i, t) = (&p.ident, ty(p));
-        let local = local(n);
-        let name = i.to_string();
-        match p.role {
-            Role::Input => Some(quote_spanned!(p.ty.span()=>
-                let #local: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
-            )),
-            Role::Output => Some(quote_spanned!(p.ty.span()=>
-                let mut #local: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
-            )),
-            _ => None,
-        }
-    });
-    let static_locals: Vec<Ident> = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| matches!(p.role, Role::Input | Role::Output))
-        .map(|(n, _)| local(n))
-        .collect();
-    // The address book: state first (indices 0.. are what replays check), then outputs.
-    let checked: Vec<(Ident, TokenStream, TokenStream)> = states
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            (i.clone(), quote!(&*#i), parts.recorded_kind(p))
-        })
-        .chain(model.params.iter().enumerate().filter_map(|(n, p)| {
-            let local = local(n);
-            (p.role == Role::Output).then(|| {
-                (
-                    p.ident.clone(),
-                    quote!(&#local),
-                    quote!(#pr::Recorded::Output),
-                )
-            })
-        }))
-        .collect();
-    let records = checked.iter().enumerate().map(|(k, (i, value, restore))| {
-        let name = i.to_string();
-        let index = format_ident!("__index{}", k);
-        quote!(let #index = __book.record(#name, #value, #restore);)
-    });
-    let capture_checks: Vec<TokenStream> = checked
-        .iter()
-        .enumerate()
-        .map(|(k, (_, value, _))| {
-            let index = format_ident!("__index{}", k);
-            quote!(__book.check(#index, #value, __when)?;)
-        })
-        .collect();
-    let call_args: Vec<TokenStream> = model
-        .params
-        .iter()
-        .enumerate()
-        .map(|(n, p)| {
-            let i = &p.ident;
-            let local = local(n);
-            match p.role {
-                Role::Input => quote!(&#local),
-                Role::Output => quote!(&mut #local),
-                _ => parts.held_arg(p, quote!(#i)),
-            }
-        })
-        .collect();
-    let result_init = result_ty.iter().map(|_| quote!(result: __result_value));
-    let init_fields = model.params.iter().enumerate().filter_map(|(n, p)| {
-        let i = &p.ident;
-        let local = local(n);
-        match p.role {
-            Role::Input | Role::Output => Some(quote!(#i: #local)),
-            Role::State { .. } | Role::Constant => Some(quote!(#i)),
-            Role::Bucket => None,
-        }
-    });
-
-    // `verify`: the eager call on copies of the inputs into shadow outputs.
-    let verify_inputs = inputs.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        let copy = format_ident!("__copy_{}", i);
-        let name = i.to_string();
-        quote!(let #copy: #t = #pr::stage_input::<#t, _>(&__rt, __site, #name, #i)?;)
-    });
-    let verify_shadows = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        let shadow = format_ident!("__shadow_{}", i);
-        let name = i.to_string();
-        quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
-    });
-    let verify_call_args: Vec<TokenStream> = model
-        .params
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            match p.role {
-                Role::Input => {
-                    let copy = format_ident!("__copy_{}", i);
-                    quote!(&#copy)
-                }
-                Role::Output => {
-                    let shadow = format_ident!("__shadow_{}", i);
-                    quote!(&mut #shadow)
-                }
-                Role::State { .. } => parts.held_arg(p, quote!(self.#i)),
-                // The whole argument at the constant's type, `self.` included.
-                Role::Constant | Role::Bucket => {
-                    quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
-                }
-            }
-        })
-        .collect();
-    let verify_eager_outputs = outputs
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            let shadow = format_ident!("__shadow_{}", i);
-            let name = i.to_string();
-            quote!(__verifier.eager_output(#name, &#shadow)?;)
-        })
-        .chain(
-            result_ty
-                .iter()
-                .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
-        );
-    let verify_replay_outputs = outputs
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            let name = i.to_string();
-            quote!(__verifier.replay_output(#name, &self.#i)?;)
-        })
-        .chain(
-            result_ty
-                .iter()
-                .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
-        );
-    let replay_args: Vec<&Ident> = inputs.iter().map(|p| &p.ident).collect();
-    let verify_schedule = verify_schedule_tokens(args, pr);
-
-    // Replays check every state's addresses (their indices are 0..) before launching.
-    let replay_checks = parts.replay_checks();
-    let (replay_generics, replay_params) = parts.replay_inputs();
-    let shape_checks: Vec<TokenStream> = inputs
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            let name = i.to_string();
-            quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
-        })
-        .collect();
-    let copies: Vec<TokenStream> = inputs
-        .iter()
-        .enumerate()
-        .map(|(k, p)| {
-            let i = &p.ident;
-            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut self.#i))?;)
-        })
-        .collect();
-    let register_inputs = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role == Role::Input)
-        .map(|(n, _)| {
-            let local = local(n);
-            quote!(__inputs.add(&#local);)
-        });
-
-    let input_view_fields = inputs.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        let doc =
-            format!("The static buffer of input `{i}`: write here, then [`{graph_ty}::launch`].");
-        quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
-    });
-    let input_view_init = inputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(#i: #pr::DeviceState::lend(&mut self.#i))
-    });
-    let output_view_fields = outputs
-        .iter()
-        .map(|p| {
-            let (i, t) = (&p.ident, ty(p));
-            let doc = format!("Output `{i}`, as the last replay left it.");
-            quote!(#[doc = #doc] pub #i: &'g #t)
-        })
-        .chain(result_ty.iter().map(|t| {
-            let doc = format!(
-                "What `{fn_name}` returned, copied into the graph's static buffer by the last replay."
-            );
-            quote!(#[doc = #doc] pub result: &'g #t)
-        }));
-    let output_view_init = outputs
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            quote!(#i: &self.#i)
-        })
-        .chain(result_ty.iter().map(|_| quote!(result: &self.result)));
-    let state_view_fields = states.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
-        match p.role {
-            Role::State { mutable: true } => {
-                let doc = format!(
-                    "State `{i}`, lent back between replays (a `CudaSlice` as a `CudaViewMut`): \
-                     write into it in place; the graph reads it by address."
-                );
-                quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
-            }
-            _ => {
-                let doc = format!("State `{i}` (read-only while the graph lives).");
-                quote!(#[doc = #doc] pub #i: &'g #t)
-            }
-        }
-    });
-    let state_view_init = states.iter().map(|p| {
-        let i = &p.ident;
-        match p.role {
-            Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
-            _ => quote!(#i: &*self.#i),
-        }
-    });
-
-    let ctx_call = parts.ctx_call(quote!(rt));
-    let verify_ctx = parts.ctx_call(quote!(&__rt));
-    let body_result = parts.body_result();
-    // The body's call during warmup and capture, and in `verify`'s eager run.
-    let call = parts.call(&call_args);
-    let verify_call = parts.call(&verify_call_args);
-    let body_value = quote_spanned!(item.sig.output.span()=> #pr::BodyValue::into_graph_value);
-    let run_body = match &result_ty {
-        None => quote!(#body_result(#call)),
-        Some(t) => {
-            quote!({
-                let __value = #body_value(#call)?;
-                #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
-            })
-        }
-    };
-    let verify_verb = match &result_ty {
-        None => quote!(#body_result(#verify_call)?;),
-        Some(t) => {
-            quote!(
-                let __value = #body_value(#verify_call)?;
-                __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
-            )
-        }
-    };
-    let result_slot = result_ty
-        .iter()
-        .map(|t| quote!(let mut __result_slot: ::core::option::Option<#t> = ::core::option::Option::None;));
-    let result_take = result_ty.iter().map(|_| {
-        quote!(let __result_value = __result_slot.ok_or(#krate::GraphError::EmptyGraph { graph: __site.name })?;)
-    });
-    let shadow_result_decl = result_ty.iter().map(|t| quote!(let __shadow_result: #t;));
-
-    let times = match warmup {
-        1 => "once".to_string(),
-        2 => "twice".to_string(),
-        n => format!("{n} times"),
-    };
-    let runs = if warmup == 1 {
-        "1 eager run".to_string()
-    } else {
-        format!("{warmup} eager runs")
-    };
-    let struct_doc = format!(
-        "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`.\n\n\
-         [`{graph_ty}::capture`] runs `{fn_name}` {times} eagerly on the runtime's stream, records it \
-         once and instantiates the graph; [`{graph_ty}::replay`] copies new inputs into the graph's static \
-         buffers and launches it. The outputs are lent out until the next replay.\n\n\
-         The graph keeps its runtime alive and holds its state for its whole life: borrowed (the graph is \
-         `{graph_ty}<'s>`), shared through an `Arc`, or owned (a `{graph_ty}<'static>` can live in a struct \
-         of yours). Before every replay it checks that the state still holds the buffers it was captured \
-         with."
-    );
-    let capture_doc = format!(
-        "Warms up `{fn_name}` ({runs} on the runtime's stream), captures it and instantiates \
-         the graph.\n\nInputs are copied into static buffers of the same shape (the warmup and capture run \
-         on those values); outputs are given by shape (a length for a `CudaSlice`) and start zeroed; state is given as `&T` / `&mut T` \
-         (borrowed for the graph's lifetime), as an `Arc<T>` (read-only state) or by value (the graph owns \
-         it); `&mut` state is snapshotted before the warmup and restored after it unless marked \
-         `#[state(no_restore)]`; constants are frozen into the graph."
-    );
-    let replay_doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
-                      runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape and \
-                      every state's addresses are checked before anything is queued: a mismatch is \
-                      [`GraphError::InputShape`] or [`GraphError::StateMoved`] and launches \
-                      nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape\n\
-                      [`GraphError::StateMoved`]: graph_runtime::GraphError::StateMoved";
-    let verify_doc = "Checks one replay against the eager function on the same inputs: runs the \
-                      function eagerly on copies of the inputs into shadow outputs, undoes what that \
-                      run did to the `&mut` state and the random generators, replays the graph, and \
-                      compares every output and every `&mut` state element by element \
-                      (`Tolerance::BITWISE`, or within a tolerance). Afterwards everything is as a \
-                      plain `replay` leaves it; the outputs hold the replay's values.";
-    let graph_name = graph_ty.to_string();
-
-    // `capture`: the warmup and capture of the body on static buffers.
-    let closure = parts.body_closure(
-        ctx_call,
-        quote!(__step: #pr::Step),
-        quote!(#pr::Step::Run(_) => #run_body,),
-        &capture_checks,
-    );
-    let capture = parts.site_and_capture(
-        &capture_doc,
-        capture_params,
-        quote! {
-            #(#hold_states)*
-            #(#stage)*
-            let __static_bytes = 0 #(+ #pr::static_bytes(&#static_locals))*;
-            let mut __book = #pr::AddressBook::new(__site.name);
-            #(#records)*
-            let mut __inputs = #pr::InputNodes::new();
-            #(#register_inputs)*
-            #(#result_slot)*
-            let __graph = {
-                #closure
-                #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
-            };
-            #(#result_take)*
-            ::core::result::Result::Ok(Self {
-                __graph,
-                __book,
-                __verify: #verify_schedule,
-                #(#result_init,)*
-                #(#init_fields,)*
-                __state: ::core::marker::PhantomData,
-            })
-        },
-    );
-
-    let outputs_debug = debug_view(&outputs_ty);
-    let inputs_debug = debug_view(&inputs_ty);
-    let state_debug = debug_view(&state_ty);
-
+    let g = Gen::new(parts, args);
+    let (graph_ty, inputs_ty, outputs_ty, state_ty) =
+        (&g.graph_ty, &g.inputs_ty, &g.outputs_ty, &g.state_ty);
+    let warmup = g.warmup;
+    let graph_struct = g.graph_struct();
+    let views = g.views();
+    let debug_display = g.debug_display();
+    let capture = g.capture();
+    let replay = g.replay();
+    let verify = g.verify();
+    let accessors = g.accessors();
     let body = quote! {
-        #[doc = #struct_doc]
-        #[must_use = "a captured graph does nothing until it is replayed"]
-        #vis struct #graph_ty<'s> {
-            __graph: #pr::Graph,
-            __book: #pr::AddressBook,
-            __verify: #pr::VerifySchedule,
-            #(#static_fields,)*
-            #(#result_field,)*
-            #(#state_fields,)*
-            #(#const_fields,)*
-            __state: ::core::marker::PhantomData<&'s ()>,
-        }
+        #graph_struct
 
-        /// The static input buffers of the graph, lent as views to fill in place before a
-        /// `launch` (no copy at replay); a view can be written into, not replaced.
-        #vis struct #inputs_ty<'g> {
-            #(#input_view_fields,)*
-            #[doc(hidden)]
-            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
-        }
+        #views
 
-        /// The graph's outputs, borrowed from the graph: they stay valid
-        /// until the next replay, which cannot start while they are held.
-        #vis struct #outputs_ty<'g> {
-            #(#output_view_fields,)*
-            #[doc(hidden)]
-            pub __marker: ::core::marker::PhantomData<&'g ()>,
-        }
-
-        /// The state the graph reads by address, lent back between replays.
-        #vis struct #state_ty<'g> {
-            #(#state_view_fields,)*
-            #[doc(hidden)]
-            pub __marker: ::core::marker::PhantomData<&'g mut ()>,
-        }
-
-        impl ::core::fmt::Debug for #graph_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(#graph_name)
-                    .field("info", self.__graph.info())
-                    .finish_non_exhaustive()
-            }
-        }
-
-        #outputs_debug
-
-        #inputs_debug
-
-        #state_debug
-
-        /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
-        impl ::core::fmt::Display for #graph_ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                ::core::fmt::Display::fmt(&self.__graph, f)
-            }
-        }
+        #debug_display
 
         #[allow(dead_code)]
         impl<'s> #graph_ty<'s> {
@@ -464,12 +45,491 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
 
             #capture
 
-            #[doc = #replay_doc]
+            #replay
+
+            #verify
+
+            #accessors
+        }
+    };
+    let names = vec![
+        graph_ty.clone(),
+        inputs_ty.clone(),
+        outputs_ty.clone(),
+        state_ty.clone(),
+    ];
+    (body, names)
+}
+
+/// What every generated item of a single graph needs: the function's parts, the graph's
+/// arguments and the generated types' names.
+struct Gen<'p, 'm> {
+    parts: &'p Parts<'m>,
+    args: &'p GraphArgs,
+    pr: &'p TokenStream,
+    krate: &'m syn::Path,
+    vis: &'p TokenStream,
+    graph_ty: Ident,
+    inputs_ty: Ident,
+    outputs_ty: Ident,
+    state_ty: Ident,
+    warmup: u32,
+    /// A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
+    result_ty: Option<TokenStream>,
+}
+
+impl<'p, 'm> Gen<'p, 'm> {
+    fn new(parts: &'p Parts<'m>, args: &'p GraphArgs) -> Self {
+        Gen {
+            parts,
+            args,
+            pr: &parts.pr,
+            krate: parts.krate,
+            vis: &parts.vis,
+            graph_ty: parts.type_name("Graph"),
+            inputs_ty: parts.type_name("Inputs"),
+            outputs_ty: parts.type_name("Outputs"),
+            state_ty: parts.type_name("State"),
+            warmup: args.warmup(),
+            result_ty: parts.model.result.as_ref().map(relocated),
+        }
+    }
+
+    fn ty(&self, p: &Param) -> TokenStream {
+        self.parts.ty(p)
+    }
+
+    /// `FooGraph<'s>`: the instantiated graph, its address book and verification schedule,
+    /// the static buffers, the held state and the constants.
+    fn graph_struct(&self) -> TokenStream {
+        let (pr, vis, graph_ty, model) = (self.pr, self.vis, &self.graph_ty, self.parts.model);
+        let static_fields = model
+            .of(|r| matches!(r, Role::Input | Role::Output))
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                quote!(#i: #t)
+            });
+        let state_fields = self.parts.state_fields();
+        let const_fields = self.parts.const_fields();
+        let result_field = self.result_ty.iter().map(|t| quote!(result: #t));
+        let doc = self.struct_doc();
+        quote! {
+            #[doc = #doc]
+            #[must_use = "a captured graph does nothing until it is replayed"]
+            #vis struct #graph_ty<'s> {
+                __graph: #pr::Graph,
+                __book: #pr::AddressBook,
+                __verify: #pr::VerifySchedule,
+                #(#static_fields,)*
+                #(#result_field,)*
+                #(#state_fields,)*
+                #(#const_fields,)*
+                __state: ::core::marker::PhantomData<&'s ()>,
+            }
+        }
+    }
+
+    fn struct_doc(&self) -> String {
+        let (fn_name, graph_ty, warmup) = (&self.parts.fn_name, &self.graph_ty, self.warmup);
+        let times = match warmup {
+            1 => "once".to_string(),
+            2 => "twice".to_string(),
+            n => format!("{n} times"),
+        };
+        format!(
+            "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`.\n\n\
+             [`{graph_ty}::capture`] runs `{fn_name}` {times} eagerly on the runtime's stream, records it \
+             once and instantiates the graph; [`{graph_ty}::replay`] copies new inputs into the graph's static \
+             buffers and launches it. The outputs are lent out until the next replay.\n\n\
+             The graph keeps its runtime alive and holds its state for its whole life: borrowed (the graph is \
+             `{graph_ty}<'s>`), shared through an `Arc`, or owned (a `{graph_ty}<'static>` can live in a struct \
+             of yours). Before every replay it checks that the state still holds the buffers it was captured \
+             with."
+        )
+    }
+
+    /// The three views: `FooInputs` (static inputs lent to fill in place), `FooOutputs`
+    /// (outputs borrowed until the next replay) and `FooState` (state lent between replays).
+    fn views(&self) -> TokenStream {
+        let (vis, inputs_ty, outputs_ty, state_ty) =
+            (self.vis, &self.inputs_ty, &self.outputs_ty, &self.state_ty);
+        let input_fields = self.input_view_fields();
+        let output_fields = self.output_view_fields();
+        let state_fields = self.state_view_fields();
+        quote! {
+            /// The static input buffers of the graph, lent as views to fill in place before a
+            /// `launch` (no copy at replay); a view can be written into, not replaced.
+            #vis struct #inputs_ty<'g> {
+                #(#input_fields,)*
+                #[doc(hidden)]
+                pub __marker: ::core::marker::PhantomData<&'g mut ()>,
+            }
+
+            /// The graph's outputs, borrowed from the graph: they stay valid
+            /// until the next replay, which cannot start while they are held.
+            #vis struct #outputs_ty<'g> {
+                #(#output_fields,)*
+                #[doc(hidden)]
+                pub __marker: ::core::marker::PhantomData<&'g ()>,
+            }
+
+            /// The state the graph reads by address, lent back between replays.
+            #vis struct #state_ty<'g> {
+                #(#state_fields,)*
+                #[doc(hidden)]
+                pub __marker: ::core::marker::PhantomData<&'g mut ()>,
+            }
+        }
+    }
+
+    fn input_view_fields(&self) -> Vec<TokenStream> {
+        let (pr, graph_ty) = (self.pr, &self.graph_ty);
+        self.parts
+            .inputs
+            .iter()
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                let doc = format!(
+                    "The static buffer of input `{i}`: write here, then [`{graph_ty}::launch`]."
+                );
+                quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+            })
+            .collect()
+    }
+
+    fn output_view_fields(&self) -> Vec<TokenStream> {
+        let fn_name = &self.parts.fn_name;
+        self.parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                let doc = format!("Output `{i}`, as the last replay left it.");
+                quote!(#[doc = #doc] pub #i: &'g #t)
+            })
+            .chain(self.result_ty.iter().map(|t| {
+                let doc = format!(
+                    "What `{fn_name}` returned, copied into the graph's static buffer by the last replay."
+                );
+                quote!(#[doc = #doc] pub result: &'g #t)
+            }))
+            .collect()
+    }
+
+    fn state_view_fields(&self) -> Vec<TokenStream> {
+        let pr = self.pr;
+        self.parts
+            .states
+            .iter()
+            .map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                match p.role {
+                    Role::State { mutable: true } => {
+                        let doc = format!(
+                            "State `{i}`, lent back between replays (a `CudaSlice` as a `CudaViewMut`): \
+                             write into it in place; the graph reads it by address."
+                        );
+                        quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+                    }
+                    _ => {
+                        let doc = format!("State `{i}` (read-only while the graph lives).");
+                        quote!(#[doc = #doc] pub #i: &'g #t)
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// `Debug` of the graph type (its name and facts) and of the views (their names), and
+    /// `Display` of the graph type (the graph's summary).
+    fn debug_display(&self) -> TokenStream {
+        let graph_ty = &self.graph_ty;
+        let graph_name = graph_ty.to_string();
+        let outputs_debug = debug_view(&self.outputs_ty);
+        let inputs_debug = debug_view(&self.inputs_ty);
+        let state_debug = debug_view(&self.state_ty);
+        quote! {
+            impl ::core::fmt::Debug for #graph_ty<'_> {
+                fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                    f.debug_struct(#graph_name)
+                        .field("info", self.__graph.info())
+                        .finish_non_exhaustive()
+                }
+            }
+
+            #outputs_debug
+
+            #inputs_debug
+
+            #state_debug
+
+            /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
+            impl ::core::fmt::Display for #graph_ty<'_> {
+                fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                    ::core::fmt::Display::fmt(&self.__graph, f)
+                }
+            }
+        }
+    }
+
+    /// `capture`'s parameters after the runtime, with their generics, in the function's
+    /// order.
+    fn capture_params(&self) -> Vec<CaptureParam> {
+        let pr = self.pr;
+        self.parts
+            .model
+            .params
+            .iter()
+            .enumerate()
+            .map(|(n, p)| {
+                let (i, t) = (&p.ident, self.ty(p));
+                match p.role {
+                    Role::Input => {
+                        let g = capture_generic(n);
+                        (
+                            Some(quote!(#g: ?Sized + #pr::InputSource<#t>)),
+                            quote!(#i: &#g),
+                        )
+                    }
+                    // A `CudaSlice` output is given by its length: the docs then read `y: usize`.
+                    Role::Output if is_cuda_slice(&p.ty) => (None, quote!(#i: usize)),
+                    Role::Output => (None, quote!(#i: <#t as #pr::StaticBuffer>::Shape)),
+                    _ => self.parts.held_capture_param(n, p),
+                }
+            })
+            .collect()
+    }
+
+    /// `capture`'s statements that turn each input and output argument into its static
+    /// buffer, a local of the parameter's own name.
+    fn stage_statics(&self) -> Vec<TokenStream> {
+        let pr = self.pr;
+        self.parts
+            .model
+            .params
+            .iter()
+            .filter_map(|p| {
+                let (i, t) = (&p.ident, self.ty(p));
+                let name = i.to_string();
+                match p.role {
+                    Role::Input => Some(quote_spanned!(p.ty.span()=>
+                        let #i: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
+                    )),
+                    Role::Output => Some(quote_spanned!(p.ty.span()=>
+                        let mut #i: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
+                    )),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// What the address book records, in order: the state first (indices 0.. are what
+    /// replays check), then the outputs; each with the local naming its index.
+    fn checked(&self) -> Vec<(Ident, Ident, TokenStream, TokenStream)> {
+        let pr = self.pr;
+        let index = |i: &Ident| format_ident!("__{}_index", i);
+        self.parts
+            .states
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                (
+                    i.clone(),
+                    index(i),
+                    quote!(&*#i),
+                    self.parts.recorded_kind(p),
+                )
+            })
+            .chain(self.parts.outputs.iter().map(|p| {
+                let i = &p.ident;
+                (
+                    i.clone(),
+                    index(i),
+                    quote!(&#i),
+                    quote!(#pr::Recorded::Output),
+                )
+            }))
+            .collect()
+    }
+
+    /// The body's run during warmup and capture: the call of the user's function on the
+    /// static buffers, its result stored in the graph's result buffer if it returns one.
+    fn run_body(&self) -> TokenStream {
+        let pr = self.pr;
+        let call_args: Vec<TokenStream> = self
+            .parts
+            .model
+            .params
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                match p.role {
+                    Role::Input => quote!(&#i),
+                    Role::Output => quote!(&mut #i),
+                    _ => self.parts.held_arg(p, quote!(#i)),
+                }
+            })
+            .collect();
+        let call = self.parts.call(&call_args);
+        let body_result = self.parts.body_result();
+        match &self.result_ty {
+            None => quote!(#body_result(#call)),
+            Some(t) => {
+                let body_value = self.body_value();
+                quote!({
+                    let __value = #body_value(#call)?;
+                    #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
+                })
+            }
+        }
+    }
+
+    fn body_value(&self) -> TokenStream {
+        let pr = self.pr;
+        quote_spanned!(self.parts.model.item.sig.output.span()=> #pr::BodyValue::into_graph_value)
+    }
+
+    /// `capture`: the warmup and capture of the body on static buffers.
+    fn capture(&self) -> TokenStream {
+        let (pr, krate, model) = (self.pr, self.krate, self.parts.model);
+        let hold_states = self.parts.hold_states();
+        let stage = self.stage_statics();
+        let statics: Vec<&Ident> = model
+            .of(|r| matches!(r, Role::Input | Role::Output))
+            .map(|p| &p.ident)
+            .collect();
+        let checked = self.checked();
+        let records = checked.iter().map(|(i, index, value, kind)| {
+            let name = i.to_string();
+            quote!(let #index = __book.record(#name, #value, #kind);)
+        });
+        let checks: Vec<TokenStream> = checked
+            .iter()
+            .map(|(_, index, value, _)| quote!(__book.check(#index, #value, __when)?;))
+            .collect();
+        let register_inputs = self.parts.inputs.iter().map(|p| {
+            let i = &p.ident;
+            quote!(__inputs.add(&#i);)
+        });
+        let init_fields = model.params.iter().filter_map(|p| {
+            let i = &p.ident;
+            (p.role != Role::Bucket).then(|| quote!(#i))
+        });
+        let result_slot = self.result_ty.iter().map(
+            |t| quote!(let mut __result_slot: ::core::option::Option<#t> = ::core::option::Option::None;),
+        );
+        let result_take = self.result_ty.iter().map(|_| {
+            quote!(let __result_value = __result_slot.ok_or(#krate::GraphError::EmptyGraph { graph: __site.name })?;)
+        });
+        let result_init = self
+            .result_ty
+            .iter()
+            .map(|_| quote!(result: __result_value));
+        let run_body = self.run_body();
+        let closure = self.parts.body_closure(
+            self.parts.ctx_call(quote!(rt)),
+            quote!(__step: #pr::Step),
+            quote!(#pr::Step::Run(_) => #run_body,),
+            &checks,
+        );
+        let verify_schedule = verify_schedule_tokens(self.args, pr);
+        self.parts.site_and_capture(
+            &self.capture_doc(),
+            self.capture_params(),
+            quote! {
+                #(#hold_states)*
+                #(#stage)*
+                let __static_bytes = 0 #(+ #pr::static_bytes(&#statics))*;
+                let mut __book = #pr::AddressBook::new(__site.name);
+                #(#records)*
+                let mut __inputs = #pr::InputNodes::new();
+                #(#register_inputs)*
+                #(#result_slot)*
+                let __graph = {
+                    #closure
+                    #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
+                };
+                #(#result_take)*
+                ::core::result::Result::Ok(Self {
+                    __graph,
+                    __book,
+                    __verify: #verify_schedule,
+                    #(#result_init,)*
+                    #(#init_fields,)*
+                    __state: ::core::marker::PhantomData,
+                })
+            },
+        )
+    }
+
+    fn capture_doc(&self) -> String {
+        let fn_name = &self.parts.fn_name;
+        let runs = if self.warmup == 1 {
+            "1 eager run".to_string()
+        } else {
+            format!("{} eager runs", self.warmup)
+        };
+        format!(
+            "Warms up `{fn_name}` ({runs} on the runtime's stream), captures it and instantiates \
+             the graph.\n\nInputs are copied into static buffers of the same shape (the warmup and capture run \
+             on those values); outputs are given by shape (a length for a `CudaSlice`) and start zeroed; state is given as `&T` / `&mut T` \
+             (borrowed for the graph's lifetime), as an `Arc<T>` (read-only state) or by value (the graph owns \
+             it); `&mut` state is snapshotted before the warmup and restored after it unless marked \
+             `#[state(no_restore)]`; constants are frozen into the graph."
+        )
+    }
+
+    /// Every input's shape checked against its static buffer, before anything is queued.
+    fn shape_checks(&self) -> Vec<TokenStream> {
+        let pr = self.pr;
+        self.parts
+            .inputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let name = i.to_string();
+                quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
+            })
+            .collect()
+    }
+
+    /// The launch of the graph after the new inputs are fed into their static buffers.
+    fn replay_call(&self) -> TokenStream {
+        let pr = self.pr;
+        let copies = self.parts.inputs.iter().enumerate().map(|(k, p)| {
+            let i = &p.ident;
+            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut self.#i))?;)
+        });
+        quote! {
+            #pr::replay(&self.__graph, |__staging| {
+                #(#copies)*
+                ::core::result::Result::Ok(())
+            })?;
+        }
+    }
+
+    /// `replay`: the self-verifying replay, the checks, the input copies and the launch.
+    fn replay(&self) -> TokenStream {
+        let (krate, vis, outputs_ty) = (self.krate, self.vis, &self.outputs_ty);
+        let replay_args = self.parts.inputs.iter().map(|p| &p.ident);
+        let (generics, params) = self.parts.replay_inputs();
+        let shape_checks = self.shape_checks();
+        let replay_checks = self.parts.replay_checks();
+        let replay_call = self.replay_call();
+        let doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
+                   runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape and \
+                   every state's addresses are checked before anything is queued: a mismatch is \
+                   [`GraphError::InputShape`] or [`GraphError::StateMoved`] and launches \
+                   nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape\n\
+                   [`GraphError::StateMoved`]: graph_runtime::GraphError::StateMoved";
+        quote! {
+            #[doc = #doc]
             #[inline]
             #[allow(clippy::too_many_arguments)]
-            #vis fn replay<#(#replay_generics),*>(
+            #vis fn replay<#(#generics),*>(
                 &mut self,
-                #(#replay_params),*
+                #(#params),*
             ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
                 if let ::core::option::Option::Some(__tolerance) = self.__verify.due() {
                     self.verify(#(#replay_args,)* __tolerance)?.into_result()?;
@@ -478,18 +538,128 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
                 let __site = Self::__site();
                 #(#shape_checks)*
                 #(#replay_checks)*
-                #pr::replay(&self.__graph, |__staging| {
-                    #(#copies)*
-                    ::core::result::Result::Ok(())
-                })?;
+                #replay_call
                 ::core::result::Result::Ok(self.outputs())
             }
+        }
+    }
 
-            #[doc = #verify_doc]
+    /// `verify`'s eager run: the user's function on copies of the inputs into shadow
+    /// outputs, whose values go to the verifier.
+    fn verify_eager_run(&self) -> TokenStream {
+        let (pr, parts) = (self.pr, self.parts);
+        let copies = parts.inputs.iter().map(|p| {
+            let (i, t) = (&p.ident, self.ty(p));
+            let copy = format_ident!("__copy_{}", i);
+            let name = i.to_string();
+            quote!(let #copy: #t = #pr::stage_input::<#t, _>(&__rt, __site, #name, #i)?;)
+        });
+        let shadows = parts.outputs.iter().map(|p| {
+            let (i, t) = (&p.ident, self.ty(p));
+            let shadow = format_ident!("__shadow_{}", i);
+            let name = i.to_string();
+            quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
+        });
+        let call_args: Vec<TokenStream> = parts
+            .model
+            .params
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                match p.role {
+                    Role::Input => {
+                        let copy = format_ident!("__copy_{}", i);
+                        quote!(&#copy)
+                    }
+                    Role::Output => {
+                        let shadow = format_ident!("__shadow_{}", i);
+                        quote!(&mut #shadow)
+                    }
+                    Role::State { .. } => parts.held_arg(p, quote!(self.#i)),
+                    // The whole argument at the constant's type, `self.` included.
+                    Role::Constant | Role::Bucket => {
+                        quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
+                    }
+                }
+            })
+            .collect();
+        let call = parts.call(&call_args);
+        let body_result = parts.body_result();
+        let verb = match &self.result_ty {
+            None => quote!(#body_result(#call)?;),
+            Some(t) => {
+                let body_value = self.body_value();
+                quote!(
+                    let __value = #body_value(#call)?;
+                    __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
+                )
+            }
+        };
+        let shadow_result_decl = self
+            .result_ty
+            .iter()
+            .map(|t| quote!(let __shadow_result: #t;));
+        let eager_outputs = parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let shadow = format_ident!("__shadow_{}", i);
+                let name = i.to_string();
+                quote!(__verifier.eager_output(#name, &#shadow)?;)
+            })
+            .chain(
+                self.result_ty
+                    .iter()
+                    .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
+            );
+        let verify_ctx = parts.ctx_call(quote!(&__rt));
+        quote! {
+            #(#copies)*
+            #(#shadows)*
+            #(#shadow_result_decl)*
+            {
+                let __ctx = #verify_ctx;
+                #verb
+            }
+            #(#eager_outputs)*
+        }
+    }
+
+    /// `verify`: one replay checked against the eager function on the same inputs.
+    fn verify(&self) -> TokenStream {
+        let (pr, krate, vis) = (self.pr, self.krate, self.vis);
+        let (generics, params) = self.parts.replay_inputs();
+        let shape_checks = self.shape_checks();
+        let replay_checks = self.parts.replay_checks();
+        let eager_run = self.verify_eager_run();
+        let replay_call = self.replay_call();
+        let replay_outputs = self
+            .parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let name = i.to_string();
+                quote!(__verifier.replay_output(#name, &self.#i)?;)
+            })
+            .chain(
+                self.result_ty
+                    .iter()
+                    .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
+            );
+        let doc = "Checks one replay against the eager function on the same inputs: runs the \
+                   function eagerly on copies of the inputs into shadow outputs, undoes what that \
+                   run did to the `&mut` state and the random generators, replays the graph, and \
+                   compares every output and every `&mut` state element by element \
+                   (`Tolerance::BITWISE`, or within a tolerance). Afterwards everything is as a \
+                   plain `replay` leaves it; the outputs hold the replay's values.";
+        quote! {
+            #[doc = #doc]
             #[allow(clippy::too_many_arguments)]
-            #vis fn verify<#(#replay_generics),*>(
+            #vis fn verify<#(#generics),*>(
                 &mut self,
-                #(#replay_params,)*
+                #(#params,)*
                 tolerance: #krate::Tolerance,
             ) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
                 let __site = Self::__site();
@@ -497,23 +667,42 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
                 #(#replay_checks)*
                 let __rt = ::core::clone::Clone::clone(self.__graph.runtime());
                 let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
-                #(#verify_inputs)*
-                #(#verify_shadows)*
-                #(#shadow_result_decl)*
-                {
-                    let __ctx = #verify_ctx;
-                    #verify_verb
-                }
-                #(#verify_eager_outputs)*
+                #eager_run
                 __verifier.rewind()?;
-                #pr::replay(&self.__graph, |__staging| {
-                    #(#copies)*
-                    ::core::result::Result::Ok(())
-                })?;
-                #(#verify_replay_outputs)*
+                #replay_call
+                #(#replay_outputs)*
                 __verifier.finish()
             }
+        }
+    }
 
+    /// `launch`, the views' accessors (`inputs_mut`, `outputs`, `state_mut`), `info` and
+    /// `graph`.
+    fn accessors(&self) -> TokenStream {
+        let (pr, krate, vis) = (self.pr, self.krate, self.vis);
+        let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
+        let replay_checks = self.parts.replay_checks();
+        let input_view_init = self.parts.inputs.iter().map(|p| {
+            let i = &p.ident;
+            quote!(#i: #pr::DeviceState::lend(&mut self.#i))
+        });
+        let output_view_init = self
+            .parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                quote!(#i: &self.#i)
+            })
+            .chain(self.result_ty.iter().map(|_| quote!(result: &self.result)));
+        let state_view_init = self.parts.states.iter().map(|p| {
+            let i = &p.ident;
+            match p.role {
+                Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
+                _ => quote!(#i: &*self.#i),
+            }
+        });
+        quote! {
             /// Launches the graph with the inputs as they are in its static buffers
             /// (see `inputs_mut`): a replay without copies. The state's addresses are
             /// checked first, as in `replay`.
@@ -553,10 +742,8 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
                 &self.__graph
             }
         }
-    };
-    (body, vec![graph_ty, inputs_ty, outputs_ty, state_ty])
+    }
 }
-
 /// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with
 /// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
 fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
@@ -587,9 +774,4 @@ fn is_cuda_slice(t: &syn::Type) -> bool {
             .is_some_and(|s| s.ident == "CudaSlice"),
         _ => false,
     }
-}
-
-/// The capture-time local holding parameter `n`'s static buffer.
-fn local(n: usize) -> Ident {
-    format_ident!("__static{}", n)
 }

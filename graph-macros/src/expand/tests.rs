@@ -166,3 +166,26 @@ fn a_raw_function_name_loses_its_prefix_in_generated_names() {
     assert!(out.contains("mod __cuda_graph_type {"), "{out}");
     assert!(out.contains("pub(super) struct TypeGraph<'s>"), "{out}");
 }
+
+/// The expansion of `examples/01-first-graph.rs`'s function, pretty-printed: what issue 23's
+/// "a third of the lines" is measured on (`cargo test -p graph-macros expansion_of_the_first_example -- --nocapture`).
+#[test]
+fn expansion_of_the_first_example() {
+    let out = expand_str(
+        quote!(warmup = 3),
+        quote! {
+            fn scale_then_tanh(
+                rt: &Runtime,
+                x: &CudaSlice<f32>,
+                #[state] w: &CudaSlice<f32>,
+                y: &mut CudaSlice<f32>,
+            ) -> Result<(), GraphError> {
+                let n = x.len() as i32;
+                Ok(())
+            }
+        },
+    );
+    let generated = out.lines().count();
+    println!("{out}\n--- {generated} lines");
+    assert!(out.contains("ScaleThenTanhGraph"), "{out}");
+}
