@@ -108,7 +108,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #item
 
         #[doc(hidden)]
-        #[allow(non_snake_case, clippy::needless_lifetimes)]
+        #[allow(non_snake_case, unused_mut, unused_variables, clippy::needless_lifetimes)]
         mod #module {
             #[allow(unused_imports)] use super::*;
 

@@ -165,7 +165,7 @@
 //! | layer | files | may import |
 //! |---|---|---|
 //! | entry | `lib.rs` (this page, re-exports), `__private.rs` (re-exports for generated code) | everything |
-//! | families | `buckets.rs` | the capture and below |
+//! | families | `buckets.rs`, `typed.rs` (the generated graph types' common part) | the capture and below |
 //! | capture | `capture.rs` (warmup, capture, the guard) | the graph and below |
 //! | graphs | `graph.rs`, `candle.rs` | buffers and below |
 //! | buffers | `buffer.rs` (static buffers, sources, `Staging`), `fingerprint.rs` | input nodes, constructs and below |
@@ -205,6 +205,7 @@ mod runtime;
 mod site;
 pub mod state;
 mod timer;
+mod typed;
 pub mod verify;
 
 #[doc(hidden)]

@@ -1,9 +1,13 @@
-//! The graph type of a function without buckets: `FooGraph` with its `capture`, `replay`,
-//! `verify` and state access, and the `FooInputs` / `FooOutputs` / `FooState` views.
+//! The graph type of a function without buckets: `FooGraph`, a wrapper around the runtime's
+//! `TypedGraph<FooBody>`, and the `FooInputs` / `FooOutputs` / `FooState` views.
 //!
-//! One function per generated item ([`Gen::graph_struct`], [`Gen::views`], [`Gen::capture`],
-//! [`Gen::replay`], …), as serde_derive's `ser.rs` does; the capture-time locals are named
-//! after the user's parameters.
+//! The expansion is thin: the macro fills in the runtime's `GraphBody` trait for the
+//! function's static buffers (`FooBody`: run the body, record and check addresses, lend the
+//! views) and `ReplayInputs` for the tuple of a replay's inputs (check shapes, stage them,
+//! the eager run of `verify`); `TypedGraph` supplies everything else once. Only the typed
+//! `capture`, `replay` and `verify` stay generated, `replay` and `verify` forwarding in a
+//! line. One function per generated item, as serde_derive's `ser.rs` does; the generated
+//! locals are named after the user's parameters.
 //!
 //! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
 //! `buckets.rs` or `check`.
@@ -12,7 +16,7 @@ use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parts::{capture_generic, debug_view, CaptureParam, Parts};
+use super::parts::{capture_generic, CaptureParam, Parts};
 use crate::args::{GraphArgs, VerifyEvery};
 use crate::model::{Param, Role};
 use crate::tokens::relocated;
@@ -21,36 +25,20 @@ use crate::tokens::relocated;
 /// and the names to re-export from it.
 pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
     let g = Gen::new(parts, args);
-    let (graph_ty, inputs_ty, outputs_ty, state_ty) =
-        (&g.graph_ty, &g.inputs_ty, &g.outputs_ty, &g.state_ty);
-    let warmup = g.warmup;
-    let graph_struct = g.graph_struct();
+    let (pr, graph_ty, body_ty) = (g.pr, &g.graph_ty, &g.body_ty);
+    let (inputs_ty, outputs_ty, state_ty) = (&g.inputs_ty, &g.outputs_ty, &g.state_ty);
+    let types = g.types();
     let views = g.views();
-    let debug_display = g.debug_display();
-    let capture = g.capture();
-    let replay = g.replay();
-    let verify = g.verify();
-    let accessors = g.accessors();
+    let graph_body = g.graph_body();
+    let replay_inputs = g.replay_inputs();
+    let methods = g.methods();
     let body = quote! {
-        #graph_struct
-
+        #types
         #views
-
-        #debug_display
-
-        #[allow(dead_code)]
-        impl<'s> #graph_ty<'s> {
-            /// Eager runs before the capture.
-            pub const WARMUP: u32 = #warmup;
-
-            #capture
-
-            #replay
-
-            #verify
-
-            #accessors
-        }
+        #pr::graph_type_impls!(#graph_ty, #body_ty, #inputs_ty, #outputs_ty, #state_ty);
+        #graph_body
+        #replay_inputs
+        #methods
     };
     let names = vec![
         graph_ty.clone(),
@@ -70,10 +58,10 @@ struct Gen<'p, 'm> {
     krate: &'m syn::Path,
     vis: &'p TokenStream,
     graph_ty: Ident,
+    body_ty: Ident,
     inputs_ty: Ident,
     outputs_ty: Ident,
     state_ty: Ident,
-    warmup: u32,
     /// A returned value (`-> Result<Tensor>`): a static buffer filled inside the graph.
     result_ty: Option<TokenStream>,
 }
@@ -87,10 +75,10 @@ impl<'p, 'm> Gen<'p, 'm> {
             krate: parts.krate,
             vis: &parts.vis,
             graph_ty: parts.type_name("Graph"),
+            body_ty: parts.type_name("Body"),
             inputs_ty: parts.type_name("Inputs"),
             outputs_ty: parts.type_name("Outputs"),
             state_ty: parts.type_name("State"),
-            warmup: args.warmup(),
             result_ty: parts.model.result.as_ref().map(relocated),
         }
     }
@@ -99,11 +87,13 @@ impl<'p, 'm> Gen<'p, 'm> {
         self.parts.ty(p)
     }
 
-    /// `FooGraph<'s>`: the instantiated graph, its address book and verification schedule,
-    /// the static buffers, the held state and the constants.
-    fn graph_struct(&self) -> TokenStream {
-        let (pr, vis, graph_ty, model) = (self.pr, self.vis, &self.graph_ty, self.parts.model);
-        let static_fields = model
+    /// `FooGraph<'s>`, the user's type, and `FooBody<'s>`, the static buffers, the held
+    /// state and the constants.
+    fn types(&self) -> TokenStream {
+        let (pr, vis, graph_ty, body_ty) = (self.pr, self.vis, &self.graph_ty, &self.body_ty);
+        let static_fields = self
+            .parts
+            .model
             .of(|r| matches!(r, Role::Input | Role::Output))
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
@@ -111,15 +101,18 @@ impl<'p, 'm> Gen<'p, 'm> {
             });
         let state_fields = self.parts.state_fields();
         let const_fields = self.parts.const_fields();
-        let result_field = self.result_ty.iter().map(|t| quote!(result: #t));
+        let result_field = self
+            .result_ty
+            .iter()
+            .map(|t| quote!(result: ::core::option::Option<#t>));
         let doc = self.struct_doc();
         quote! {
             #[doc = #doc]
             #[must_use = "a captured graph does nothing until it is replayed"]
-            #vis struct #graph_ty<'s> {
-                __graph: #pr::Graph,
-                __book: #pr::AddressBook,
-                __verify: #pr::VerifySchedule,
+            #vis struct #graph_ty<'s>(#pr::TypedGraph<#body_ty<'s>>);
+
+            #[doc(hidden)]
+            #vis struct #body_ty<'s> {
                 #(#static_fields,)*
                 #(#result_field,)*
                 #(#state_fields,)*
@@ -130,21 +123,13 @@ impl<'p, 'm> Gen<'p, 'm> {
     }
 
     fn struct_doc(&self) -> String {
-        let (fn_name, graph_ty, warmup) = (&self.parts.fn_name, &self.graph_ty, self.warmup);
-        let times = match warmup {
-            1 => "once".to_string(),
-            2 => "twice".to_string(),
-            n => format!("{n} times"),
-        };
+        let (fn_name, graph_ty, warmup) = (&self.parts.fn_name, &self.graph_ty, self.args.warmup());
         format!(
-            "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`.\n\n\
-             [`{graph_ty}::capture`] runs `{fn_name}` {times} eagerly on the runtime's stream, records it \
-             once and instantiates the graph; [`{graph_ty}::replay`] copies new inputs into the graph's static \
-             buffers and launches it. The outputs are lent out until the next replay.\n\n\
-             The graph keeps its runtime alive and holds its state for its whole life: borrowed (the graph is \
-             `{graph_ty}<'s>`), shared through an `Arc`, or owned (a `{graph_ty}<'static>` can live in a struct \
-             of yours). Before every replay it checks that the state still holds the buffers it was captured \
-             with."
+            "The CUDA graph of [`{fn_name}`], generated by `#[cuda_graph(warmup = {warmup})]`: \
+             [`{graph_ty}::capture`] warms it up, records it and instantiates the graph; \
+             [`{graph_ty}::replay`] copies new inputs in and launches it. `launch`, `inputs_mut`, \
+             `outputs`, `state_mut`, `info` and `graph` come from the runtime's `TypedGraph` \
+             (see \"What the macro generates\" in the `graph_runtime` docs)."
         )
     }
 
@@ -183,15 +168,13 @@ impl<'p, 'm> Gen<'p, 'm> {
     }
 
     fn input_view_fields(&self) -> Vec<TokenStream> {
-        let (pr, graph_ty) = (self.pr, &self.graph_ty);
+        let pr = self.pr;
         self.parts
             .inputs
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
-                let doc = format!(
-                    "The static buffer of input `{i}`: write here, then [`{graph_ty}::launch`]."
-                );
+                let doc = format!("Input `{i}`'s static buffer.");
                 quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
             })
             .collect()
@@ -204,13 +187,11 @@ impl<'p, 'm> Gen<'p, 'm> {
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
-                let doc = format!("Output `{i}`, as the last replay left it.");
+                let doc = format!("Output `{i}`.");
                 quote!(#[doc = #doc] pub #i: &'g #t)
             })
             .chain(self.result_ty.iter().map(|t| {
-                let doc = format!(
-                    "What `{fn_name}` returned, copied into the graph's static buffer by the last replay."
-                );
+                let doc = format!("What `{fn_name}` returned.");
                 quote!(#[doc = #doc] pub result: &'g #t)
             }))
             .collect()
@@ -223,50 +204,379 @@ impl<'p, 'm> Gen<'p, 'm> {
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
+                let doc = format!("State `{i}`.");
                 match p.role {
                     Role::State { mutable: true } => {
-                        let doc = format!(
-                            "State `{i}`, lent back between replays (a `CudaSlice` as a `CudaViewMut`): \
-                             write into it in place; the graph reads it by address."
-                        );
                         quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
                     }
-                    _ => {
-                        let doc = format!("State `{i}` (read-only while the graph lives).");
-                        quote!(#[doc = #doc] pub #i: &'g #t)
-                    }
+                    _ => quote!(#[doc = #doc] pub #i: &'g #t),
                 }
             })
             .collect()
     }
 
-    /// `Debug` of the graph type (its name and facts) and of the views (their names), and
-    /// `Display` of the graph type (the graph's summary).
-    fn debug_display(&self) -> TokenStream {
-        let graph_ty = &self.graph_ty;
-        let graph_name = graph_ty.to_string();
-        let outputs_debug = debug_view(&self.outputs_ty);
-        let inputs_debug = debug_view(&self.inputs_ty);
-        let state_debug = debug_view(&self.state_ty);
-        quote! {
-            impl ::core::fmt::Debug for #graph_ty<'_> {
-                fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                    f.debug_struct(#graph_name)
-                        .field("info", self.__graph.info())
-                        .finish_non_exhaustive()
+    /// `impl GraphBody for FooBody`: what the runtime's `TypedGraph` needs of the function.
+    fn graph_body(&self) -> TokenStream {
+        let (pr, krate, body_ty) = (self.pr, self.krate, &self.body_ty);
+        let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
+        let graph_name = self.graph_ty.to_string();
+        let site = &self.parts.site;
+        let ctx_ty = self.parts.ctx_ty();
+        let ctx_assoc = quote_spanned!(ctx_ty.span()=> type Ctx = #ctx_ty;);
+        let run = self.run_body();
+        let (records, checks) = self.records_and_checks();
+        let statics: Vec<&Ident> = self
+            .parts
+            .model
+            .of(|r| matches!(r, Role::Input | Role::Output))
+            .map(|p| &p.ident)
+            .collect();
+        let register = self.parts.inputs.iter().map(|p| &p.ident);
+        let captured = self.result_ty.iter().map(|_| {
+            quote! {
+                fn captured(&self) -> ::core::result::Result<(), #krate::GraphError> {
+                    match self.result {
+                        ::core::option::Option::Some(_) => ::core::result::Result::Ok(()),
+                        ::core::option::Option::None => ::core::result::Result::Err(
+                            #krate::GraphError::EmptyGraph { graph: Self::site().name },
+                        ),
+                    }
                 }
             }
+        });
+        let accessors = self.view_accessors();
+        quote! {
+            impl<'s> #pr::GraphBody for #body_ty<'s> {
+                #ctx_assoc
+                type Inputs<'g> = #inputs_ty<'g> where Self: 'g;
+                type Outputs<'g> = #outputs_ty<'g> where Self: 'g;
+                type State<'g> = #state_ty<'g> where Self: 'g;
+                const GRAPH_TYPE: &'static str = #graph_name;
+                fn site() -> &'static #pr::GraphSite {
+                    static SITE: #pr::GraphSite = #site;
+                    &SITE
+                }
+                fn run(&mut self, __ctx: &Self::Ctx, rt: &#krate::Runtime) -> ::core::result::Result<(), #krate::GraphError> {
+                    #run
+                }
+                fn record(&self, __book: &mut #pr::AddressBook) {
+                    #(#records)*
+                }
+                fn check(&self, __book: &#pr::AddressBook, __when: #pr::When, __outputs: bool) -> ::core::result::Result<(), #krate::GraphError> {
+                    #checks
+                    ::core::result::Result::Ok(())
+                }
+                fn register_inputs(&self, __inputs: &mut #pr::InputNodes) {
+                    #(__inputs.add(&self.#register);)*
+                }
+                fn static_bytes(&self) -> usize {
+                    0 #(+ #pr::static_bytes(&self.#statics))*
+                }
+                #(#captured)*
+                #accessors
+            }
+        }
+    }
 
-            #outputs_debug
+    /// The body's run during warmup and capture: the user's function on the static buffers,
+    /// its returned value stored in the graph's result buffer if it has one.
+    fn run_body(&self) -> TokenStream {
+        let pr = self.pr;
+        let call_args: Vec<TokenStream> = self
+            .parts
+            .model
+            .params
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                match p.role {
+                    Role::Input => quote!(&self.#i),
+                    Role::Output => quote!(&mut self.#i),
+                    Role::State { .. } => self.parts.held_arg(p, quote!(self.#i)),
+                    // The whole argument at the constant's type, `self.` included.
+                    Role::Constant | Role::Bucket => {
+                        quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
+                    }
+                }
+            })
+            .collect();
+        let call = self.parts.call(&call_args);
+        match &self.result_ty {
+            None => {
+                let body_result = self.parts.body_result();
+                quote!(#body_result(#call))
+            }
+            Some(t) => {
+                let body_value = self.body_value();
+                quote! {
+                    let __value = #body_value(#call)?;
+                    #pr::store_result::<#t>(rt, Self::site(), &mut self.result, &__value)
+                }
+            }
+        }
+    }
 
-            #inputs_debug
+    fn body_value(&self) -> TokenStream {
+        let pr = self.pr;
+        quote_spanned!(self.parts.model.item.sig.output.span()=> #pr::BodyValue::into_graph_value)
+    }
 
-            #state_debug
+    /// The address book's records (state first, then outputs: indices `0..`) and the checks
+    /// of the same addresses, the outputs' only when `__outputs`.
+    fn records_and_checks(&self) -> (Vec<TokenStream>, TokenStream) {
+        let pr = self.pr;
+        let states = self.parts.states.iter().map(|p| {
+            let i = &p.ident;
+            (i, quote!(&*self.#i), self.parts.recorded_kind(p))
+        });
+        let outputs = self.parts.outputs.iter().map(|p| {
+            let i = &p.ident;
+            (i, quote!(&self.#i), quote!(#pr::Recorded::Output))
+        });
+        let all: Vec<_> = states.chain(outputs).collect();
+        let records = all
+            .iter()
+            .map(|(i, value, kind)| {
+                let name = i.to_string();
+                quote!(__book.record(#name, #value, #kind);)
+            })
+            .collect();
+        let check = |k: usize| {
+            let value = &all[k].1;
+            quote!(__book.check(#k, #value, __when)?;)
+        };
+        let n = self.parts.states.len();
+        let state_checks = (0..n).map(check);
+        let output_checks: Vec<TokenStream> = (n..all.len()).map(check).collect();
+        let output_checks =
+            (!output_checks.is_empty()).then(|| quote!(if __outputs { #(#output_checks)* }));
+        (records, quote!(#(#state_checks)* #output_checks))
+    }
 
-            /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
-            impl ::core::fmt::Display for #graph_ty<'_> {
-                fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                    ::core::fmt::Display::fmt(&self.__graph, f)
+    /// `inputs_mut`, `outputs`, `state_mut` and `replay_outputs` of `GraphBody`.
+    fn view_accessors(&self) -> TokenStream {
+        let (pr, krate) = (self.pr, self.krate);
+        let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
+        let result = quote!(self
+            .result
+            .as_ref()
+            .expect("a captured graph holds its result"));
+        let input_init = self.parts.inputs.iter().map(|p| {
+            let i = &p.ident;
+            quote!(#i: #pr::DeviceState::lend(&mut self.#i))
+        });
+        let output_init = self
+            .parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                quote!(#i: &self.#i)
+            })
+            .chain(self.result_ty.iter().map(|_| quote!(result: #result)));
+        let state_init = self.parts.states.iter().map(|p| {
+            let i = &p.ident;
+            match p.role {
+                Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
+                _ => quote!(#i: &*self.#i),
+            }
+        });
+        let replay_outputs = self
+            .parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let name = i.to_string();
+                quote!(__verifier.replay_output(#name, &self.#i)?;)
+            })
+            .chain(
+                self.result_ty
+                    .iter()
+                    .map(|_| quote!(__verifier.replay_output("result", #result)?;)),
+            );
+        quote! {
+            fn inputs_mut(&mut self) -> #inputs_ty<'_> {
+                #inputs_ty { #(#input_init,)* __marker: ::core::marker::PhantomData }
+            }
+            fn outputs(&self) -> #outputs_ty<'_> {
+                #outputs_ty { #(#output_init,)* __marker: ::core::marker::PhantomData }
+            }
+            fn state_mut(&mut self) -> #state_ty<'_> {
+                #state_ty { #(#state_init,)* __marker: ::core::marker::PhantomData }
+            }
+            fn replay_outputs(&self, __verifier: &mut #pr::Verifier<'_>) -> ::core::result::Result<(), #krate::GraphError> {
+                #(#replay_outputs)*
+                ::core::result::Result::Ok(())
+            }
+        }
+    }
+
+    /// `impl ReplayInputs<FooBody> for (&X, …)`: a replay's inputs, one source per input,
+    /// check their shapes, stage themselves and run `verify`'s eager call.
+    fn replay_inputs(&self) -> TokenStream {
+        let (pr, krate, body_ty) = (self.pr, self.krate, &self.body_ty);
+        let (generics, _) = self.parts.replay_inputs();
+        let sources: Vec<TokenStream> = (0..self.parts.inputs.len())
+            .map(|n| {
+                let g = format_ident!("__R{}", n);
+                quote!(&'__a #g)
+            })
+            .collect();
+        let names: Vec<&Ident> = self.parts.inputs.iter().map(|p| &p.ident).collect();
+        let shape_checks = names.iter().map(|i| {
+            let name = i.to_string();
+            quote!(#pr::check_shape(__site, #name, &__body.#i, #i)?;)
+        });
+        let copies = names.iter().enumerate().map(|(k, i)| {
+            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut __body.#i))?;)
+        });
+        let eager = self.eager_run();
+        let result = quote!(::core::result::Result<(), #krate::GraphError>);
+        quote! {
+            impl<'s, '__a, #(#generics),*> #pr::ReplayInputs<#body_ty<'s>> for (#(#sources,)*) {
+                fn check_shapes(&self, __body: &#body_ty<'s>) -> #result {
+                    let (#(#names,)*) = *self;
+                    let __site = <#body_ty<'s> as #pr::GraphBody>::site();
+                    #(#shape_checks)*
+                    ::core::result::Result::Ok(())
+                }
+                fn stage(&self, __body: &mut #body_ty<'s>, __staging: &#pr::Staging<'_>) -> #result {
+                    let (#(#names,)*) = *self;
+                    #(#copies)*
+                    ::core::result::Result::Ok(())
+                }
+                fn run_eager(&self, __body: &mut #body_ty<'s>, __rt: &#krate::Runtime, __verifier: &mut #pr::Verifier<'_>) -> #result {
+                    let (#(#names,)*) = *self;
+                    let __site = <#body_ty<'s> as #pr::GraphBody>::site();
+                    #eager
+                    ::core::result::Result::Ok(())
+                }
+            }
+        }
+    }
+
+    /// `verify`'s eager run: the user's function on copies of the inputs into shadow
+    /// outputs, whose values go to the verifier.
+    fn eager_run(&self) -> TokenStream {
+        let (pr, parts) = (self.pr, self.parts);
+        let copies = parts.inputs.iter().map(|p| {
+            let (i, t) = (&p.ident, self.ty(p));
+            let copy = format_ident!("__copy_{}", i);
+            let name = i.to_string();
+            quote!(let #copy: #t = #pr::stage_input::<#t, _>(__rt, __site, #name, #i)?;)
+        });
+        let shadows = parts.outputs.iter().map(|p| {
+            let (i, t) = (&p.ident, self.ty(p));
+            let shadow = format_ident!("__shadow_{}", i);
+            let name = i.to_string();
+            quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(__rt, __site, #name, #pr::StaticBuffer::shape(&__body.#i))?;)
+        });
+        let call_args: Vec<TokenStream> = parts
+            .model
+            .params
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                match p.role {
+                    Role::Input => {
+                        let copy = format_ident!("__copy_{}", i);
+                        quote!(&#copy)
+                    }
+                    Role::Output => {
+                        let shadow = format_ident!("__shadow_{}", i);
+                        quote!(&mut #shadow)
+                    }
+                    Role::State { .. } => parts.held_arg(p, quote!(__body.#i)),
+                    // The whole argument at the constant's type, `__body.` included.
+                    Role::Constant | Role::Bucket => {
+                        quote_spanned!(p.ty.span()=> #pr::constant(&__body.#i))
+                    }
+                }
+            })
+            .collect();
+        let call = parts.call(&call_args);
+        let verb = match &self.result_ty {
+            None => {
+                let body_result = parts.body_result();
+                quote!(#body_result(#call)?;)
+            }
+            Some(t) => {
+                let body_value = self.body_value();
+                quote!(
+                    let __value = #body_value(#call)?;
+                    __shadow_result = #pr::copy_result::<#t>(__rt, __site, &__value)?;
+                )
+            }
+        };
+        let shadow_result = self
+            .result_ty
+            .iter()
+            .map(|t| quote!(let __shadow_result: #t;));
+        let eager_outputs = parts
+            .outputs
+            .iter()
+            .map(|p| {
+                let i = &p.ident;
+                let shadow = format_ident!("__shadow_{}", i);
+                let name = i.to_string();
+                quote!(__verifier.eager_output(#name, &#shadow)?;)
+            })
+            .chain(
+                self.result_ty
+                    .iter()
+                    .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
+            );
+        let ctx = parts.ctx_call(quote!(__rt));
+        quote! {
+            #(#copies)*
+            #(#shadows)*
+            #(#shadow_result)*
+            {
+                let __ctx = #ctx;
+                #verb
+            }
+            #(#eager_outputs)*
+        }
+    }
+
+    /// `WARMUP` and the typed methods: `capture`, and `replay` and `verify` forwarding to the
+    /// runtime's `TypedGraph` in a line.
+    fn methods(&self) -> TokenStream {
+        let (krate, vis, graph_ty, outputs_ty) =
+            (self.krate, self.vis, &self.graph_ty, &self.outputs_ty);
+        let warmup = self.args.warmup();
+        let capture = self.capture();
+        let (generics, params) = self.parts.replay_inputs();
+        let names: Vec<&Ident> = self.parts.inputs.iter().map(|p| &p.ident).collect();
+        let replay_doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
+                          runtime's stream; returns as soon as the work is queued. Every input's shape and \
+                          every state's addresses are checked first: a mismatch is `GraphError::InputShape` \
+                          or `GraphError::StateMoved` and launches nothing.";
+        let verify_doc = "Checks one replay against the eager function on the same inputs: runs the \
+                          function eagerly on copies of the inputs into shadow outputs, undoes what that \
+                          run did to the `&mut` state and the random generators, replays the graph, and \
+                          compares every output and every `&mut` state (`Tolerance::BITWISE`, or within a \
+                          tolerance).";
+        quote! {
+            #[allow(dead_code)]
+            impl<'s> #graph_ty<'s> {
+                /// Eager runs before the capture.
+                pub const WARMUP: u32 = #warmup;
+
+                #capture
+
+                #[doc = #replay_doc]
+                #[inline]
+                #[allow(clippy::too_many_arguments)]
+                #vis fn replay<#(#generics),*>(&mut self, #(#params),*) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+                    self.0.replay_inputs((#(#names,)*))
+                }
+
+                #[doc = #verify_doc]
+                #[allow(clippy::too_many_arguments)]
+                #vis fn verify<#(#generics),*>(&mut self, #(#params,)* tolerance: #krate::Tolerance) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
+                    self.0.verify_inputs((#(#names,)*), tolerance)
                 }
             }
         }
@@ -300,448 +610,62 @@ impl<'p, 'm> Gen<'p, 'm> {
             .collect()
     }
 
-    /// `capture`'s statements that turn each input and output argument into its static
-    /// buffer, a local of the parameter's own name.
-    fn stage_statics(&self) -> Vec<TokenStream> {
-        let pr = self.pr;
-        self.parts
-            .model
-            .params
-            .iter()
-            .filter_map(|p| {
-                let (i, t) = (&p.ident, self.ty(p));
-                let name = i.to_string();
-                match p.role {
-                    Role::Input => Some(quote_spanned!(p.ty.span()=>
-                        let #i: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
-                    )),
-                    Role::Output => Some(quote_spanned!(p.ty.span()=>
-                        let mut #i: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
-                    )),
-                    _ => None,
-                }
-            })
-            .collect()
-    }
-
-    /// What the address book records, in order: the state first (indices 0.. are what
-    /// replays check), then the outputs; each with the local naming its index.
-    fn checked(&self) -> Vec<(Ident, Ident, TokenStream, TokenStream)> {
-        let pr = self.pr;
-        let index = |i: &Ident| format_ident!("__{}_index", i);
-        self.parts
-            .states
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                (
-                    i.clone(),
-                    index(i),
-                    quote!(&*#i),
-                    self.parts.recorded_kind(p),
-                )
-            })
-            .chain(self.parts.outputs.iter().map(|p| {
-                let i = &p.ident;
-                (
-                    i.clone(),
-                    index(i),
-                    quote!(&#i),
-                    quote!(#pr::Recorded::Output),
-                )
-            }))
-            .collect()
-    }
-
-    /// The body's run during warmup and capture: the call of the user's function on the
-    /// static buffers, its result stored in the graph's result buffer if it returns one.
-    fn run_body(&self) -> TokenStream {
-        let pr = self.pr;
-        let call_args: Vec<TokenStream> = self
+    /// `capture`: the state held, each input and output turned into its static buffer (a
+    /// local of the parameter's own name), then the runtime's warmup and capture.
+    fn capture(&self) -> TokenStream {
+        let (pr, body_ty) = (self.pr, &self.body_ty);
+        let hold_states = self.parts.hold_states();
+        let stage = self.parts.model.params.iter().filter_map(|p| {
+            let (i, t) = (&p.ident, self.ty(p));
+            let name = i.to_string();
+            match p.role {
+                Role::Input => Some(quote_spanned!(p.ty.span()=>
+                    let #i: #t = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
+                )),
+                Role::Output => Some(quote_spanned!(p.ty.span()=>
+                    let #i: #t = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
+                )),
+                _ => None,
+            }
+        });
+        let fields = self
             .parts
             .model
             .params
             .iter()
-            .map(|p| {
-                let i = &p.ident;
-                match p.role {
-                    Role::Input => quote!(&#i),
-                    Role::Output => quote!(&mut #i),
-                    _ => self.parts.held_arg(p, quote!(#i)),
-                }
-            })
-            .collect();
-        let call = self.parts.call(&call_args);
-        let body_result = self.parts.body_result();
-        match &self.result_ty {
-            None => quote!(#body_result(#call)),
-            Some(t) => {
-                let body_value = self.body_value();
-                quote!({
-                    let __value = #body_value(#call)?;
-                    #pr::store_result::<#t>(rt, __site, &mut __result_slot, &__value)
-                })
-            }
-        }
-    }
-
-    fn body_value(&self) -> TokenStream {
-        let pr = self.pr;
-        quote_spanned!(self.parts.model.item.sig.output.span()=> #pr::BodyValue::into_graph_value)
-    }
-
-    /// `capture`: the warmup and capture of the body on static buffers.
-    fn capture(&self) -> TokenStream {
-        let (pr, krate, model) = (self.pr, self.krate, self.parts.model);
-        let hold_states = self.parts.hold_states();
-        let stage = self.stage_statics();
-        let statics: Vec<&Ident> = model
-            .of(|r| matches!(r, Role::Input | Role::Output))
-            .map(|p| &p.ident)
-            .collect();
-        let checked = self.checked();
-        let records = checked.iter().map(|(i, index, value, kind)| {
-            let name = i.to_string();
-            quote!(let #index = __book.record(#name, #value, #kind);)
-        });
-        let checks: Vec<TokenStream> = checked
-            .iter()
-            .map(|(_, index, value, _)| quote!(__book.check(#index, #value, __when)?;))
-            .collect();
-        let register_inputs = self.parts.inputs.iter().map(|p| {
-            let i = &p.ident;
-            quote!(__inputs.add(&#i);)
-        });
-        let init_fields = model.params.iter().filter_map(|p| {
-            let i = &p.ident;
-            (p.role != Role::Bucket).then(|| quote!(#i))
-        });
-        let result_slot = self.result_ty.iter().map(
-            |t| quote!(let mut __result_slot: ::core::option::Option<#t> = ::core::option::Option::None;),
-        );
-        let result_take = self.result_ty.iter().map(|_| {
-            quote!(let __result_value = __result_slot.ok_or(#krate::GraphError::EmptyGraph { graph: __site.name })?;)
-        });
-        let result_init = self
+            .filter(|p| p.role != Role::Bucket)
+            .map(|p| &p.ident);
+        let result = self
             .result_ty
             .iter()
-            .map(|_| quote!(result: __result_value));
-        let run_body = self.run_body();
-        let closure = self.parts.body_closure(
-            self.parts.ctx_call(quote!(rt)),
-            quote!(__step: #pr::Step),
-            quote!(#pr::Step::Run(_) => #run_body,),
-            &checks,
-        );
+            .map(|_| quote!(result: ::core::option::Option::None));
         let verify_schedule = verify_schedule_tokens(self.args, pr);
-        self.parts.site_and_capture(
-            &self.capture_doc(),
-            self.capture_params(),
-            quote! {
+        let (generics, params): (Vec<_>, Vec<_>) = self.capture_params().into_iter().unzip();
+        let generics = generics.into_iter().flatten();
+        let (krate, vis) = (self.krate, self.vis);
+        let doc = self.capture_doc();
+        quote! {
+            #[doc = #doc]
+            #[allow(clippy::too_many_arguments)]
+            #vis fn capture<#(#generics),*>(rt: &#krate::Runtime, #(#params),*) -> ::core::result::Result<Self, #krate::GraphError> {
+                let __site = <#body_ty<'s> as #pr::GraphBody>::site();
                 #(#hold_states)*
                 #(#stage)*
-                let __static_bytes = 0 #(+ #pr::static_bytes(&#statics))*;
-                let mut __book = #pr::AddressBook::new(__site.name);
-                #(#records)*
-                let mut __inputs = #pr::InputNodes::new();
-                #(#register_inputs)*
-                #(#result_slot)*
-                let __graph = {
-                    #closure
-                    #pr::capture(rt, __site, __book, &__inputs, __static_bytes, &mut __body)?
-                };
-                #(#result_take)*
-                ::core::result::Result::Ok(Self {
-                    __graph,
-                    __book,
-                    __verify: #verify_schedule,
-                    #(#result_init,)*
-                    #(#init_fields,)*
-                    __state: ::core::marker::PhantomData,
-                })
-            },
-        )
+                let __body = #body_ty { #(#fields,)* #(#result,)* __state: ::core::marker::PhantomData };
+                #pr::TypedGraph::capture(rt, __body, #verify_schedule).map(Self)
+            }
+        }
     }
 
     fn capture_doc(&self) -> String {
         let fn_name = &self.parts.fn_name;
-        let runs = if self.warmup == 1 {
-            "1 eager run".to_string()
-        } else {
-            format!("{} eager runs", self.warmup)
-        };
+        let warmup = self.args.warmup();
         format!(
-            "Warms up `{fn_name}` ({runs} on the runtime's stream), captures it and instantiates \
-             the graph.\n\nInputs are copied into static buffers of the same shape (the warmup and capture run \
-             on those values); outputs are given by shape (a length for a `CudaSlice`) and start zeroed; state is given as `&T` / `&mut T` \
-             (borrowed for the graph's lifetime), as an `Arc<T>` (read-only state) or by value (the graph owns \
-             it); `&mut` state is snapshotted before the warmup and restored after it unless marked \
-             `#[state(no_restore)]`; constants are frozen into the graph."
+            "Warms up `{fn_name}` ({warmup} eager run(s) on the runtime's stream), captures it and \
+             instantiates the graph. Inputs are copied into static buffers; outputs are given by \
+             shape (a length for a `CudaSlice`); state as `&T` / `&mut T` (borrowed for the graph's \
+             life), `Arc<T>` or by value; constants are frozen."
         )
-    }
-
-    /// Every input's shape checked against its static buffer, before anything is queued.
-    fn shape_checks(&self) -> Vec<TokenStream> {
-        let pr = self.pr;
-        self.parts
-            .inputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let name = i.to_string();
-                quote!(#pr::check_shape(__site, #name, &self.#i, #i)?;)
-            })
-            .collect()
-    }
-
-    /// The launch of the graph after the new inputs are fed into their static buffers.
-    fn replay_call(&self) -> TokenStream {
-        let pr = self.pr;
-        let copies = self.parts.inputs.iter().enumerate().map(|(k, p)| {
-            let i = &p.ident;
-            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut self.#i))?;)
-        });
-        quote! {
-            #pr::replay(&self.__graph, |__staging| {
-                #(#copies)*
-                ::core::result::Result::Ok(())
-            })?;
-        }
-    }
-
-    /// `replay`: the self-verifying replay, the checks, the input copies and the launch.
-    fn replay(&self) -> TokenStream {
-        let (krate, vis, outputs_ty) = (self.krate, self.vis, &self.outputs_ty);
-        let replay_args = self.parts.inputs.iter().map(|p| &p.ident);
-        let (generics, params) = self.parts.replay_inputs();
-        let shape_checks = self.shape_checks();
-        let replay_checks = self.parts.replay_checks();
-        let replay_call = self.replay_call();
-        let doc = "Copies the inputs into the graph's static buffers and launches the graph, all on the \
-                   runtime's stream; returns as soon as the work is queued.\n\nEvery input's shape and \
-                   every state's addresses are checked before anything is queued: a mismatch is \
-                   [`GraphError::InputShape`] or [`GraphError::StateMoved`] and launches \
-                   nothing.\n\n[`GraphError::InputShape`]: graph_runtime::GraphError::InputShape\n\
-                   [`GraphError::StateMoved`]: graph_runtime::GraphError::StateMoved";
-        quote! {
-            #[doc = #doc]
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            #vis fn replay<#(#generics),*>(
-                &mut self,
-                #(#params),*
-            ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
-                if let ::core::option::Option::Some(__tolerance) = self.__verify.due() {
-                    self.verify(#(#replay_args,)* __tolerance)?.into_result()?;
-                    return ::core::result::Result::Ok(self.outputs());
-                }
-                let __site = Self::__site();
-                #(#shape_checks)*
-                #(#replay_checks)*
-                #replay_call
-                ::core::result::Result::Ok(self.outputs())
-            }
-        }
-    }
-
-    /// `verify`'s eager run: the user's function on copies of the inputs into shadow
-    /// outputs, whose values go to the verifier.
-    fn verify_eager_run(&self) -> TokenStream {
-        let (pr, parts) = (self.pr, self.parts);
-        let copies = parts.inputs.iter().map(|p| {
-            let (i, t) = (&p.ident, self.ty(p));
-            let copy = format_ident!("__copy_{}", i);
-            let name = i.to_string();
-            quote!(let #copy: #t = #pr::stage_input::<#t, _>(&__rt, __site, #name, #i)?;)
-        });
-        let shadows = parts.outputs.iter().map(|p| {
-            let (i, t) = (&p.ident, self.ty(p));
-            let shadow = format_ident!("__shadow_{}", i);
-            let name = i.to_string();
-            quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(&__rt, __site, #name, #pr::StaticBuffer::shape(&self.#i))?;)
-        });
-        let call_args: Vec<TokenStream> = parts
-            .model
-            .params
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                match p.role {
-                    Role::Input => {
-                        let copy = format_ident!("__copy_{}", i);
-                        quote!(&#copy)
-                    }
-                    Role::Output => {
-                        let shadow = format_ident!("__shadow_{}", i);
-                        quote!(&mut #shadow)
-                    }
-                    Role::State { .. } => parts.held_arg(p, quote!(self.#i)),
-                    // The whole argument at the constant's type, `self.` included.
-                    Role::Constant | Role::Bucket => {
-                        quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
-                    }
-                }
-            })
-            .collect();
-        let call = parts.call(&call_args);
-        let body_result = parts.body_result();
-        let verb = match &self.result_ty {
-            None => quote!(#body_result(#call)?;),
-            Some(t) => {
-                let body_value = self.body_value();
-                quote!(
-                    let __value = #body_value(#call)?;
-                    __shadow_result = #pr::copy_result::<#t>(&__rt, __site, &__value)?;
-                )
-            }
-        };
-        let shadow_result_decl = self
-            .result_ty
-            .iter()
-            .map(|t| quote!(let __shadow_result: #t;));
-        let eager_outputs = parts
-            .outputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let shadow = format_ident!("__shadow_{}", i);
-                let name = i.to_string();
-                quote!(__verifier.eager_output(#name, &#shadow)?;)
-            })
-            .chain(
-                self.result_ty
-                    .iter()
-                    .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
-            );
-        let verify_ctx = parts.ctx_call(quote!(&__rt));
-        quote! {
-            #(#copies)*
-            #(#shadows)*
-            #(#shadow_result_decl)*
-            {
-                let __ctx = #verify_ctx;
-                #verb
-            }
-            #(#eager_outputs)*
-        }
-    }
-
-    /// `verify`: one replay checked against the eager function on the same inputs.
-    fn verify(&self) -> TokenStream {
-        let (pr, krate, vis) = (self.pr, self.krate, self.vis);
-        let (generics, params) = self.parts.replay_inputs();
-        let shape_checks = self.shape_checks();
-        let replay_checks = self.parts.replay_checks();
-        let eager_run = self.verify_eager_run();
-        let replay_call = self.replay_call();
-        let replay_outputs = self
-            .parts
-            .outputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let name = i.to_string();
-                quote!(__verifier.replay_output(#name, &self.#i)?;)
-            })
-            .chain(
-                self.result_ty
-                    .iter()
-                    .map(|_| quote!(__verifier.replay_output("result", &self.result)?;)),
-            );
-        let doc = "Checks one replay against the eager function on the same inputs: runs the \
-                   function eagerly on copies of the inputs into shadow outputs, undoes what that \
-                   run did to the `&mut` state and the random generators, replays the graph, and \
-                   compares every output and every `&mut` state element by element \
-                   (`Tolerance::BITWISE`, or within a tolerance). Afterwards everything is as a \
-                   plain `replay` leaves it; the outputs hold the replay's values.";
-        quote! {
-            #[doc = #doc]
-            #[allow(clippy::too_many_arguments)]
-            #vis fn verify<#(#generics),*>(
-                &mut self,
-                #(#params,)*
-                tolerance: #krate::Tolerance,
-            ) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
-                let __site = Self::__site();
-                #(#shape_checks)*
-                #(#replay_checks)*
-                let __rt = ::core::clone::Clone::clone(self.__graph.runtime());
-                let mut __verifier = #pr::Verifier::begin(&__rt, &self.__book, tolerance)?;
-                #eager_run
-                __verifier.rewind()?;
-                #replay_call
-                #(#replay_outputs)*
-                __verifier.finish()
-            }
-        }
-    }
-
-    /// `launch`, the views' accessors (`inputs_mut`, `outputs`, `state_mut`), `info` and
-    /// `graph`.
-    fn accessors(&self) -> TokenStream {
-        let (pr, krate, vis) = (self.pr, self.krate, self.vis);
-        let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
-        let replay_checks = self.parts.replay_checks();
-        let input_view_init = self.parts.inputs.iter().map(|p| {
-            let i = &p.ident;
-            quote!(#i: #pr::DeviceState::lend(&mut self.#i))
-        });
-        let output_view_init = self
-            .parts
-            .outputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                quote!(#i: &self.#i)
-            })
-            .chain(self.result_ty.iter().map(|_| quote!(result: &self.result)));
-        let state_view_init = self.parts.states.iter().map(|p| {
-            let i = &p.ident;
-            match p.role {
-                Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
-                _ => quote!(#i: &*self.#i),
-            }
-        });
-        quote! {
-            /// Launches the graph with the inputs as they are in its static buffers
-            /// (see `inputs_mut`): a replay without copies. The state's addresses are
-            /// checked first, as in `replay`.
-            #[inline]
-            #vis fn launch(&mut self) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
-                #(#replay_checks)*
-                #pr::launch_as_is(&self.__graph)?;
-                ::core::result::Result::Ok(self.outputs())
-            }
-
-            /// The static input buffers, lent as views to write the next inputs in place.
-            #vis fn inputs_mut(&mut self) -> #inputs_ty<'_> {
-                #inputs_ty { #(#input_view_init,)* __marker: ::core::marker::PhantomData }
-            }
-
-            /// The outputs as the last replay left them.
-            #vis fn outputs(&self) -> #outputs_ty<'_> {
-                #outputs_ty { #(#output_view_init,)* __marker: ::core::marker::PhantomData }
-            }
-
-            /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent`
-            /// form (a `CudaSlice` as a `CudaViewMut`), read-only state as `&T`. When some
-            /// state lives on a stream other than the runtime's, this first waits for the
-            /// replays in flight (`Graph::settle`).
-            #vis fn state_mut(&mut self) -> #state_ty<'_> {
-                self.__graph.settle();
-                #state_ty { #(#state_view_init,)* __marker: ::core::marker::PhantomData }
-            }
-
-            /// Node count, memory and timings of the capture.
-            #vis fn info(&self) -> &#krate::GraphInfo {
-                self.__graph.info()
-            }
-
-            /// The instantiated graph (its facts and raw handles).
-            #vis fn graph(&self) -> &#krate::Graph {
-                &self.__graph
-            }
-        }
     }
 }
 /// When the graph's replays verify themselves: `verify = "never" | "first" | "every"` with

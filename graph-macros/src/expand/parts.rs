@@ -72,6 +72,11 @@ impl<'m> Parts<'m> {
         format_ident!("{}{}", self.base, suffix, span = self.fn_ident.span())
     }
 
+    /// The execution context's type, as seen from the generated module.
+    pub fn ctx_ty(&self) -> &TokenStream {
+        &self.ctx_ty
+    }
+
     /// Parameter `p`'s type as seen from the generated module.
     pub fn ty(&self, p: &Param) -> TokenStream {
         relocated(&p.ty)

@@ -42,12 +42,14 @@ fn expands_to_function_and_graph_type() {
         "pub struct StepGraph<'s>",
         "w: ::graph_runtime::__private::Held<'s, CudaSlice<f32>>",
         "kv: ::graph_runtime::__private::HeldMut<'s, CudaSlice<f32>>",
-        ".record(\"w\", &*w, ::graph_runtime::__private::Recorded::State);",
+        "__book.record(\"w\", &*self.w, ::graph_runtime::__private::Recorded::State);",
         "::graph_runtime::__private::Recorded::StateMut {",
         "restore: true",
         "fn verify<",
-        "self.verify(x, __tolerance)?.into_result()?;",
-        ".check(1usize, &*self.kv, ::graph_runtime::__private::When::Replay)?;",
+        "self.0.verify_inputs((x,), tolerance)",
+        "self.0.replay_inputs((x,))",
+        "__book.check(1usize, &*self.kv, __when)?;",
+        "impl<'s> ::graph_runtime::__private::GraphBody for StepBody<'s>",
         "super::step(",
         "pub use self::__cuda_graph_step::{StepGraph, StepInputs, StepOutputs, StepState};",
         "pub struct StepOutputs<'g>",
@@ -57,7 +59,7 @@ fn expands_to_function_and_graph_type() {
         "mode: ::graph_runtime::__private::CaptureMode::ThreadLocal",
         "y: usize",
         "n: u32",
-        "::graph_runtime::__private::check_shape(__site, \"x\", &self.x, x)?;",
+        "::graph_runtime::__private::check_shape(__site, \"x\", &__body.x, x)?;",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
     }
