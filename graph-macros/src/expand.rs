@@ -98,7 +98,12 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    let parts = Parts::new(model, &krate, site_tokens(model, args, &krate));
+    let parts = Parts::new(
+        model,
+        &krate,
+        site_tokens(model, args, &krate),
+        args.name.as_ref(),
+    );
     let (body, names) = match &args.buckets {
         Some(buckets) => expand_buckets(&parts, buckets),
         None => expand_graph(&parts, args),

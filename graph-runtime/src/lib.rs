@@ -72,6 +72,25 @@
 //! | candle (feature `candle`) | a function written with candle ops as a graph: candle's `&Device` as context, `&Tensor` inputs copied into static tensors, candle-nn models as state, a returned `Tensor` copied into a static result inside the graph; candle's small uploads served from its cache during capture | `graph_runtime::candle`, `Runtime::from_candle` |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
+//! # What the macro generates
+//! Next to `fn step` (kept as written, callable eagerly), `#[cuda_graph]` adds to your module,
+//! with the function's visibility (`#[cuda_graph(name = DecodeStep)]` makes the names start
+//! with `DecodeStep` instead of `Step`, when `StepState` or another is taken):
+//!
+//! | item | what it is |
+//! | --- | --- |
+//! | `StepGraph<'s>` | the captured graph: `StepGraph::capture(&rt, …)` (inputs by example value, outputs by shape, state, constants, in the function's order), `replay(…)` (the inputs) and `verify(…, tolerance)`; through `Deref`, `launch()`, `inputs_mut()`, `outputs()`, `state_mut()`, `info()`, `graph()`; `Debug` and `Display` (the graph's summary); `StepGraph::WARMUP` |
+//! | `StepInputs<'g>` | the static inputs lent by `inputs_mut()`, one field per input |
+//! | `StepOutputs<'g>` | what `replay` and `launch` return: one field per output (and `result` for a returned value), borrowed until the next replay |
+//! | `StepState<'g>` | the state lent by `state_mut()`, one field per state parameter |
+//! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
+//!
+//! The code behind them lives in a hidden module `__cuda_graph_step` (`StepBody<'s>`, the
+//! static buffers, is the runtime's `__private::GraphBody`; what `StepGraph` dereferences to
+//! is the generic `__private::TypedGraph`). In a library, `cargo doc` lists the four types
+//! where the function is; in a binary crate, `cargo doc --document-private-items` shows them
+//! (or read the table above: every name and method is derived from the function's).
+//!
 //! # Learning path
 //! The examples are numbered and build on each other:
 //! 1. `01-first-graph`: annotate a cudarc function, capture, replay, compare with eager;

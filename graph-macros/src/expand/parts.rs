@@ -31,8 +31,12 @@ pub(super) struct Parts<'m> {
     pub krate: &'m syn::Path,
     /// The `GraphSite` literal of the function (name, warmup, capture mode).
     pub site: TokenStream,
-    /// The function's name in camel case, which the generated types' names start with.
+    /// What the generated types' names start with: the function's name in camel case, or
+    /// the attribute's `name = …`.
     pub base: String,
+    /// Where the generated types' names are spanned: the `name = …` value, or the
+    /// function's name.
+    base_span: proc_macro2::Span,
     /// `#krate::__private`, the runtime's items for generated code.
     pub pr: TokenStream,
     /// The visibility of the generated items (see [`inner_vis`]).
@@ -47,14 +51,20 @@ pub(super) struct Parts<'m> {
 }
 
 impl<'m> Parts<'m> {
-    pub fn new(model: &'m GraphFn, krate: &'m syn::Path, site: TokenStream) -> Self {
+    pub fn new(
+        model: &'m GraphFn,
+        krate: &'m syn::Path,
+        site: TokenStream,
+        name: Option<&Ident>,
+    ) -> Self {
         let item = &model.item;
         let fn_ident = &item.sig.ident;
         Parts {
             model,
             krate,
             site,
-            base: camel(fn_ident),
+            base: name.map_or_else(|| camel(fn_ident), unraw),
+            base_span: name.map_or(fn_ident.span(), Ident::span),
             pr: quote!(#krate::__private),
             vis: inner_vis(&item.vis),
             fn_ident,
@@ -69,7 +79,7 @@ impl<'m> Parts<'m> {
     /// A generated type's name: `ScaleAddGraph` for `scale_add` and `"Graph"`, spanned at
     /// the function's name.
     pub fn type_name(&self, suffix: &str) -> Ident {
-        format_ident!("{}{}", self.base, suffix, span = self.fn_ident.span())
+        format_ident!("{}{}", self.base, suffix, span = self.base_span)
     }
 
     /// The execution context's type, as seen from the generated module.

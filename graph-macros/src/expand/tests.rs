@@ -191,3 +191,37 @@ fn expansion_of_the_first_example() {
     println!("{out}\n--- {generated} lines");
     assert!(out.contains("ScaleThenTanhGraph"), "{out}");
 }
+
+#[test]
+fn name_key_renames_the_generated_types() {
+    let out = expand_str(
+        quote!(name = DecodeStep),
+        quote!(
+            pub fn decode(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) {}
+        ),
+    );
+    assert!(
+        out.contains(
+            "pub use self::__cuda_graph_decode::{\n    DecodeStepGraph, DecodeStepInputs, DecodeStepOutputs, DecodeStepState,\n};"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("DecodeGraph"), "{out}");
+    // The graph's site keeps the function's name: errors and logs name `decode`.
+    assert!(out.contains("name: \"decode\""), "{out}");
+}
+
+#[test]
+fn name_key_takes_one_identifier() {
+    let out = cuda_graph(
+        quote!(name = "Decode"),
+        quote!(
+            fn decode(rt: &Runtime, x: &CudaSlice<f32>) {}
+        ),
+    )
+    .to_string();
+    assert!(
+        out.contains("`name` is the start of the generated types' names"),
+        "{out}"
+    );
+}
