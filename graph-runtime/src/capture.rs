@@ -34,7 +34,7 @@ use crate::recorded::RecordedGraph;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
-use crate::state::snapshot::StateSnapshot;
+use crate::snapshot::StateSnapshot;
 use crate::state::AddressBook;
 
 /// A capture in progress on the runtime's stream. Dropping it without [`ActiveCapture::end`]

@@ -10,9 +10,9 @@ use crate::buffer::Staging;
 use crate::conditional::record::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
+use crate::generator::RngAdvance;
 use crate::inputs::InputNode;
 use crate::recorded::RecordedGraph;
-use crate::rng::generator::RngAdvance;
 use crate::runtime::Runtime;
 
 /// Facts about one captured graph, for logs and reports.

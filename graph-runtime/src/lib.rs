@@ -188,10 +188,10 @@
 //! | capture | `capture.rs` (warmup, capture, the guard) | the graph and below |
 //! | graphs | `graph.rs`, `candle.rs` | buffers and below |
 //! | buffers | `buffer.rs` (static buffers, sources, `Staging`), `fingerprint.rs` | input nodes, constructs and below |
-//! | work in a body | `inputs.rs`, `fork.rs`, `timer.rs`, `conditional/`, `verify/`, `nccl/`, `state/snapshot.rs`, `rng/` draws | one another (never in a circle), the runtime and below |
-//! | runtime | `runtime/` (context, streams, cuBLAS, kernel cache, library probes) | the generator core and below |
-//! | core data | `rng/generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs`, `recorded.rs` (the owner of a recorded graph) | errors and driver calls |
-//! | ground | `error/`, `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | nothing of the crate (`error/` only the report and NCCL error it carries) |
+//! | work in a body | `inputs.rs`, `fork.rs`, `timer.rs`, `conditional/`, `verify/`, `nccl/`, `snapshot.rs`, `rng/` | one another (never in a circle), the runtime and below |
+//! | runtime | `runtime/` (context, streams, cuBLAS, kernel cache, library probes, `FromRuntime`) | the generator core and below |
+//! | core data | `generator.rs`, `launch.rs`, `state/` (address book), `phase.rs`, `site.rs`, `recorded.rs` (the owner of a recorded graph) | errors and driver calls |
+//! | ground | `error/` (with the NCCL error), `report.rs` (what `verify` reports), `driver/` (one thin function per raw driver call, each linking NVIDIA's documentation), `region.rs`, `constant.rs` | one another, never in a circle |
 
 #![warn(missing_docs)]
 
@@ -211,6 +211,7 @@ mod driver;
 mod error;
 mod fingerprint;
 mod fork;
+mod generator;
 mod graph;
 mod inputs;
 pub mod launch;
@@ -219,9 +220,11 @@ pub mod nccl;
 mod phase;
 mod recorded;
 mod region;
+mod report;
 pub mod rng;
 mod runtime;
 mod site;
+mod snapshot;
 pub mod state;
 mod timer;
 mod typed;
@@ -247,80 +250,10 @@ pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngAdvance, RngKernelArg, RngState};
 pub use runtime::{
-    driver_available, function, library_available, GraphMemory, Runtime, CUBLAS_WORKSPACE_BYTES,
+    driver_available, function, library_available, FromRuntime, GraphMemory, Runtime,
+    CUBLAS_WORKSPACE_BYTES,
 };
 pub use site::{CaptureMode, GraphSite};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
 pub use verify::{Tolerance, VerifyReport};
-
-use std::sync::Arc;
-
-use cudarc::driver::CudaStream;
-
-/// Types the first parameter of a `#[cuda_graph]` function may borrow: what the body uses to
-/// reach the GPU. The graph passes the runtime's own objects, so the body's work lands on
-/// the capture stream.
-#[diagnostic::on_unimplemented(
-    message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
-    label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",
-    note = "the graph passes its runtime (or the runtime's stream) here during warmup and capture"
-)]
-pub trait FromRuntime {
-    /// Borrows `Self` out of the runtime.
-    fn from_runtime(rt: &Runtime) -> &Self;
-
-    /// [`FromRuntime::from_runtime`] for contexts a runtime may lack (candle's `Device` on a
-    /// runtime not made from one): what the generated code calls.
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        Ok(Self::from_runtime(rt))
-    }
-}
-
-/// candle's device as a body's context: the device of a runtime made by
-/// [`Runtime::from_candle`].
-#[cfg(feature = "candle")]
-impl FromRuntime for candle::candle_core::Device {
-    /// # Panics
-    /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls
-    /// [`FromRuntime::try_from_runtime`], which returns [`GraphError::NoCandleDevice`] instead.
-    fn from_runtime(rt: &Runtime) -> &Self {
-        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
-    }
-
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        candle::device_of(rt)
-    }
-}
-
-/// candle's CUDA device as a body's context (see the `Device` implementation).
-#[cfg(feature = "candle")]
-impl FromRuntime for candle::candle_core::CudaDevice {
-    /// # Panics
-    /// As for candle's `Device`.
-    fn from_runtime(rt: &Runtime) -> &Self {
-        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
-    }
-
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        candle::cuda_device(candle::device_of(rt)?)
-    }
-}
-
-impl FromRuntime for Runtime {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt
-    }
-}
-
-impl FromRuntime for Arc<CudaStream> {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt.stream()
-    }
-}
-
-impl FromRuntime for CudaStream {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt.stream()
-    }
-}

@@ -13,11 +13,11 @@ use crate::buffer::Staging;
 use crate::error::{GraphError, When};
 use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 use crate::inputs::InputNodes;
+use crate::runtime::FromRuntime;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
 use crate::state::AddressBook;
 use crate::verify::{Tolerance, Verifier, VerifyReport, VerifySchedule};
-use crate::FromRuntime;
 
 /// What `#[cuda_graph]` generates for one function: its static buffers, held state and
 /// constants, and how to run the body on them.

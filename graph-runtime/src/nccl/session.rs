@@ -22,9 +22,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::CollectiveError;
 use super::rendezvous::{Rendezvous, WaitError};
 use super::sequence::{compare, Checkpoint, CollectiveCall};
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 use crate::phase::{phase, Phase};
 use crate::site::{CaptureMode, GraphSite};

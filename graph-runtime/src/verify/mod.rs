@@ -22,14 +22,12 @@ use crate::driver;
 use crate::error::GraphError;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
-use crate::state::snapshot::StateSnapshot;
+use crate::snapshot::StateSnapshot;
 use crate::state::{AddressBook, DeviceRegion, DeviceState};
 
-pub(crate) mod report;
-
-pub(crate) use report::compare;
-use report::Observed;
-pub use report::{Compared, ItemReport, Tolerance, VerifyReport};
+pub(crate) use crate::report::compare;
+use crate::report::Observed;
+pub use crate::report::{Compared, ItemReport, Tolerance, VerifyReport};
 
 impl VerifyReport {
     /// The report when every item passed, or [`GraphError::VerifyMismatch`] naming the
@@ -224,9 +222,9 @@ impl VerifySchedule {
 
 #[cfg(test)]
 mod tests {
-    use super::report::compare;
     use super::*;
     use crate::region::Elem;
+    use crate::report::compare;
 
     fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
