@@ -50,15 +50,13 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let args = args::parse(args, &mut cx);
-    let before = cx.count();
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
-    let signature_ok = cx.count() == before;
     check_body(&model, &args, &mut cx);
     if !cx.has_errors() {
         return expand(&model, &args);
     }
-    if signature_ok {
+    if model.usable {
         // Only the body or the arguments are wrong: emit the graph type anyway (with the
         // default for any invalid argument), so that code using it does not add errors of
         // its own to the ones that matter.

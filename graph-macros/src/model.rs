@@ -60,6 +60,9 @@ pub struct GraphFn {
     /// `T` of a function that returns `Result<T, E>` with `T` not `()` (a candle function's
     /// `-> Result<Tensor>`): the graph copies the returned value into a static buffer.
     pub result: Option<Type>,
+    /// Whether the signature is usable: building the model recorded no error, so a graph
+    /// type can be generated for it (the body's checks come after and do not change this).
+    pub usable: bool,
 }
 
 impl GraphFn {
@@ -88,8 +91,16 @@ pub fn strip_role_attrs(item: &mut ItemFn) -> Vec<Vec<Attribute>> {
         .collect()
 }
 
-/// Builds the model, recording every signature problem in `cx`.
-pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
+/// Builds the model, recording every signature problem in `cx`; the model says whether the
+/// signature is usable ([`GraphFn::usable`]).
+pub fn analyze(item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
+    let before = cx.count();
+    let mut model = build(item, bucket, cx);
+    model.usable = cx.count() == before;
+    model
+}
+
+fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     let role_attrs = strip_role_attrs(&mut item);
     check_signature(&item, cx);
 
@@ -107,6 +118,7 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
             // Reported by check_signature; the other parameters of a method are not
             // classified, their roles would only add noise to that one error.
             return GraphFn {
+                usable: false,
                 item,
                 context,
                 params,
@@ -202,6 +214,7 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
         context,
         params,
         result,
+        usable: false,
     }
 }
 
