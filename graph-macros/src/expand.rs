@@ -3,10 +3,11 @@
 //! Imports `args`, `model`, `check`, `ctxt`, `tokens` and its own files; only `lib.rs`
 //! imports it, and its own files never do.
 //!
-//! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
-//! moves buffers into place and calls `__private::capture`, `__private::replay` and
-//! `__private::launch_as_is` (a bucket family: `__private::Buckets::capture` and
-//! `__private::replay` on the picked bucket).
+//! Everything that can be ordinary Rust lives in `graph_runtime`: a single graph's generated
+//! code fills in `__private::GraphBody` and `__private::ReplayInputs` and wraps
+//! `__private::TypedGraph`, which does the rest (a bucket family still moves its buffers into
+//! place itself and calls `__private::Buckets::capture` and `__private::replay` on the
+//! picked bucket).
 //!
 //! This file holds the entry point (parse → model → check → expand) and the module that
 //! wraps the generated items; `expand/graph.rs` generates the graph type of a function

@@ -16,6 +16,9 @@ pub use crate::error::{BodyResult, BodyValue, When};
 pub use crate::graph::{launch_as_is, replay, Graph};
 pub use crate::inputs::InputNodes;
 pub use crate::runtime::FromRuntime;
+
+/// The result of every generated method: `Result<T, GraphError>`.
+pub type Result<T> = core::result::Result<T, crate::GraphError>;
 pub use crate::site::{CaptureMode, GraphSite, Step};
 pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
 pub use crate::typed::{GraphBody, ReplayInputs, TypedGraph};

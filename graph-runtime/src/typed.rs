@@ -82,8 +82,8 @@ pub trait GraphBody: Sized {
 /// source per input, in order.
 #[doc(hidden)]
 pub trait ReplayInputs<B: GraphBody> {
-    /// Checks every input's shape against its static buffer.
-    fn check_shapes(&self, body: &B) -> Result<(), GraphError>;
+    /// Checks every input's shape against its static buffer (`site`: `B::site()`).
+    fn check_shapes(&self, body: &B, site: &'static GraphSite) -> Result<(), GraphError>;
 
     /// Feeds every input into its static buffer (queued on the graph's stream).
     fn stage(&self, body: &mut B, staging: &Staging<'_>) -> Result<(), GraphError>;
@@ -94,6 +94,7 @@ pub trait ReplayInputs<B: GraphBody> {
         &self,
         body: &mut B,
         rt: &Runtime,
+        site: &'static GraphSite,
         verifier: &mut Verifier<'_>,
     ) -> Result<(), GraphError>;
 }
@@ -150,7 +151,7 @@ impl<B: GraphBody> TypedGraph<B> {
             self.verify_inputs(inputs, tolerance)?.into_result()?;
             return Ok(self.body.outputs());
         }
-        inputs.check_shapes(&self.body)?;
+        inputs.check_shapes(&self.body, B::site())?;
         self.body.check(&self.book, When::Replay, false)?;
         let body = &mut self.body;
         replay(&self.graph, |staging| inputs.stage(body, staging))?;
@@ -164,11 +165,11 @@ impl<B: GraphBody> TypedGraph<B> {
         inputs: I,
         tolerance: Tolerance,
     ) -> Result<VerifyReport, GraphError> {
-        inputs.check_shapes(&self.body)?;
+        inputs.check_shapes(&self.body, B::site())?;
         self.body.check(&self.book, When::Replay, false)?;
         let rt = self.graph.runtime().clone();
         let mut verifier = Verifier::begin(&rt, &self.book, tolerance)?;
-        inputs.run_eager(&mut self.body, &rt, &mut verifier)?;
+        inputs.run_eager(&mut self.body, &rt, B::site(), &mut verifier)?;
         verifier.rewind()?;
         let body = &mut self.body;
         replay(&self.graph, |staging| inputs.stage(body, staging))?;

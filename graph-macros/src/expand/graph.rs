@@ -234,7 +234,7 @@ impl<'p, 'm> Gen<'p, 'm> {
         let register = self.parts.inputs.iter().map(|p| &p.ident);
         let captured = self.result_ty.iter().map(|_| {
             quote! {
-                fn captured(&self) -> ::core::result::Result<(), #krate::GraphError> {
+                fn captured(&self) -> #pr::Result<()> {
                     match self.result {
                         ::core::option::Option::Some(_) => ::core::result::Result::Ok(()),
                         ::core::option::Option::None => ::core::result::Result::Err(
@@ -256,13 +256,13 @@ impl<'p, 'm> Gen<'p, 'm> {
                     static SITE: #pr::GraphSite = #site;
                     &SITE
                 }
-                fn run(&mut self, __ctx: &Self::Ctx, rt: &#krate::Runtime) -> ::core::result::Result<(), #krate::GraphError> {
+                fn run(&mut self, __ctx: &Self::Ctx, rt: &#krate::Runtime) -> #pr::Result<()> {
                     #run
                 }
                 fn record(&self, __book: &mut #pr::AddressBook) {
                     #(#records)*
                 }
-                fn check(&self, __book: &#pr::AddressBook, __when: #pr::When, __outputs: bool) -> ::core::result::Result<(), #krate::GraphError> {
+                fn check(&self, __book: &#pr::AddressBook, __when: #pr::When, __outputs: bool) -> #pr::Result<()> {
                     #checks
                     ::core::result::Result::Ok(())
                 }
@@ -355,7 +355,7 @@ impl<'p, 'm> Gen<'p, 'm> {
 
     /// `inputs_mut`, `outputs`, `state_mut` and `replay_outputs` of `GraphBody`.
     fn view_accessors(&self) -> TokenStream {
-        let (pr, krate) = (self.pr, self.krate);
+        let pr = self.pr;
         let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
         let result = quote!(self
             .result
@@ -405,7 +405,7 @@ impl<'p, 'm> Gen<'p, 'm> {
             fn state_mut(&mut self) -> #state_ty<'_> {
                 #state_ty { #(#state_init,)* __marker: ::core::marker::PhantomData }
             }
-            fn replay_outputs(&self, __verifier: &mut #pr::Verifier<'_>) -> ::core::result::Result<(), #krate::GraphError> {
+            fn replay_outputs(&self, __verifier: &mut #pr::Verifier<'_>) -> #pr::Result<()> {
                 #(#replay_outputs)*
                 ::core::result::Result::Ok(())
             }
@@ -432,12 +432,11 @@ impl<'p, 'm> Gen<'p, 'm> {
             quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut __body.#i))?;)
         });
         let eager = self.eager_run();
-        let result = quote!(::core::result::Result<(), #krate::GraphError>);
+        let result = quote!(#pr::Result<()>);
         quote! {
             impl<'s, '__a, #(#generics),*> #pr::ReplayInputs<#body_ty<'s>> for (#(#sources,)*) {
-                fn check_shapes(&self, __body: &#body_ty<'s>) -> #result {
+                fn check_shapes(&self, __body: &#body_ty<'s>, __site: &'static #pr::GraphSite) -> #result {
                     let (#(#names,)*) = *self;
-                    let __site = <#body_ty<'s> as #pr::GraphBody>::site();
                     #(#shape_checks)*
                     ::core::result::Result::Ok(())
                 }
@@ -446,9 +445,8 @@ impl<'p, 'm> Gen<'p, 'm> {
                     #(#copies)*
                     ::core::result::Result::Ok(())
                 }
-                fn run_eager(&self, __body: &mut #body_ty<'s>, __rt: &#krate::Runtime, __verifier: &mut #pr::Verifier<'_>) -> #result {
+                fn run_eager(&self, __body: &mut #body_ty<'s>, __rt: &#krate::Runtime, __site: &'static #pr::GraphSite, __verifier: &mut #pr::Verifier<'_>) -> #result {
                     let (#(#names,)*) = *self;
-                    let __site = <#body_ty<'s> as #pr::GraphBody>::site();
                     #eager
                     ::core::result::Result::Ok(())
                 }
@@ -672,11 +670,7 @@ impl<'p, 'm> Gen<'p, 'm> {
 /// `verify_every = N`, and `verify_tolerance`; by default the first replay in debug builds.
 fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> TokenStream {
     let every = match args.verify {
-        None => quote!(if ::core::cfg!(debug_assertions) {
-            #pr::VerifySchedule::FIRST
-        } else {
-            #pr::VerifySchedule::NEVER
-        }),
+        None => quote!(#pr::VerifySchedule::first_if(::core::cfg!(debug_assertions))),
         Some(VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
         Some(VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
         Some(VerifyEvery::Every(n)) => quote!(#n),

@@ -195,6 +195,16 @@ impl VerifySchedule {
     /// Only the first replay.
     pub const FIRST: u64 = u64::MAX;
 
+    /// [`VerifySchedule::FIRST`] when `debug` (the generated code passes
+    /// `cfg!(debug_assertions)` of the user's crate), else [`VerifySchedule::NEVER`].
+    pub const fn first_if(debug: bool) -> u64 {
+        if debug {
+            Self::FIRST
+        } else {
+            Self::NEVER
+        }
+    }
+
     /// A schedule verifying every `every`-th replay from the first (see the constants).
     pub fn new(every: u64, tolerance: Tolerance) -> Self {
         VerifySchedule {
