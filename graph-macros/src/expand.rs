@@ -76,7 +76,7 @@ fn fallback(item: &ItemFn, cx: Ctxt) -> TokenStream {
 }
 
 /// The `GraphSite` literal of the function: its name, warmup count and capture mode.
-fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStream {
+fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let determinism = match args.check_determinism {
         Some(on) => quote!(#on),
         None => quote!(::core::cfg!(debug_assertions)),
@@ -84,10 +84,10 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStr
     let name = model.item.sig.ident.to_string();
     let warmup = args.warmup();
     let mode = Ident::new(args.mode().variant(), Span::call_site());
-    quote!(#krate::__private::GraphSite {
+    quote!(__cg::GraphSite {
         name: #name,
         warmup: #warmup,
-        mode: #krate::__private::CaptureMode::#mode,
+        mode: __cg::CaptureMode::#mode,
         determinism: #determinism,
     })
 }
@@ -97,12 +97,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    let parts = Parts::new(
-        model,
-        &krate,
-        site_tokens(model, args, &krate),
-        args.name.as_ref(),
-    );
+    let parts = Parts::new(model, &krate, site_tokens(model, args), args.name.as_ref());
     let (body, names) = match &args.buckets {
         Some(buckets) => expand_buckets(&parts, buckets),
         None => expand_graph(&parts, args),
@@ -115,6 +110,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #[allow(non_snake_case, unused_mut, unused_variables, clippy::needless_lifetimes)]
         mod #module {
             #[allow(unused_imports)] use super::*;
+            #[allow(unused_imports)] use #krate::__private as __cg;
 
             #body
         }

@@ -12,10 +12,12 @@ pub use crate::buffer::{
 };
 pub use crate::capture::capture;
 pub use crate::constant::constant;
+pub use crate::error::GraphError;
 pub use crate::error::{BodyResult, BodyValue, When};
 pub use crate::graph::{launch_as_is, replay, Graph};
 pub use crate::inputs::InputNodes;
-pub use crate::runtime::FromRuntime;
+pub use crate::report::VerifyReport;
+pub use crate::runtime::{FromRuntime, Runtime};
 
 /// The result of every generated method: `Result<T, GraphError>`.
 pub type Result<T> = core::result::Result<T, crate::GraphError>;

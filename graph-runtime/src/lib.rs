@@ -85,7 +85,7 @@
 //! | `StepState<'g>` | the state lent by `state_mut()`, one field per state parameter |
 //! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
 //!
-//! The code behind them lives in a hidden module `__cuda_graph_step` (`StepBody<'s>`, the
+//! The code behind them lives in a hidden module `__cuda_graph_step` (`__StepBody<'s>`, the
 //! static buffers, is the runtime's `__private::GraphBody`; what `StepGraph` dereferences to
 //! is the generic `__private::TypedGraph`). In a library, `cargo doc` lists the four types
 //! where the function is; in a binary crate, `cargo doc --document-private-items` shows them

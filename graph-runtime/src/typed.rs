@@ -2,12 +2,15 @@
 //!
 //! `#[cuda_graph]` fills in [`GraphBody`] for the function's static buffers (how to run the
 //! body on them, record and check their addresses, lend them as views) and
-//! [`ReplayInputs`] for the tuple of a replay's inputs (check their shapes, stage them, run
-//! the body eagerly on copies of them for `verify`). Everything else lives here, once:
+//! [`ReplayInputs`] for the tuple of a replay's inputs (check their shapes, stage them, copy
+//! them for `verify`'s eager run, which runs the body on the copies swapped in for the
+//! graph's own buffers). Everything else lives here, once:
 //! warmup and capture around the body, the self-verifying replay, `verify`, `launch`, the
 //! views, `info`, `Debug` and `Display`. The generated `FooGraph<'s>` wraps a
 //! `TypedGraph<FooBody<'s>>` and keeps only its typed `capture`, `replay` and `verify`,
 //! each forwarding here in a line.
+
+use std::panic::{self, AssertUnwindSafe};
 
 use crate::buffer::Staging;
 use crate::error::{GraphError, When};
@@ -41,10 +44,18 @@ pub trait GraphBody: Sized {
     /// The generated graph type's name (`FooGraph`), for `Debug`.
     const GRAPH_TYPE: &'static str;
 
+    /// The static inputs and outputs (and the returned value's buffer), which `verify`'s
+    /// eager run swaps for copies and shadows of its own.
+    type Statics;
+
     /// The function's name, warmup and capture mode.
     fn site() -> &'static GraphSite;
 
-    /// Runs the user's function once on the static buffers (a warmup run, or the capture).
+    /// The static inputs and outputs.
+    fn statics(&mut self) -> &mut Self::Statics;
+
+    /// Runs the user's function once on the static buffers (a warmup run, the capture, or
+    /// `verify`'s eager run on swapped-in copies).
     fn run(&mut self, ctx: &Self::Ctx, rt: &Runtime) -> Result<(), GraphError>;
 
     /// Records the addresses of the state, then of the outputs (indices from 0, in order).
@@ -74,8 +85,12 @@ pub trait GraphBody: Sized {
     /// Lends the state.
     fn state_mut(&mut self) -> Self::State<'_>;
 
-    /// Gives `verify` what the replay wrote to each output.
-    fn replay_outputs(&self, verifier: &mut Verifier<'_>) -> Result<(), GraphError>;
+    /// Gives `verify` each output of `statics`: the eager run's (`eager`) or the replay's.
+    fn outputs_to(
+        statics: &Self::Statics,
+        verifier: &mut Verifier<'_>,
+        eager: bool,
+    ) -> Result<(), GraphError>;
 }
 
 /// The inputs of one replay of `B`, as the generated `replay` passes them: a tuple with one
@@ -88,15 +103,14 @@ pub trait ReplayInputs<B: GraphBody> {
     /// Feeds every input into its static buffer (queued on the graph's stream).
     fn stage(&self, body: &mut B, staging: &Staging<'_>) -> Result<(), GraphError>;
 
-    /// `verify`'s eager run: the user's function on copies of the inputs into shadow
-    /// outputs, whose values go to `verifier`.
-    fn run_eager(
+    /// What `verify`'s eager run works on: copies of the inputs, shadow outputs shaped like
+    /// the graph's, an empty result buffer.
+    fn eager_statics(
         &self,
-        body: &mut B,
+        body: &B,
         rt: &Runtime,
         site: &'static GraphSite,
-        verifier: &mut Verifier<'_>,
-    ) -> Result<(), GraphError>;
+    ) -> Result<B::Statics, GraphError>;
 }
 
 /// A captured graph of a `#[cuda_graph]` function: the instantiated graph, its address book,
@@ -169,11 +183,15 @@ impl<B: GraphBody> TypedGraph<B> {
         self.body.check(&self.book, When::Replay, false)?;
         let rt = self.graph.runtime().clone();
         let mut verifier = Verifier::begin(&rt, &self.book, tolerance)?;
-        inputs.run_eager(&mut self.body, &rt, B::site(), &mut verifier)?;
+        // Dropped at the end, after the comparison.
+        let mut eager = inputs.eager_statics(&self.body, &rt, B::site())?;
+        let ctx = B::Ctx::try_from_runtime(&rt)?;
+        run_on(&mut self.body, &mut eager, ctx, &rt)?;
+        B::outputs_to(&eager, &mut verifier, true)?;
         verifier.rewind()?;
         let body = &mut self.body;
         replay(&self.graph, |staging| inputs.stage(body, staging))?;
-        self.body.replay_outputs(&mut verifier)?;
+        B::outputs_to(self.body.statics(), &mut verifier, false)?;
         verifier.finish()
     }
 
@@ -214,6 +232,24 @@ impl<B: GraphBody> TypedGraph<B> {
     /// The instantiated graph (its facts and raw handles).
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+}
+
+/// Runs the user's function on `statics` instead of the graph's own static buffers: swaps
+/// them in, runs, and swaps them back, also when the function panics (the graph's buffers
+/// are never left outside it).
+fn run_on<B: GraphBody>(
+    body: &mut B,
+    statics: &mut B::Statics,
+    ctx: &B::Ctx,
+    rt: &Runtime,
+) -> Result<(), GraphError> {
+    std::mem::swap(body.statics(), statics);
+    let ran = panic::catch_unwind(AssertUnwindSafe(|| body.run(ctx, rt)));
+    std::mem::swap(body.statics(), statics);
+    match ran {
+        Ok(result) => result,
+        Err(payload) => panic::resume_unwind(payload),
     }
 }
 

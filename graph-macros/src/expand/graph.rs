@@ -49,16 +49,27 @@ pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec
     (body, names)
 }
 
+/// `FooBody` → `__FooBody`, for the generated types users never name.
+trait Hidden {
+    fn hidden(self) -> Ident;
+}
+
+impl Hidden for Ident {
+    fn hidden(self) -> Ident {
+        format_ident!("__{}", self, span = self.span())
+    }
+}
+
 /// What every generated item of a single graph needs: the function's parts, the graph's
 /// arguments and the generated types' names.
 struct Gen<'p, 'm> {
     parts: &'p Parts<'m>,
     args: &'p GraphArgs,
     pr: &'p TokenStream,
-    krate: &'m syn::Path,
     vis: &'p TokenStream,
     graph_ty: Ident,
     body_ty: Ident,
+    statics_ty: Ident,
     inputs_ty: Ident,
     outputs_ty: Ident,
     state_ty: Ident,
@@ -72,10 +83,11 @@ impl<'p, 'm> Gen<'p, 'm> {
             parts,
             args,
             pr: &parts.pr,
-            krate: parts.krate,
             vis: &parts.vis,
             graph_ty: parts.type_name("Graph"),
-            body_ty: parts.type_name("Body"),
+            // Hidden: named so that a type of the user's module is not shadowed by them.
+            body_ty: parts.type_name("Body").hidden(),
+            statics_ty: parts.type_name("Statics").hidden(),
             inputs_ty: parts.type_name("Inputs"),
             outputs_ty: parts.type_name("Outputs"),
             state_ty: parts.type_name("State"),
@@ -91,6 +103,7 @@ impl<'p, 'm> Gen<'p, 'm> {
     /// state and the constants.
     fn types(&self) -> TokenStream {
         let (pr, vis, graph_ty, body_ty) = (self.pr, self.vis, &self.graph_ty, &self.body_ty);
+        let statics_ty = &self.statics_ty;
         let static_fields = self
             .parts
             .model
@@ -113,11 +126,16 @@ impl<'p, 'm> Gen<'p, 'm> {
 
             #[doc(hidden)]
             #vis struct #body_ty<'s> {
-                #(#static_fields,)*
-                #(#result_field,)*
+                __statics: #statics_ty,
                 #(#state_fields,)*
                 #(#const_fields,)*
                 __state: ::core::marker::PhantomData<&'s ()>,
+            }
+
+            #[doc(hidden)]
+            #vis struct #statics_ty {
+                #(#static_fields,)*
+                #(#result_field,)*
             }
         }
     }
@@ -217,8 +235,9 @@ impl<'p, 'm> Gen<'p, 'm> {
 
     /// `impl GraphBody for FooBody`: what the runtime's `TypedGraph` needs of the function.
     fn graph_body(&self) -> TokenStream {
-        let (pr, krate, body_ty) = (self.pr, self.krate, &self.body_ty);
+        let (pr, body_ty) = (self.pr, &self.body_ty);
         let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
+        let statics_ty = &self.statics_ty;
         let graph_name = self.graph_ty.to_string();
         let site = &self.parts.site;
         let ctx_ty = self.parts.ctx_ty();
@@ -235,10 +254,10 @@ impl<'p, 'm> Gen<'p, 'm> {
         let captured = self.result_ty.iter().map(|_| {
             quote! {
                 fn captured(&self) -> #pr::Result<()> {
-                    match self.result {
+                    match self.__statics.result {
                         ::core::option::Option::Some(_) => ::core::result::Result::Ok(()),
                         ::core::option::Option::None => ::core::result::Result::Err(
-                            #krate::GraphError::EmptyGraph { graph: Self::site().name },
+                            #pr::GraphError::EmptyGraph { graph: Self::site().name },
                         ),
                     }
                 }
@@ -251,12 +270,16 @@ impl<'p, 'm> Gen<'p, 'm> {
                 type Inputs<'g> = #inputs_ty<'g> where Self: 'g;
                 type Outputs<'g> = #outputs_ty<'g> where Self: 'g;
                 type State<'g> = #state_ty<'g> where Self: 'g;
+                type Statics = #statics_ty;
                 const GRAPH_TYPE: &'static str = #graph_name;
                 fn site() -> &'static #pr::GraphSite {
                     static SITE: #pr::GraphSite = #site;
                     &SITE
                 }
-                fn run(&mut self, __ctx: &Self::Ctx, rt: &#krate::Runtime) -> #pr::Result<()> {
+                fn statics(&mut self) -> &mut #statics_ty {
+                    &mut self.__statics
+                }
+                fn run(&mut self, __ctx: &Self::Ctx, rt: &#pr::Runtime) -> #pr::Result<()> {
                     #run
                 }
                 fn record(&self, __book: &mut #pr::AddressBook) {
@@ -267,10 +290,10 @@ impl<'p, 'm> Gen<'p, 'm> {
                     ::core::result::Result::Ok(())
                 }
                 fn register_inputs(&self, __inputs: &mut #pr::InputNodes) {
-                    #(__inputs.add(&self.#register);)*
+                    #(__inputs.add(&self.__statics.#register);)*
                 }
                 fn static_bytes(&self) -> usize {
-                    0 #(+ #pr::static_bytes(&self.#statics))*
+                    0 #(+ #pr::static_bytes(&self.__statics.#statics))*
                 }
                 #(#captured)*
                 #accessors
@@ -290,8 +313,8 @@ impl<'p, 'm> Gen<'p, 'm> {
             .map(|p| {
                 let i = &p.ident;
                 match p.role {
-                    Role::Input => quote!(&self.#i),
-                    Role::Output => quote!(&mut self.#i),
+                    Role::Input => quote!(&self.__statics.#i),
+                    Role::Output => quote!(&mut self.__statics.#i),
                     Role::State { .. } => self.parts.held_arg(p, quote!(self.#i)),
                     // The whole argument at the constant's type, `self.` included.
                     Role::Constant | Role::Bucket => {
@@ -310,7 +333,7 @@ impl<'p, 'm> Gen<'p, 'm> {
                 let body_value = self.body_value();
                 quote! {
                     let __value = #body_value(#call)?;
-                    #pr::store_result::<#t>(rt, Self::site(), &mut self.result, &__value)
+                    #pr::store_result::<#t>(rt, Self::site(), &mut self.__statics.result, &__value)
                 }
             }
         }
@@ -331,7 +354,7 @@ impl<'p, 'm> Gen<'p, 'm> {
         });
         let outputs = self.parts.outputs.iter().map(|p| {
             let i = &p.ident;
-            (i, quote!(&self.#i), quote!(#pr::Recorded::Output))
+            (i, quote!(&self.__statics.#i), quote!(#pr::Recorded::Output))
         });
         let all: Vec<_> = states.chain(outputs).collect();
         let records = all
@@ -353,27 +376,29 @@ impl<'p, 'm> Gen<'p, 'm> {
         (records, quote!(#(#state_checks)* #output_checks))
     }
 
-    /// `inputs_mut`, `outputs`, `state_mut` and `replay_outputs` of `GraphBody`.
+    /// `inputs_mut`, `outputs`, `state_mut` and `outputs_to` of `GraphBody`.
     fn view_accessors(&self) -> TokenStream {
         let pr = self.pr;
         let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
-        let result = quote!(self
-            .result
-            .as_ref()
-            .expect("a captured graph holds its result"));
+        let statics_ty = &self.statics_ty;
         let input_init = self.parts.inputs.iter().map(|p| {
             let i = &p.ident;
-            quote!(#i: #pr::DeviceState::lend(&mut self.#i))
+            quote!(#i: #pr::DeviceState::lend(&mut self.__statics.#i))
         });
+        let held = quote!(.expect("a captured graph holds its result"));
         let output_init = self
             .parts
             .outputs
             .iter()
             .map(|p| {
                 let i = &p.ident;
-                quote!(#i: &self.#i)
+                quote!(#i: &self.__statics.#i)
             })
-            .chain(self.result_ty.iter().map(|_| quote!(result: #result)));
+            .chain(
+                self.result_ty
+                    .iter()
+                    .map(|_| quote!(result: self.__statics.result.as_ref() #held)),
+            );
         let state_init = self.parts.states.iter().map(|p| {
             let i = &p.ident;
             match p.role {
@@ -381,20 +406,18 @@ impl<'p, 'm> Gen<'p, 'm> {
                 _ => quote!(#i: &*self.#i),
             }
         });
-        let replay_outputs = self
+        let outputs_to = self
             .parts
             .outputs
             .iter()
             .map(|p| {
                 let i = &p.ident;
                 let name = i.to_string();
-                quote!(__verifier.replay_output(#name, &self.#i)?;)
+                quote!(__verifier.output(__eager, #name, &__statics.#i)?;)
             })
-            .chain(
-                self.result_ty
-                    .iter()
-                    .map(|_| quote!(__verifier.replay_output("result", #result)?;)),
-            );
+            .chain(self.result_ty.iter().map(
+                |_| quote!(__verifier.output(__eager, "result", __statics.result.as_ref() #held)?;),
+            ));
         quote! {
             fn inputs_mut(&mut self) -> #inputs_ty<'_> {
                 #inputs_ty { #(#input_init,)* __marker: ::core::marker::PhantomData }
@@ -405,17 +428,18 @@ impl<'p, 'm> Gen<'p, 'm> {
             fn state_mut(&mut self) -> #state_ty<'_> {
                 #state_ty { #(#state_init,)* __marker: ::core::marker::PhantomData }
             }
-            fn replay_outputs(&self, __verifier: &mut #pr::Verifier<'_>) -> #pr::Result<()> {
-                #(#replay_outputs)*
+            fn outputs_to(__statics: &#statics_ty, __verifier: &mut #pr::Verifier<'_>, __eager: bool) -> #pr::Result<()> {
+                #(#outputs_to)*
                 ::core::result::Result::Ok(())
             }
         }
     }
 
     /// `impl ReplayInputs<FooBody> for (&X, …)`: a replay's inputs, one source per input,
-    /// check their shapes, stage themselves and run `verify`'s eager call.
+    /// check their shapes, stage themselves and make the copies of `verify`'s eager run.
     fn replay_inputs(&self) -> TokenStream {
-        let (pr, krate, body_ty) = (self.pr, self.krate, &self.body_ty);
+        let (pr, body_ty) = (self.pr, &self.body_ty);
+        let statics_ty = &self.statics_ty;
         let (generics, _) = self.parts.replay_inputs();
         let sources: Vec<TokenStream> = (0..self.parts.inputs.len())
             .map(|n| {
@@ -426,12 +450,12 @@ impl<'p, 'm> Gen<'p, 'm> {
         let names: Vec<&Ident> = self.parts.inputs.iter().map(|p| &p.ident).collect();
         let shape_checks = names.iter().map(|i| {
             let name = i.to_string();
-            quote!(#pr::check_shape(__site, #name, &__body.#i, #i)?;)
+            quote!(#pr::check_shape(__site, #name, &__body.__statics.#i, #i)?;)
         });
         let copies = names.iter().enumerate().map(|(k, i)| {
-            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut __body.#i))?;)
+            quote!(#pr::feed_input(__staging, #k, #i, #pr::DeviceState::lend(&mut __body.__statics.#i))?;)
         });
-        let eager = self.eager_run();
+        let eager = self.eager_statics();
         let result = quote!(#pr::Result<()>);
         quote! {
             impl<'s, '__a, #(#generics),*> #pr::ReplayInputs<#body_ty<'s>> for (#(#sources,)*) {
@@ -445,104 +469,47 @@ impl<'p, 'm> Gen<'p, 'm> {
                     #(#copies)*
                     ::core::result::Result::Ok(())
                 }
-                fn run_eager(&self, __body: &mut #body_ty<'s>, __rt: &#krate::Runtime, __site: &'static #pr::GraphSite, __verifier: &mut #pr::Verifier<'_>) -> #result {
+                fn eager_statics(&self, __body: &#body_ty<'s>, __rt: &#pr::Runtime, __site: &'static #pr::GraphSite) -> #pr::Result<#statics_ty> {
                     let (#(#names,)*) = *self;
                     #eager
-                    ::core::result::Result::Ok(())
                 }
             }
         }
     }
 
-    /// `verify`'s eager run: the user's function on copies of the inputs into shadow
-    /// outputs, whose values go to the verifier.
-    fn eager_run(&self) -> TokenStream {
-        let (pr, parts) = (self.pr, self.parts);
+    /// `verify`'s eager statics: a copy of each input, a shadow of each output shaped like
+    /// the graph's, an empty result buffer (in the order the buffers were made before).
+    fn eager_statics(&self) -> TokenStream {
+        let (pr, parts, statics_ty) = (self.pr, self.parts, &self.statics_ty);
         let copies = parts.inputs.iter().map(|p| {
             let (i, t) = (&p.ident, self.ty(p));
-            let copy = format_ident!("__copy_{}", i);
             let name = i.to_string();
-            quote!(let #copy: #t = #pr::stage_input::<#t, _>(__rt, __site, #name, #i)?;)
+            quote!(let #i: #t = #pr::stage_input::<#t, _>(__rt, __site, #name, #i)?;)
         });
         let shadows = parts.outputs.iter().map(|p| {
             let (i, t) = (&p.ident, self.ty(p));
-            let shadow = format_ident!("__shadow_{}", i);
             let name = i.to_string();
-            quote!(let mut #shadow: #t = #pr::alloc_static::<#t>(__rt, __site, #name, #pr::StaticBuffer::shape(&__body.#i))?;)
+            quote!(let #i: #t = #pr::alloc_static::<#t>(__rt, __site, #name, #pr::StaticBuffer::shape(&__body.__statics.#i))?;)
         });
-        let call_args: Vec<TokenStream> = parts
+        let fields = parts
             .model
-            .params
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                match p.role {
-                    Role::Input => {
-                        let copy = format_ident!("__copy_{}", i);
-                        quote!(&#copy)
-                    }
-                    Role::Output => {
-                        let shadow = format_ident!("__shadow_{}", i);
-                        quote!(&mut #shadow)
-                    }
-                    Role::State { .. } => parts.held_arg(p, quote!(__body.#i)),
-                    // The whole argument at the constant's type, `__body.` included.
-                    Role::Constant | Role::Bucket => {
-                        quote_spanned!(p.ty.span()=> #pr::constant(&__body.#i))
-                    }
-                }
-            })
-            .collect();
-        let call = parts.call(&call_args);
-        let verb = match &self.result_ty {
-            None => {
-                let body_result = parts.body_result();
-                quote!(#body_result(#call)?;)
-            }
-            Some(t) => {
-                let body_value = self.body_value();
-                quote!(
-                    let __value = #body_value(#call)?;
-                    __shadow_result = #pr::copy_result::<#t>(__rt, __site, &__value)?;
-                )
-            }
-        };
-        let shadow_result = self
+            .of(|r| matches!(r, Role::Input | Role::Output))
+            .map(|p| &p.ident);
+        let result = self
             .result_ty
             .iter()
-            .map(|t| quote!(let __shadow_result: #t;));
-        let eager_outputs = parts
-            .outputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let shadow = format_ident!("__shadow_{}", i);
-                let name = i.to_string();
-                quote!(__verifier.eager_output(#name, &#shadow)?;)
-            })
-            .chain(
-                self.result_ty
-                    .iter()
-                    .map(|_| quote!(__verifier.eager_output("result", &__shadow_result)?;)),
-            );
-        let ctx = parts.ctx_call(quote!(__rt));
+            .map(|_| quote!(result: ::core::option::Option::None));
         quote! {
             #(#copies)*
             #(#shadows)*
-            #(#shadow_result)*
-            {
-                let __ctx = #ctx;
-                #verb
-            }
-            #(#eager_outputs)*
+            ::core::result::Result::Ok(#statics_ty { #(#fields,)* #(#result,)* })
         }
     }
 
     /// `WARMUP` and the typed methods: `capture`, and `replay` and `verify` forwarding to the
     /// runtime's `TypedGraph` in a line.
     fn methods(&self) -> TokenStream {
-        let (krate, vis, graph_ty, outputs_ty) =
-            (self.krate, self.vis, &self.graph_ty, &self.outputs_ty);
+        let (pr, vis, graph_ty, outputs_ty) = (self.pr, self.vis, &self.graph_ty, &self.outputs_ty);
         let warmup = self.args.warmup();
         let capture = self.capture();
         let (generics, params) = self.parts.replay_inputs();
@@ -567,13 +534,13 @@ impl<'p, 'm> Gen<'p, 'm> {
                 #[doc = #replay_doc]
                 #[inline]
                 #[allow(clippy::too_many_arguments)]
-                #vis fn replay<#(#generics),*>(&mut self, #(#params),*) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+                #vis fn replay<#(#generics),*>(&mut self, #(#params),*) -> ::core::result::Result<#outputs_ty<'_>, #pr::GraphError> {
                     self.0.replay_inputs((#(#names,)*))
                 }
 
                 #[doc = #verify_doc]
                 #[allow(clippy::too_many_arguments)]
-                #vis fn verify<#(#generics),*>(&mut self, #(#params,)* tolerance: #krate::Tolerance) -> ::core::result::Result<#krate::VerifyReport, #krate::GraphError> {
+                #vis fn verify<#(#generics),*>(&mut self, #(#params,)* tolerance: #pr::Tolerance) -> ::core::result::Result<#pr::VerifyReport, #pr::GraphError> {
                     self.0.verify_inputs((#(#names,)*), tolerance)
                 }
             }
@@ -626,30 +593,35 @@ impl<'p, 'm> Gen<'p, 'm> {
                 _ => None,
             }
         });
-        let fields = self
+        let statics = self
             .parts
             .model
-            .params
-            .iter()
-            .filter(|p| p.role != Role::Bucket)
+            .of(|r| matches!(r, Role::Input | Role::Output))
+            .map(|p| &p.ident);
+        let held = self
+            .parts
+            .model
+            .of(|r| matches!(r, Role::State { .. } | Role::Constant))
             .map(|p| &p.ident);
         let result = self
             .result_ty
             .iter()
             .map(|_| quote!(result: ::core::option::Option::None));
+        let statics_ty = &self.statics_ty;
         let verify_schedule = verify_schedule_tokens(self.args, pr);
         let (generics, params): (Vec<_>, Vec<_>) = self.capture_params().into_iter().unzip();
         let generics = generics.into_iter().flatten();
-        let (krate, vis) = (self.krate, self.vis);
+        let vis = self.vis;
         let doc = self.capture_doc();
         quote! {
             #[doc = #doc]
             #[allow(clippy::too_many_arguments)]
-            #vis fn capture<#(#generics),*>(rt: &#krate::Runtime, #(#params),*) -> ::core::result::Result<Self, #krate::GraphError> {
+            #vis fn capture<#(#generics),*>(rt: &#pr::Runtime, #(#params),*) -> ::core::result::Result<Self, #pr::GraphError> {
                 let __site = <#body_ty<'s> as #pr::GraphBody>::site();
                 #(#hold_states)*
                 #(#stage)*
-                let __body = #body_ty { #(#fields,)* #(#result,)* __state: ::core::marker::PhantomData };
+                let __statics = #statics_ty { #(#statics,)* #(#result,)* };
+                let __body = #body_ty { __statics, #(#held,)* __state: ::core::marker::PhantomData };
                 #pr::TypedGraph::capture(rt, __body, #verify_schedule).map(Self)
             }
         }

@@ -37,7 +37,8 @@ pub(super) struct Parts<'m> {
     /// Where the generated types' names are spanned: the `name = …` value, or the
     /// function's name.
     base_span: proc_macro2::Span,
-    /// `#krate::__private`, the runtime's items for generated code.
+    /// `__cg`, the generated module's name for `#krate::__private` (the runtime's items for
+    /// generated code), which keeps the expansion short.
     pub pr: TokenStream,
     /// The visibility of the generated items (see [`inner_vis`]).
     pub vis: TokenStream,
@@ -65,7 +66,7 @@ impl<'m> Parts<'m> {
             site,
             base: name.map_or_else(|| camel(fn_ident), unraw),
             base_span: name.map_or(fn_ident.span(), Ident::span),
-            pr: quote!(#krate::__private),
+            pr: quote!(__cg),
             vis: inner_vis(&item.vis),
             fn_ident,
             fn_name: fn_ident.to_string(),

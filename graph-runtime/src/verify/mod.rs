@@ -115,6 +115,21 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
+    /// [`Verifier::eager_output`] when `eager`, else [`Verifier::replay_output`]: what the
+    /// generated code calls for each output, once for the eager run and once for the replay.
+    pub fn output<B: DeviceState + ?Sized>(
+        &mut self,
+        eager: bool,
+        name: &'static str,
+        value: &B,
+    ) -> Result<(), GraphError> {
+        if eager {
+            self.eager_output(name, value)
+        } else {
+            self.replay_output(name, value)
+        }
+    }
+
     /// Reads what the replay wrote to output `name` (the graph's own buffer).
     pub fn replay_output<B: DeviceState + ?Sized>(
         &mut self,
