@@ -23,9 +23,10 @@ pub const HOST_EFFECTS_KEY: &str = "host_effects_not_replayed";
 
 /// Every key `#[cuda_graph]` accepts, in the order the error messages list them: the only
 /// place that spells them (the unknown-key check, the hint and the messages read it).
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "warmup",
     "mode",
+    "name",
     "crate",
     HOST_EFFECTS_KEY,
     "buckets",
@@ -49,6 +50,9 @@ pub struct GraphArgs {
     pub warmup: Option<(u32, Span)>,
     pub mode: Option<(CaptureMode, Span)>,
     pub krate: Option<syn::Path>,
+    /// `name = Decode`: what the generated types' names start with (`DecodeGraph`,
+    /// `DecodeInputs`, …) instead of the function's name in camel case.
+    pub name: Option<syn::Ident>,
     /// `host_effects_not_replayed` was given (and not `= false`).
     pub host_effects: bool,
     /// `buckets(batch = [...])`: one graph per batch size.
@@ -196,6 +200,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             "warmup" => parse_warmup(value, cx, &mut args),
             "mode" => parse_mode(value, cx, &mut args),
             "crate" => parse_crate(value, cx, &mut args),
+            "name" => parse_name(value, cx, &mut args),
             "verify" => parse_verify(value, cx, &mut args),
             "verify_every" => parse_verify_every(value, cx, &mut args),
             "verify_tolerance" => parse_verify_tolerance(value, cx, &mut args),
@@ -268,6 +273,7 @@ fn example(key: &str) -> &'static str {
         "verify" => "\"first\"",
         "verify_every" => "100",
         "verify_tolerance" => "1e-5",
+        "name" => "DecodeStep",
         _ => "\"graph_runtime\"",
     }
 }
@@ -370,6 +376,24 @@ fn parse_verify_tolerance(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
             value,
             "`verify_tolerance` must be a non-negative number, e.g. `verify_tolerance = 1e-5` (absolute and \
              relative); leave it out for bitwise comparisons",
+        ),
+    }
+}
+
+fn parse_name(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    match value {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => match p.path.get_ident() {
+            Some(ident) => args.name = Some(ident.clone()),
+            None => cx.error_spanned_by(
+                value,
+                "`name` is the start of the generated types' names, one identifier: write `name = DecodeStep` \
+                 for `DecodeStepGraph`, `DecodeStepInputs`, `DecodeStepOutputs` and `DecodeStepState`",
+            ),
+        },
+        _ => cx.error_spanned_by(
+            value,
+            "`name` is the start of the generated types' names, one identifier: write `name = DecodeStep` \
+             for `DecodeStepGraph`, `DecodeStepInputs`, `DecodeStepOutputs` and `DecodeStepState`",
         ),
     }
 }

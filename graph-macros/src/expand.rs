@@ -3,10 +3,11 @@
 //! Imports `args`, `model`, `check`, `ctxt`, `tokens` and its own files; only `lib.rs`
 //! imports it, and its own files never do.
 //!
-//! Everything that can be ordinary Rust lives in `graph_runtime`; the generated code only
-//! moves buffers into place and calls `__private::capture`, `__private::replay` and
-//! `__private::launch_as_is` (a bucket family: `__private::Buckets::capture` and
-//! `__private::replay` on the picked bucket).
+//! Everything that can be ordinary Rust lives in `graph_runtime`: a single graph's generated
+//! code fills in `__private::GraphBody` and `__private::ReplayInputs` and wraps
+//! `__private::TypedGraph`, which does the rest (a bucket family still moves its buffers into
+//! place itself and calls `__private::Buckets::capture` and `__private::replay` on the
+//! picked bucket).
 //!
 //! This file holds the entry point (parse → model → check → expand) and the module that
 //! wraps the generated items; `expand/graph.rs` generates the graph type of a function
@@ -50,15 +51,13 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let args = args::parse(args, &mut cx);
-    let before = cx.count();
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
-    let signature_ok = cx.count() == before;
     check_body(&model, &args, &mut cx);
     if !cx.has_errors() {
         return expand(&model, &args);
     }
-    if signature_ok {
+    if model.usable {
         // Only the body or the arguments are wrong: emit the graph type anyway (with the
         // default for any invalid argument), so that code using it does not add errors of
         // its own to the ones that matter.
@@ -77,7 +76,7 @@ fn fallback(item: &ItemFn, cx: Ctxt) -> TokenStream {
 }
 
 /// The `GraphSite` literal of the function: its name, warmup count and capture mode.
-fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStream {
+fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let determinism = match args.check_determinism {
         Some(on) => quote!(#on),
         None => quote!(::core::cfg!(debug_assertions)),
@@ -85,10 +84,10 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs, krate: &syn::Path) -> TokenStr
     let name = model.item.sig.ident.to_string();
     let warmup = args.warmup();
     let mode = Ident::new(args.mode().variant(), Span::call_site());
-    quote!(#krate::__private::GraphSite {
+    quote!(__cg::GraphSite {
         name: #name,
         warmup: #warmup,
-        mode: #krate::__private::CaptureMode::#mode,
+        mode: __cg::CaptureMode::#mode,
         determinism: #determinism,
     })
 }
@@ -98,7 +97,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    let parts = Parts::new(model, &krate, site_tokens(model, args, &krate));
+    let parts = Parts::new(model, &krate, site_tokens(model, args), args.name.as_ref());
     let (body, names) = match &args.buckets {
         Some(buckets) => expand_buckets(&parts, buckets),
         None => expand_graph(&parts, args),
@@ -108,9 +107,10 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #item
 
         #[doc(hidden)]
-        #[allow(non_snake_case, clippy::needless_lifetimes)]
+        #[allow(non_snake_case, unused_mut, unused_variables, clippy::needless_lifetimes)]
         mod #module {
             #[allow(unused_imports)] use super::*;
+            #[allow(unused_imports)] use #krate::__private as __cg;
 
             #body
         }

@@ -118,6 +118,11 @@ use proc_macro::TokenStream;
 /// * `warmup = N`: eager runs before the capture (default 3, at least 1);
 /// * `mode = "thread_local" | "global" | "relaxed"`: the CUDA capture mode (default
 ///   `"thread_local"`);
+/// * `name = DecodeStep`: what the generated types' names start with (`DecodeStepGraph`,
+///   `DecodeStepInputs`, `DecodeStepOutputs`, `DecodeStepState`; `DecodeStepBuckets` and
+///   `DecodeStepBucketOutputs` for a bucket family) instead of the function's name in camel
+///   case, when those names are taken in your module (errors and logs still name the
+///   function);
 /// * `crate = "path"`: where the runtime crate is, if renamed;
 /// * `host_effects_not_replayed`: lets the body print, log, do I/O, sleep, read clocks and
 ///   update host collections; those effects run in the warmup runs and the capture, never

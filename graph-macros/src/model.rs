@@ -60,6 +60,9 @@ pub struct GraphFn {
     /// `T` of a function that returns `Result<T, E>` with `T` not `()` (a candle function's
     /// `-> Result<Tensor>`): the graph copies the returned value into a static buffer.
     pub result: Option<Type>,
+    /// Whether the signature is usable: building the model recorded no error, so a graph
+    /// type can be generated for it (the body's checks come after and do not change this).
+    pub usable: bool,
 }
 
 impl GraphFn {
@@ -88,8 +91,16 @@ pub fn strip_role_attrs(item: &mut ItemFn) -> Vec<Vec<Attribute>> {
         .collect()
 }
 
-/// Builds the model, recording every signature problem in `cx`.
-pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
+/// Builds the model, recording every signature problem in `cx`; the model says whether the
+/// signature is usable ([`GraphFn::usable`]).
+pub fn analyze(item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
+    let before = cx.count();
+    let mut model = build(item, bucket, cx);
+    model.usable = cx.count() == before;
+    model
+}
+
+fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     let role_attrs = strip_role_attrs(&mut item);
     check_signature(&item, cx);
 
@@ -107,6 +118,7 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
             // Reported by check_signature; the other parameters of a method are not
             // classified, their roles would only add noise to that one error.
             return GraphFn {
+                usable: false,
                 item,
                 context,
                 params,
@@ -202,6 +214,7 @@ pub fn analyze(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> Graph
         context,
         params,
         result,
+        usable: false,
     }
 }
 
@@ -321,10 +334,33 @@ fn binding_ident(pat: &Pat, cx: &mut Ctxt) -> Option<Ident> {
 }
 
 fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Option<Param> {
+    let no_restore = role_attr_options(&ident, ty, roles, cx)?;
+    let reference = match ty {
+        Type::Reference(r) => Some((r.mutability.is_some(), (*r.elem).clone())),
+        _ => None,
+    };
+    let role = role_of(&ident, ty, roles, reference.as_ref().map(|(m, _)| *m), cx)?;
+    let ty = match (role, reference) {
+        (Role::Constant, _) | (_, None) => ty.clone(),
+        (_, Some((_, elem))) => elem,
+    };
+    check_param_type(&ident, role, &ty, cx)?;
+    Some(Param {
+        ident,
+        role,
+        no_restore,
+        ty,
+    })
+}
+
+/// Checks the role attributes' forms (none takes arguments but `#[state(no_restore)]`, at
+/// most one role) and says whether the state is `no_restore`; `None` when the parameter has
+/// more than one role.
+fn role_attr_options(ident: &Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Option<bool> {
     let mut no_restore = false;
     for a in roles {
         if a.path().is_ident("state") && matches!(a.meta, syn::Meta::List(_)) {
-            no_restore = state_options(a, &ident, ty, cx);
+            no_restore = state_options(a, ident, ty, cx);
             continue;
         }
         if !matches!(a.meta, syn::Meta::Path(_)) {
@@ -353,20 +389,28 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         );
         return None;
     }
+    Some(no_restore)
+}
+
+/// The role of a parameter of type `ty` (`reference`: whether it is `&mut`, `None` when it
+/// is no reference), from its role attribute or its form.
+fn role_of(
+    ident: &Ident,
+    ty: &Type,
+    roles: &[Attribute],
+    reference: Option<bool>,
+    cx: &mut Ctxt,
+) -> Option<Role> {
     let explicit = roles
         .first()
         .and_then(|a| a.path().get_ident())
         .map(|i| (i.to_string(), i.span()));
-    let reference = match ty {
-        Type::Reference(r) => Some((r.mutability.is_some(), (*r.elem).clone())),
-        _ => None,
-    };
-    let role = match (explicit.as_ref().map(|(n, s)| (n.as_str(), *s)), &reference) {
-        (None | Some(("input", _)), Some((false, _))) => Role::Input,
-        (None | Some(("output", _)), Some((true, _))) => Role::Output,
-        (Some(("state", _)), Some((mutable, _))) => Role::State { mutable: *mutable },
+    let role = match (explicit.as_ref().map(|(n, s)| (n.as_str(), *s)), reference) {
+        (None | Some(("input", _)), Some(false)) => Role::Input,
+        (None | Some(("output", _)), Some(true)) => Role::Output,
+        (Some(("state", _)), Some(mutable)) => Role::State { mutable },
         (Some(("constant", _)), None) => Role::Constant,
-        (Some(("input", span)), Some((true, _))) => {
+        (Some(("input", span)), Some(true)) => {
             cx.error_at(
                 span,
                 format!(
@@ -376,7 +420,7 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
             );
             return None;
         }
-        (Some(("output", span)), Some((false, _))) => {
+        (Some(("output", span)), Some(false)) => {
             cx.error_at(
                 span,
                 format!("output `{ident}` must be `&mut`: the graph writes its outputs; write `{ident}: &mut T`"),
@@ -421,12 +465,14 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
             return None;
         }
     };
-    let ty = match (role, reference) {
-        (Role::Constant, _) | (_, None) => ty.clone(),
-        (_, Some((_, elem))) => elem,
-    };
+    Some(role)
+}
+
+/// Checks the type of a parameter with `role` (`ty` without its reference): device buffers
+/// for inputs and outputs, no borrowed types, no `impl Trait`. `None` after an error.
+fn check_param_type(ident: &Ident, role: Role, ty: &Type, cx: &mut Ctxt) -> Option<()> {
     if matches!(role, Role::Input | Role::Output) {
-        if let Some(elem) = host_element(&ty) {
+        if let Some(elem) = host_element(ty) {
             let (what, fix) = if role == Role::Input {
                 (
                     "input",
@@ -445,7 +491,7 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
                 )
             };
             cx.error_spanned_by(
-                &ty,
+                ty,
                 format!(
                     "{what} `{ident}` is host memory (`{}`), but a graph's inputs and outputs are device buffers \
                      the graph owns at fixed addresses; {fix}",
@@ -456,7 +502,7 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         }
     }
     if role != Role::Constant {
-        if let Some(span) = first_lifetime(&ty).or_else(|| view_type(&ty)) {
+        if let Some(span) = first_lifetime(ty).or_else(|| view_type(ty)) {
             cx.error_at(
                 span,
                 format!(
@@ -469,19 +515,14 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
             return None;
         }
     }
-    if let Some(span) = first_impl_trait(&ty) {
+    if let Some(span) = first_impl_trait(ty) {
         cx.error_at(
             span,
             format!("`impl Trait` in the type of `{ident}` makes the function generic; name a concrete type"),
         );
         return None;
     }
-    Some(Param {
-        ident,
-        role,
-        no_restore,
-        ty,
-    })
+    Some(())
 }
 
 /// The options of `#[state(…)]`: `no_restore` (only for `&mut` state).

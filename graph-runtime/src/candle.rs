@@ -91,7 +91,7 @@ pub use candle_nn;
 use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
 use crate::error::GraphError;
 use crate::region::{DeviceRegion, Elem};
-use crate::runtime::Runtime;
+use crate::runtime::{FromRuntime, Runtime};
 use crate::state::DeviceState;
 
 /// The most dimensions a static tensor may have.
@@ -383,6 +383,34 @@ pub(crate) fn hold_htod_cache(rt: &Runtime) -> Option<impl Sized> {
     match rt.candle_device()? {
         Device::Cuda(cuda) => Some(cuda.enable_cuda_graph_htod_cache()),
         _ => None,
+    }
+}
+
+/// candle's device as a body's context: the device of a runtime made by
+/// [`Runtime::from_candle`].
+impl FromRuntime for Device {
+    /// # Panics
+    /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls
+    /// [`FromRuntime::try_from_runtime`], which returns [`GraphError::NoCandleDevice`] instead.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        device_of(rt)
+    }
+}
+
+/// candle's CUDA device as a body's context (see the `Device` implementation).
+impl FromRuntime for CudaDevice {
+    /// # Panics
+    /// As for candle's `Device`.
+    fn from_runtime(rt: &Runtime) -> &Self {
+        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
+    }
+
+    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
+        cuda_device(device_of(rt)?)
     }
 }
 

@@ -29,11 +29,12 @@ use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
 use crate::graph::{Graph, GraphInfo};
 use crate::inputs::InputNodes;
-use crate::phase::{Phase, PhaseScope, ProcedureScope};
+use crate::phase::{FrameScope, Phase};
+use crate::recorded::RecordedGraph;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
-use crate::state::snapshot::StateSnapshot;
+use crate::snapshot::StateSnapshot;
 use crate::state::AddressBook;
 
 /// A capture in progress on the runtime's stream. Dropping it without [`ActiveCapture::end`]
@@ -41,7 +42,7 @@ use crate::state::AddressBook;
 struct ActiveCapture<'r> {
     rt: &'r Runtime,
     site: &'static GraphSite,
-    _phase: PhaseScope,
+    _phase: FrameScope,
     open: bool,
 }
 
@@ -64,9 +65,8 @@ impl<'r> ActiveCapture<'r> {
         let root = match unsafe { driver::capture_point(stream.cu_stream()) } {
             Ok((root, _)) => root,
             Err(e) => {
-                if let Ok(g) = end_raw(stream) {
-                    discard(g);
-                }
+                // Whatever was recorded is destroyed as it drops.
+                drop(end_raw(stream));
                 rt.gate().end_capture();
                 return Err(GraphError::from_driver(site.name, e));
             }
@@ -75,14 +75,14 @@ impl<'r> ActiveCapture<'r> {
         Ok(ActiveCapture {
             rt,
             site,
-            _phase: PhaseScope::enter(Phase::Capture { graph: site.name }),
+            _phase: FrameScope::phase(Phase::Capture { graph: site.name }),
             open: true,
         })
     }
 
-    /// Ends the capture and hands back the recorded graph, or the error CUDA gave, with what
-    /// the capture recorded about its conditionals.
-    fn end(mut self) -> (Result<sys::CUgraph, DriverError>, CaptureRecord) {
+    /// Ends the capture and hands back the recorded graph (`None` when nothing was recorded),
+    /// or the error CUDA gave, with what the capture recorded about its conditionals.
+    fn end(mut self) -> (Result<Option<RecordedGraph>, DriverError>, CaptureRecord) {
         self.open = false;
         let record = record::close_record().expect("a capture has a record");
         let result = end_raw(self.rt.stream());
@@ -90,6 +90,9 @@ impl<'r> ActiveCapture<'r> {
         if record.poisoned {
             // A conditional body's recording failed inside its node: the graph must not be
             // used or destroyed (see `crate::conditional`); it is leaked.
+            if let Ok(Some(graph)) = result {
+                graph.leak();
+            }
             return (
                 Err(DriverError(
                     sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
@@ -109,9 +112,11 @@ impl Drop for ActiveCapture<'_> {
         let poisoned = record::close_record().is_some_and(|r| r.poisoned);
         // The body failed or panicked: end the capture and throw the recording away (unless
         // a conditional body's failed recording left it unusable: then it is leaked).
-        if let Ok(graph) = end_raw(self.rt.stream()) {
-            if !poisoned {
-                discard(graph);
+        if let Ok(Some(graph)) = end_raw(self.rt.stream()) {
+            if poisoned {
+                graph.leak();
+            } else {
+                drop(graph);
             }
         }
         self.rt.gate().end_capture();
@@ -119,9 +124,9 @@ impl Drop for ActiveCapture<'_> {
     }
 }
 
-fn end_raw(stream: &CudaStream) -> Result<sys::CUgraph, DriverError> {
+fn end_raw(stream: &CudaStream) -> Result<Option<RecordedGraph>, DriverError> {
     // SAFETY: the stream is alive and is the one this thread began capturing.
-    unsafe { driver::end_capture(stream.cu_stream()) }
+    unsafe { RecordedGraph::end_capture(stream.cu_stream()) }
 }
 
 /// cudarc records errors of calls that cannot return one (drops of buffers, for instance) on
@@ -199,7 +204,7 @@ fn warm_up(
         // Only the last run's kernel lookups are compared with the capture's.
         drop(lookups.take());
         let ran = {
-            let _phase = PhaseScope::enter(Phase::Warmup { graph, run });
+            let _phase = FrameScope::phase(Phase::Warmup { graph, run });
             panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Warmup { run }))))
         };
         let checked = body(Step::Check(When::Warmup { run }));
@@ -269,7 +274,7 @@ pub fn capture(
     let graph = site.name;
     // One capture procedure per thread at a time: a body that captures another graph, during
     // its warmup or its capture, gets an error instead of a deadlock on the capture lock.
-    let _procedure = match ProcedureScope::enter(graph) {
+    let _procedure = match FrameScope::procedure(graph) {
         Ok(scope) => scope,
         Err(outer) => return Err(GraphError::NestedCapture { graph, outer }),
     };
@@ -335,39 +340,30 @@ pub fn capture(
         ),
     };
     let capture_time = capture_started.elapsed();
-    if let Err(moved) = body(Step::Check(When::Capture)) {
-        discard(raw);
-        return Err(moved);
-    }
-    if raw.is_null() {
+    // On every early return below, the recorded graph is destroyed as it drops.
+    body(Step::Check(When::Capture))?;
+    let Some(raw) = raw else {
         return Err(GraphError::EmptyGraph { graph });
-    }
+    };
     let checks_started = Instant::now();
     if site.determinism {
         let copy = input_copy.as_ref().map(|c| (inputs, c));
-        let first = (raw, &record);
-        if let Err(e) = check_determinism(
+        check_determinism(
             rt,
             site,
             body,
-            first,
+            (&raw, &record),
             copy,
             &warmup_lookups,
             capture_lookups,
-        ) {
-            discard(raw);
-            return Err(e);
-        }
+        )?;
     }
     let checks_time = checks_started.elapsed();
     // Ranks capturing collectives together compare what they recorded before any of them
     // instantiates (see `crate::nccl`; a determinism check's second capture is recorded the
     // same way on every rank); without an open session this does nothing.
     #[cfg(feature = "nccl")]
-    if let Err(e) = crate::nccl::session::before_instantiate(site) {
-        discard(raw);
-        return Err(e);
-    }
+    crate::nccl::session::before_instantiate(site)?;
 
     let info = GraphInfo {
         rng,
@@ -431,7 +427,7 @@ fn check_determinism(
     rt: &Runtime,
     site: &'static GraphSite,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
-    first: (sys::CUgraph, &CaptureRecord),
+    first: (&RecordedGraph, &CaptureRecord),
     inputs: Option<(&InputNodes, &cudarc::driver::CudaFunction)>,
     warmup_lookups: &[String],
     capture_lookups: Vec<String>,
@@ -446,7 +442,7 @@ fn check_determinism(
     }
     let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
     // SAFETY: `first` is the live graph just captured on the runtime's context.
-    let a = unsafe { Fingerprint::of(first.0, skip, first.1) }?;
+    let a = unsafe { Fingerprint::of(first.0.raw(), skip, first.1) }?;
     let active = ActiveCapture::begin(rt, site)?;
     let recorded = match inputs {
         Some((inputs, copy)) => inputs.record(rt, copy).map(drop),
@@ -460,13 +456,15 @@ fn check_determinism(
         Ok(()) => end_capture(rt, graph, active)?,
     };
     let checked = body(Step::Check(When::Capture));
-    let b = if second.is_null() {
-        None
-    } else {
-        // SAFETY: `second` is the live graph just captured; destroyed right after.
-        let b = unsafe { Fingerprint::of(second, skip, &second_record) };
-        discard(second);
-        Some(b?)
+    let b = match second {
+        None => None,
+        Some(second) => {
+            // SAFETY: `second` is the live graph just captured; destroyed right after, as it
+            // drops.
+            let b = unsafe { Fingerprint::of(second.raw(), skip, &second_record) };
+            drop(second);
+            Some(b?)
+        }
     };
     checked?;
     let difference = match b {
@@ -500,11 +498,11 @@ fn name_the_failed_allocation(
     let largest = (|| {
         let active = ActiveCapture::begin(rt, site).ok()?;
         let recorded = panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Capture))));
-        let raw = active.end().0.ok();
+        let raw = active.end().0.ok().flatten();
         clear_recorded_errors(rt, site.name);
-        let raw = raw.filter(|g| !g.is_null())?;
+        let raw = raw?;
         // SAFETY: `raw` is the live graph cuStreamEndCapture just returned, owned here.
-        let sizes = unsafe { driver::graph_nodes(raw) }.ok().map(|nodes| {
+        let sizes = unsafe { driver::graph_nodes(raw.raw()) }.ok().map(|nodes| {
             nodes
                 .into_iter()
                 .filter_map(|n| {
@@ -518,7 +516,7 @@ fn name_the_failed_allocation(
                 })
                 .max()
         });
-        discard(raw);
+        drop(raw);
         drop(recorded);
         sizes.flatten()
     })();
@@ -532,35 +530,26 @@ fn name_the_failed_allocation(
     }
 }
 
-/// Destroys a graph that a capture recorded and nothing else refers to (null: nothing to do).
-fn discard(raw: sys::CUgraph) {
-    if !raw.is_null() {
-        // SAFETY: callers pass a graph returned by cuStreamEndCapture that they own and do
-        // not use afterwards; it was never instantiated.
-        let _ = unsafe { driver::graph_destroy(raw) };
-    }
-}
-
-/// Ends a capture whose body returned `Ok` and hands back the recorded graph (null when
+/// Ends a capture whose body returned `Ok` and hands back the recorded graph (`None` when
 /// nothing was recorded) with the record of its conditionals, or the error that explains why
-/// the capture failed.
+/// the capture failed. A graph not handed back is destroyed as it drops.
 fn end_capture(
     rt: &Runtime,
     graph: &'static str,
     active: ActiveCapture<'_>,
-) -> Result<(sys::CUgraph, CaptureRecord), GraphError> {
+) -> Result<(Option<RecordedGraph>, CaptureRecord), GraphError> {
     let (ended, record) = active.end();
     let recorded = clear_recorded_errors(rt, graph);
     match ended {
         Ok(raw) if recorded.is_none() => {
             if let Some(location) = record.unused_condition() {
-                discard(raw);
+                drop(raw);
                 return Err(GraphError::UnusedCondition { graph, location });
             }
             Ok((raw, record))
         }
         Ok(raw) => {
-            discard(raw);
+            drop(raw);
             let e = recorded.expect("checked above");
             Err(GraphError::in_capture(graph, e.into()))
         }

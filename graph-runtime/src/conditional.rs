@@ -144,7 +144,6 @@
 //! construct records, `conditional/api.rs` the `Runtime` constructs (eager and captured),
 //! `conditional/site.rs` how a captured construct becomes a conditional node.
 
-use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -156,7 +155,7 @@ use cudarc::driver::{
 
 use crate::driver;
 use crate::error::GraphError;
-use crate::phase::{self, DepthScope, Phase};
+use crate::phase::{self, FrameScope, Phase};
 use crate::runtime::Runtime;
 
 mod api;

@@ -12,12 +12,16 @@
 //! a graph.
 
 mod body;
+#[cfg(feature = "nccl")]
+mod collective;
 mod convert;
 #[cfg(test)]
 mod tests;
 mod variants;
 
 pub use body::{BodyResult, BodyValue};
+#[cfg(feature = "nccl")]
+pub use collective::CollectiveError;
 #[cfg(feature = "candle")]
 pub(crate) use convert::from_candle;
 pub(crate) use variants::bytes;

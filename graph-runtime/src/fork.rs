@@ -415,7 +415,7 @@ fn fork_at<'env, R>(
         _env: PhantomData,
     };
     let result = {
-        let _inside = crate::phase::DepthScope::fork();
+        let _inside = crate::phase::FrameScope::fork();
         work(&side)
     };
     // Side temporaries are freed on the side stream, after its work and before the join.

@@ -1,5 +1,6 @@
 //! [`Graph`]: one instantiated CUDA graph bound to the runtime's stream.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,8 +10,9 @@ use crate::buffer::Staging;
 use crate::conditional::record::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
+use crate::generator::RngAdvance;
 use crate::inputs::InputNode;
-use crate::rng::generator::RngAdvance;
+use crate::recorded::RecordedGraph;
 use crate::runtime::Runtime;
 
 /// Facts about one captured graph, for logs and reports.
@@ -90,7 +92,8 @@ pub struct NodeKinds {
 /// time (CUDA does not synchronise access to one executable graph).
 pub struct Graph {
     exec: sys::CUgraphExec,
-    graph: sys::CUgraph,
+    /// Destroyed in `Drop`, after `exec` and before the graph memory is trimmed.
+    graph: ManuallyDrop<RecordedGraph>,
     /// Keeps the context, the stream, the loaded kernels and the generators alive for as
     /// long as the graph can be launched.
     rt: Runtime,
@@ -121,7 +124,7 @@ impl std::fmt::Debug for Graph {
 }
 
 impl Graph {
-    /// Instantiates `raw` (taking ownership of it) for the runtime's stream and uploads it.
+    /// Instantiates `raw` for the runtime's stream and uploads it.
     ///
     /// Before the driver maps any memory, a graph whose temporaries could not all be mapped is
     /// refused with [`GraphError::OutOfMemory`] (see `refuse_temporaries_that_cannot_fit`). A
@@ -129,7 +132,7 @@ impl Graph {
     /// memory back to the device.
     pub(crate) fn instantiate(
         rt: &Runtime,
-        raw: sys::CUgraph,
+        raw: RecordedGraph,
         mut info: GraphInfo,
         inputs: Vec<InputNode>,
         record: &CaptureRecord,
@@ -140,7 +143,7 @@ impl Graph {
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let built = (|| {
-            let inspected = inspect(raw, info.name, &inputs, info.early_edges > 0, record)?;
+            let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -149,15 +152,15 @@ impl Graph {
             let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
             // SAFETY: `raw` is a live graph of the runtime's context, which the capture bound
             // to this thread; instantiation does not take ownership of it.
-            let exec = unsafe { driver::instantiate(raw, flags) }
+            let exec = unsafe { driver::instantiate(raw.raw(), flags) }
                 .map_err(|e| GraphError::from_driver(info.name, e))?;
             Ok((exec, before, after))
         })();
         let (exec, before, after) = match built {
             Ok(parts) => parts,
             Err(e) => {
-                // SAFETY: `raw` is owned here and no executable graph was made from it.
-                let _ = unsafe { driver::graph_destroy(raw) };
+                // No executable graph was made from `raw`: it is destroyed first.
+                drop(raw);
                 give_back_graph_memory(rt);
                 return Err(e);
             }
@@ -165,7 +168,7 @@ impl Graph {
         // From here on `Drop` owns both handles, also if the upload fails.
         let mut g = Graph {
             exec,
-            graph: raw,
+            graph: ManuallyDrop::new(raw),
             rt: rt.clone(),
             before,
             after,
@@ -218,7 +221,7 @@ impl Graph {
     /// The handle stays owned by this `Graph`: do not destroy it, and do not use it after the
     /// `Graph` is dropped.
     pub fn cu_graph(&self) -> sys::CUgraph {
-        self.graph
+        self.graph.raw()
     }
 
     /// The executable graph, for driver calls this crate does not wrap.
@@ -282,7 +285,7 @@ impl Graph {
         self.rt.context().bind_to_thread()?;
         let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
         // SAFETY: `self.graph` is the live graph this `Graph` owns.
-        for node in unsafe { driver::graph_nodes(self.graph) }? {
+        for node in unsafe { driver::graph_nodes(self.graph.raw()) }? {
             // SAFETY: `node` belongs to the live graph.
             if unsafe { driver::node_type(node) }?
                 != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
@@ -321,7 +324,7 @@ impl Graph {
         };
         self.rt.context().bind_to_thread()?;
         // SAFETY: `self.graph` is the live graph this `Graph` owns.
-        unsafe { driver::debug_dot_print(self.graph, &c_path, flags) }?;
+        unsafe { driver::debug_dot_print(self.graph.raw(), &c_path, flags) }?;
         Ok(())
     }
 }
@@ -357,7 +360,7 @@ impl std::fmt::Display for Graph {
         let edges = {
             let _ = self.rt.context().bind_to_thread();
             // SAFETY: `self.graph` is the live graph this `Graph` owns.
-            unsafe { driver::graph_edges(self.graph) }
+            unsafe { driver::graph_edges(self.graph.raw()) }
                 .map(|e| e.len())
                 .unwrap_or(0)
         };
@@ -430,12 +433,13 @@ impl Drop for Graph {
         // The state is dropped right after the graph; buffers of other streams must not be
         // freed under a replay still running.
         self.settle();
-        // SAFETY: both handles are owned by `self` and destroyed exactly once, here. CUDA
-        // defers the destruction of an executable graph until launches in flight complete.
-        unsafe {
-            ctx.record_err(driver::exec_destroy(self.exec));
-            ctx.record_err(driver::graph_destroy(self.graph));
-        }
+        // SAFETY: the executable graph is owned by `self` and destroyed exactly once, here.
+        // CUDA defers the destruction of an executable graph until launches in flight
+        // complete.
+        ctx.record_err(unsafe { driver::exec_destroy(self.exec) });
+        // SAFETY: `self.graph` is taken exactly once, here, and not used afterwards.
+        let graph = unsafe { ManuallyDrop::take(&mut self.graph) };
+        ctx.record_err(graph.destroy());
         if self.info.temp_bytes > 0 {
             // Give the physical memory of this graph's temporaries back to the device, unless
             // another graph (or a launch still in flight) uses it.

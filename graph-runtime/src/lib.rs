@@ -72,6 +72,25 @@
 //! | candle (feature `candle`) | a function written with candle ops as a graph: candle's `&Device` as context, `&Tensor` inputs copied into static tensors, candle-nn models as state, a returned `Tensor` copied into a static result inside the graph; candle's small uploads served from its cache during capture | `graph_runtime::candle`, `Runtime::from_candle` |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
+//! # What the macro generates
+//! Next to `fn step` (kept as written, callable eagerly), `#[cuda_graph]` adds to your module,
+//! with the function's visibility (`#[cuda_graph(name = DecodeStep)]` makes the names start
+//! with `DecodeStep` instead of `Step`, when `StepState` or another is taken):
+//!
+//! | item | what it is |
+//! | --- | --- |
+//! | `StepGraph<'s>` | the captured graph: `StepGraph::capture(&rt, …)` (inputs by example value, outputs by shape, state, constants, in the function's order), `replay(…)` (the inputs) and `verify(…, tolerance)`; through `Deref`, `launch()`, `inputs_mut()`, `outputs()`, `state_mut()`, `info()`, `graph()`; `Debug` and `Display` (the graph's summary); `StepGraph::WARMUP` |
+//! | `StepInputs<'g>` | the static inputs lent by `inputs_mut()`, one field per input |
+//! | `StepOutputs<'g>` | what `replay` and `launch` return: one field per output (and `result` for a returned value), borrowed until the next replay |
+//! | `StepState<'g>` | the state lent by `state_mut()`, one field per state parameter |
+//! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
+//!
+//! The code behind them lives in a hidden module `__cuda_graph_step` (`__StepBody<'s>`, the
+//! static buffers, is the runtime's `__private::GraphBody`; what `StepGraph` dereferences to
+//! is the generic `__private::TypedGraph`). In a library, `cargo doc` lists the four types
+//! where the function is; in a binary crate, `cargo doc --document-private-items` shows them
+//! (or read the table above: every name and method is derived from the function's).
+//!
 //! # Learning path
 //! The examples are numbered and build on each other:
 //! 1. `01-first-graph`: annotate a cudarc function, capture, replay, compare with eager;
@@ -196,6 +215,7 @@ mod driver;
 mod error;
 mod fingerprint;
 mod fork;
+mod generator;
 mod graph;
 mod inputs;
 pub mod launch;
@@ -203,12 +223,16 @@ pub mod launch;
 #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl;
 mod phase;
+mod recorded;
 mod region;
+mod report;
 pub mod rng;
 mod runtime;
 mod site;
+mod snapshot;
 pub mod state;
 mod timer;
+mod typed;
 pub mod verify;
 
 #[doc(hidden)]
@@ -232,6 +256,8 @@ pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};
 pub use rng::{Generator, RngAdvance, RngKernelArg, RngState};
+#[doc(hidden)]
+pub use runtime::FromRuntime;
 pub use runtime::{
     driver_available, function_for_stream, library_available, GraphMemory, Runtime,
     CUBLAS_WORKSPACE_BYTES,
@@ -241,77 +267,3 @@ pub use site::{CaptureMode, GraphSite};
 pub use state::{DeviceRegion, DeviceState, Elem, Held, HeldMut, StateArg, StateArgMut};
 pub use timer::GraphTimer;
 pub use verify::{Tolerance, VerifyReport};
-
-use std::sync::Arc;
-
-use cudarc::driver::CudaStream;
-
-/// Types the first parameter of a `#[cuda_graph]` function may borrow: what the body uses to
-/// reach the GPU. The graph passes the runtime's own objects, so the body's work lands on
-/// the capture stream.
-///
-/// Support for the code `#[cuda_graph]` generates: not for direct use.
-#[doc(hidden)]
-#[diagnostic::on_unimplemented(
-    message = "the first parameter of a `#[cuda_graph]` function must borrow the execution context, not `{Self}`",
-    label = "expected `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`, or candle's `&Device` (feature `candle`)",
-    note = "the graph passes its runtime (or the runtime's stream) here during warmup and capture"
-)]
-pub trait FromRuntime {
-    /// Borrows `Self` out of the runtime.
-    fn from_runtime(rt: &Runtime) -> &Self;
-
-    /// [`FromRuntime::from_runtime`] for contexts a runtime may lack (candle's `Device` on a
-    /// runtime not made from one): what the generated code calls.
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        Ok(Self::from_runtime(rt))
-    }
-}
-
-/// candle's device as a body's context: the device of a runtime made by
-/// [`Runtime::from_candle`].
-#[cfg(feature = "candle")]
-impl FromRuntime for candle::candle_core::Device {
-    /// # Panics
-    /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls
-    /// [`FromRuntime::try_from_runtime`], which returns [`GraphError::NoCandleDevice`] instead.
-    fn from_runtime(rt: &Runtime) -> &Self {
-        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
-    }
-
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        candle::device_of(rt)
-    }
-}
-
-/// candle's CUDA device as a body's context (see the `Device` implementation).
-#[cfg(feature = "candle")]
-impl FromRuntime for candle::candle_core::CudaDevice {
-    /// # Panics
-    /// As for candle's `Device`.
-    fn from_runtime(rt: &Runtime) -> &Self {
-        Self::try_from_runtime(rt).expect("the runtime was not made by Runtime::from_candle")
-    }
-
-    fn try_from_runtime(rt: &Runtime) -> Result<&Self, GraphError> {
-        candle::cuda_device(candle::device_of(rt)?)
-    }
-}
-
-impl FromRuntime for Runtime {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt
-    }
-}
-
-impl FromRuntime for Arc<CudaStream> {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt.stream()
-    }
-}
-
-impl FromRuntime for CudaStream {
-    fn from_runtime(rt: &Runtime) -> &Self {
-        rt.stream()
-    }
-}

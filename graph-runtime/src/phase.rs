@@ -5,9 +5,18 @@
 //! The phase is thread-local: a capture records the work of the thread that runs the body
 //! (the runtime captures in `thread_local` mode by default), so "am I being captured" is a
 //! question about this thread.
+//!
+//! Everything the thread knows about the capture it runs lives in one `Frame` behind one
+//! thread-local: the phase, the graph whose capture procedure runs, the kernel lookups and
+//! early launches it counts, how deep it is in conditional bodies and forks, the record of
+//! the capture's conditionals, and (feature `nccl`) the open collective sessions. Each part is
+//! set for a stretch of the procedure by one guard, `FrameScope`, which puts back what was
+//! there before when it drops (also on panic).
 
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
+
+use cudarc::driver::sys;
 
 use crate::error::GraphError;
 
@@ -30,18 +39,169 @@ pub enum Phase {
     },
 }
 
-thread_local! {
-    static PHASE: Cell<Phase> = const { Cell::new(Phase::Eager) };
+/// The capture state of one thread. Each part is its own cell, so reading one never waits
+/// on another's borrow.
+pub(crate) struct Frame {
+    phase: Cell<Phase>,
+    /// The graph whose capture procedure (warmup included) runs on this thread.
+    procedure: Cell<Option<&'static str>>,
     /// The kernels the current run looked up through the runtime, while a capture procedure
     /// with determinism checks records them.
-    static LOOKUPS: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
-    /// The graph whose capture procedure (warmup included) runs on this thread.
-    static PROCEDURE: Cell<Option<&'static str>> = const { Cell::new(None) };
+    lookups: RefCell<Option<Vec<String>>>,
+    /// Early launches this thread made, ever (a capture counts the difference).
+    early_launches: Cell<u64>,
+    /// How many `graph_while` / `graph_if` bodies this thread is inside (eagerly or
+    /// recording).
+    conditional_depth: Cell<u32>,
+    /// How many `fork` closures this thread is inside.
+    fork_depth: Cell<u32>,
+    /// What the capture in progress recorded about its conditionals (`crate::conditional`
+    /// opens and closes it).
+    pub(crate) record: RefCell<Option<CaptureRecord>>,
+    /// The collective sessions open on this thread: owned and typed by `crate::nccl`, which
+    /// sits above this file, so held here without naming its type.
+    #[cfg(feature = "nccl")]
+    pub(crate) nccl_sessions: RefCell<Option<Box<dyn std::any::Any>>>,
+}
+
+thread_local! {
+    static FRAME: Frame = const {
+        Frame {
+            phase: Cell::new(Phase::Eager),
+            procedure: Cell::new(None),
+            lookups: RefCell::new(None),
+            early_launches: Cell::new(0),
+            conditional_depth: Cell::new(0),
+            fork_depth: Cell::new(0),
+            record: RefCell::new(None),
+            #[cfg(feature = "nccl")]
+            nccl_sessions: RefCell::new(None),
+        }
+    };
+}
+
+/// Runs `f` on this thread's [`Frame`].
+#[inline]
+pub(crate) fn with_frame<R>(f: impl FnOnce(&Frame) -> R) -> R {
+    FRAME.with(f)
+}
+
+/// The conditionals of one capture: the handles it created, the nodes it added with their
+/// bodies, and where the capture of the stream stands (filled in by `crate::conditional`).
+pub(crate) struct CaptureRecord {
+    pub(crate) id: u64,
+    pub(crate) root: sys::CUgraph,
+    pub(crate) mode: sys::CUstreamCaptureMode,
+    /// Above 0 while a closure is recorded into a scratch graph to be checked: conditionals
+    /// met meanwhile record their bodies inline.
+    pub(crate) validating: u32,
+    /// A body's recording failed inside a conditional node's own body graph: the driver has
+    /// freed that body, so no graph of this capture may be ended, destroyed or used.
+    pub(crate) poisoned: bool,
+    pub(crate) handles: Vec<HandleRecord>,
+    pub(crate) nodes: Vec<NodeRecord>,
+}
+
+/// A conditional handle a capture created, and whether a conditional node tested it.
+pub(crate) struct HandleRecord {
+    pub(crate) handle: u64,
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) used: bool,
+}
+
+/// One conditional node and its body graphs (owned by the node).
+pub(crate) struct NodeRecord {
+    pub(crate) node: sys::CUgraphNode,
+    /// `CU_GRAPH_COND_TYPE_IF` or `_WHILE`, as a number.
+    pub(crate) kind: u32,
+    pub(crate) bodies: Vec<sys::CUgraph>,
+}
+
+impl CaptureRecord {
+    /// The first condition created but never tested by a conditional node.
+    pub(crate) fn unused_condition(&self) -> Option<&'static Location<'static>> {
+        self.handles.iter().find(|h| !h.used).map(|h| h.location)
+    }
+
+    /// The conditional handles the capture created, in order.
+    pub(crate) fn handles(&self) -> Vec<u64> {
+        self.handles.iter().map(|h| h.handle).collect()
+    }
+
+    /// The body graphs of conditional node `node`, if it is one of this capture's.
+    pub(crate) fn bodies_of(&self, node: sys::CUgraphNode) -> Option<&[sys::CUgraph]> {
+        self.node(node).map(|n| n.bodies.as_slice())
+    }
+
+    /// Conditional node `node`, if it is one of this capture's.
+    pub(crate) fn node(&self, node: sys::CUgraphNode) -> Option<&NodeRecord> {
+        self.nodes.iter().find(|n| n.node == node)
+    }
+}
+
+/// Sets one part of this thread's [`Frame`] and puts the previous value back when dropped
+/// (also on panic): the one guard of the capture state.
+#[must_use = "the part is put back when the scope drops"]
+pub(crate) struct FrameScope(Saved);
+
+/// What a [`FrameScope`] puts back.
+enum Saved {
+    Phase(Phase),
+    Procedure(Option<&'static str>),
+    ConditionalDepth(u32),
+    ForkDepth(u32),
+}
+
+impl FrameScope {
+    /// Sets the thread's phase.
+    pub(crate) fn phase(phase: Phase) -> Self {
+        FrameScope(Saved::Phase(with_frame(|f| f.phase.replace(phase))))
+    }
+
+    /// Enters the capture procedure of `graph`, or names the graph whose procedure already
+    /// runs on this thread (captures do not nest).
+    pub(crate) fn procedure(graph: &'static str) -> Result<Self, &'static str> {
+        with_frame(|f| match f.procedure.get() {
+            Some(outer) => Err(outer),
+            None => Ok(FrameScope(Saved::Procedure(
+                f.procedure.replace(Some(graph)),
+            ))),
+        })
+    }
+
+    /// Inside the body of a `graph_while` / `graph_if`.
+    pub(crate) fn conditional() -> Self {
+        with_frame(|f| {
+            let depth = f.conditional_depth.get();
+            f.conditional_depth.set(depth + 1);
+            FrameScope(Saved::ConditionalDepth(depth))
+        })
+    }
+
+    /// Inside a fork's closure.
+    pub(crate) fn fork() -> Self {
+        with_frame(|f| {
+            let depth = f.fork_depth.get();
+            f.fork_depth.set(depth + 1);
+            FrameScope(Saved::ForkDepth(depth))
+        })
+    }
+}
+
+impl Drop for FrameScope {
+    fn drop(&mut self) {
+        with_frame(|f| match self.0 {
+            Saved::Phase(p) => f.phase.set(p),
+            Saved::Procedure(g) => f.procedure.set(g),
+            Saved::ConditionalDepth(d) => f.conditional_depth.set(d),
+            Saved::ForkDepth(d) => f.fork_depth.set(d),
+        });
+    }
 }
 
 /// The current thread's [`Phase`].
 pub fn phase() -> Phase {
-    PHASE.with(Cell::get)
+    with_frame(|f| f.phase.get())
 }
 
 /// Whether the current thread is recording a graph right now.
@@ -78,48 +238,10 @@ pub(crate) fn refuse_while_capturing(
     }
 }
 
-/// Sets the thread's phase and puts the previous one back on drop (also on panic).
-pub(crate) struct PhaseScope(Phase);
-
-impl PhaseScope {
-    pub(crate) fn enter(phase: Phase) -> Self {
-        PhaseScope(PHASE.with(|p| p.replace(phase)))
-    }
-}
-
-impl Drop for PhaseScope {
-    fn drop(&mut self) {
-        PHASE.with(|p| p.set(self.0));
-    }
-}
-
-/// Marks the thread as running the capture procedure of one graph, until dropped.
-pub(crate) struct ProcedureScope;
-
-impl ProcedureScope {
-    /// Enters the procedure of `graph`, or names the graph whose procedure already runs on
-    /// this thread (captures do not nest).
-    pub(crate) fn enter(graph: &'static str) -> Result<Self, &'static str> {
-        PROCEDURE.with(|p| match p.get() {
-            Some(outer) => Err(outer),
-            None => {
-                p.set(Some(graph));
-                Ok(ProcedureScope)
-            }
-        })
-    }
-}
-
-impl Drop for ProcedureScope {
-    fn drop(&mut self) {
-        PROCEDURE.with(|p| p.set(None));
-    }
-}
-
 /// Whether this thread is running a capture procedure (warmup, capture or verification of a
 /// graph), so it already holds its runtime's capture lock.
 pub(crate) fn in_procedure() -> bool {
-    PROCEDURE.with(|p| p.get().is_some())
+    with_frame(|f| f.procedure.get().is_some())
 }
 
 /// Records the kernels this thread looks up through the runtime (`Runtime::function`) while
@@ -132,7 +254,7 @@ impl KernelLookups {
     /// Starts recording when `on`.
     pub(crate) fn start(on: bool) -> Self {
         if on {
-            LOOKUPS.with(|l| *l.borrow_mut() = Some(Vec::new()));
+            with_frame(|f| *f.lookups.borrow_mut() = Some(Vec::new()));
         }
         KernelLookups { on }
     }
@@ -142,8 +264,9 @@ impl KernelLookups {
         if !self.on {
             return Vec::new();
         }
-        LOOKUPS.with(|l| {
-            l.borrow_mut()
+        with_frame(|f| {
+            f.lookups
+                .borrow_mut()
                 .as_mut()
                 .map(std::mem::take)
                 .unwrap_or_default()
@@ -154,7 +277,7 @@ impl KernelLookups {
 impl Drop for KernelLookups {
     fn drop(&mut self) {
         if self.on {
-            LOOKUPS.with(|l| *l.borrow_mut() = None);
+            with_frame(|f| *f.lookups.borrow_mut() = None);
         }
     }
 }
@@ -166,8 +289,8 @@ pub(crate) fn note_kernel_lookup(name: &str) {
     if in_conditional_body() {
         return;
     }
-    LOOKUPS.with(|l| {
-        if let Some(v) = l.borrow_mut().as_mut() {
+    with_frame(|f| {
+        if let Some(v) = f.lookups.borrow_mut().as_mut() {
             v.push(name.to_owned());
         }
     });
@@ -179,67 +302,32 @@ pub(crate) struct EarlyLaunches {
     before: u64,
 }
 
-thread_local! {
-    static EARLY: Cell<u64> = const { Cell::new(0) };
-}
-
 impl EarlyLaunches {
     pub(crate) fn start() -> Self {
         EarlyLaunches {
-            before: EARLY.with(Cell::get),
+            before: with_frame(|f| f.early_launches.get()),
         }
     }
 
     /// Early launches since `start`.
     pub(crate) fn count(&self) -> usize {
-        (EARLY.with(Cell::get) - self.before) as usize
+        (with_frame(|f| f.early_launches.get()) - self.before) as usize
     }
 }
 
 /// Notes one early launch on this thread.
 pub(crate) fn note_early_launch() {
-    EARLY.with(|c| c.set(c.get() + 1));
-}
-
-thread_local! {
-    /// How many `graph_while` / `graph_if` bodies this thread is inside (eagerly or recording).
-    static CONDITIONAL_DEPTH: Cell<u32> = const { Cell::new(0) };
-    /// How many `fork` closures this thread is inside.
-    static FORK_DEPTH: Cell<u32> = const { Cell::new(0) };
+    with_frame(|f| f.early_launches.set(f.early_launches.get() + 1));
 }
 
 /// Whether this thread is running (or recording) the body of a `graph_while` / `graph_if`.
 pub(crate) fn in_conditional_body() -> bool {
-    CONDITIONAL_DEPTH.with(Cell::get) > 0
+    with_frame(|f| f.conditional_depth.get()) > 0
 }
 
 /// Whether this thread is inside the closure of a [`Runtime::fork`](crate::Runtime::fork).
 pub(crate) fn in_fork() -> bool {
-    FORK_DEPTH.with(Cell::get) > 0
-}
-
-/// Marks the thread as inside a conditional body (or a fork's closure) until dropped, also
-/// on panic.
-pub(crate) struct DepthScope(&'static std::thread::LocalKey<Cell<u32>>);
-
-impl DepthScope {
-    /// Inside the body of a `graph_while` / `graph_if`.
-    pub(crate) fn conditional() -> Self {
-        CONDITIONAL_DEPTH.with(|d| d.set(d.get() + 1));
-        DepthScope(&CONDITIONAL_DEPTH)
-    }
-
-    /// Inside a fork's closure.
-    pub(crate) fn fork() -> Self {
-        FORK_DEPTH.with(|d| d.set(d.get() + 1));
-        DepthScope(&FORK_DEPTH)
-    }
-}
-
-impl Drop for DepthScope {
-    fn drop(&mut self) {
-        self.0.with(|d| d.set(d.get().saturating_sub(1)));
-    }
+    with_frame(|f| f.fork_depth.get()) > 0
 }
 
 #[cfg(test)]
@@ -250,11 +338,11 @@ mod tests {
     fn phases_nest_and_unwind() {
         assert_eq!(phase(), Phase::Eager);
         {
-            let _w = PhaseScope::enter(Phase::Warmup { graph: "g", run: 1 });
+            let _w = FrameScope::phase(Phase::Warmup { graph: "g", run: 1 });
             assert!(!is_capturing());
             assert!(ensure_not_capturing("op").is_ok());
             {
-                let _c = PhaseScope::enter(Phase::Capture { graph: "g" });
+                let _c = FrameScope::phase(Phase::Capture { graph: "g" });
                 assert!(is_capturing());
                 let err = ensure_not_capturing("op").unwrap_err();
                 assert!(matches!(
@@ -269,7 +357,7 @@ mod tests {
             assert_eq!(phase(), Phase::Warmup { graph: "g", run: 1 });
         }
         let unwound = std::panic::catch_unwind(|| {
-            let _c = PhaseScope::enter(Phase::Capture { graph: "p" });
+            let _c = FrameScope::phase(Phase::Capture { graph: "p" });
             panic!("inside a capture");
         });
         assert!(unwound.is_err());
@@ -280,16 +368,16 @@ mod tests {
     fn depth_scopes_count_and_unwind() {
         assert!(!in_conditional_body() && !in_fork());
         {
-            let _a = DepthScope::conditional();
-            let _b = DepthScope::conditional();
+            let _a = FrameScope::conditional();
+            let _b = FrameScope::conditional();
             assert!(in_conditional_body());
             assert!(!in_fork());
-            let _f = DepthScope::fork();
+            let _f = FrameScope::fork();
             assert!(in_fork());
         }
         assert!(!in_conditional_body() && !in_fork());
         let unwound = std::panic::catch_unwind(|| {
-            let _c = DepthScope::conditional();
+            let _c = FrameScope::conditional();
             panic!("inside a loop body");
         });
         assert!(unwound.is_err());
@@ -298,9 +386,9 @@ mod tests {
 
     #[test]
     fn procedures_do_not_nest() {
-        let outer = ProcedureScope::enter("a").expect("first");
-        assert_eq!(ProcedureScope::enter("b").err(), Some("a"));
+        let outer = FrameScope::procedure("a").expect("first");
+        assert_eq!(FrameScope::procedure("b").err(), Some("a"));
         drop(outer);
-        assert!(ProcedureScope::enter("b").is_ok());
+        assert!(FrameScope::procedure("b").is_ok());
     }
 }

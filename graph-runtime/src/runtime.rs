@@ -13,15 +13,17 @@ use cudarc::nvrtc::Ptx;
 
 use crate::driver;
 use crate::error::GraphError;
+use crate::generator::{Generator, GeneratorInner, DEFAULT_SEED};
 use crate::phase::refuse_while_capturing;
-use crate::rng::generator::{Generator, GeneratorInner, DEFAULT_SEED};
 
+mod context;
 mod gate;
 mod kernels;
 mod probe;
 #[cfg(test)]
 mod tests;
 
+pub use context::FromRuntime;
 use gate::StreamGate;
 use kernels::{compile_cached, KernelCache, ModuleSource};
 use probe::cublas_available;

@@ -40,7 +40,6 @@ use crate::error::When;
 pub use crate::region::{DeviceRegion, Elem};
 
 mod impls;
-pub(crate) mod snapshot;
 #[cfg(test)]
 mod tests;
 

@@ -5,7 +5,9 @@
 //! `graph.rs` or `check`.
 //!
 //! Every input and output is batched along its first dimension: the family's `capture`
-//! takes, for each of them, the number of elements in one row.
+//! takes, for each of them, the number of elements in one row. One function per generated
+//! item: the family's struct and view ([`family_types`]), `capture` ([`family_capture`]) and
+//! `replay` ([`family_replay`]).
 
 use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -18,174 +20,77 @@ use crate::model::{Param, Role};
 /// The bucket family type of the function (`{Name}Buckets<'s>`) and its outputs view, as
 /// items of the generated module, and the names to re-export from it.
 pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStream, Vec<Ident>) {
-    let (model, krate, pr, vis) = (parts.model, parts.krate, &parts.pr, &parts.vis);
-    let fn_name = &parts.fn_name;
-    let (inputs, outputs) = (&parts.inputs, &parts.outputs);
+    let (pr, vis) = (&parts.pr, &parts.vis);
     let family = parts.type_name("Buckets");
     let outputs_ty = parts.type_name("BucketOutputs");
     let sizes = &buckets.sizes;
-    let fallback = buckets.eager_fallback;
-    let batch_ident = &buckets.param;
-    let ty = |p: &Param| parts.ty(p);
+    let types = family_types(parts, buckets, &family, &outputs_ty);
+    let capture = family_capture(parts, buckets);
+    let replay = family_replay(parts, buckets, &outputs_ty);
+    let output_init = parts.outputs.iter().map(|p| {
+        let i = &p.ident;
+        quote!(#i: self.#i.valid(self.__rows, self.__eager))
+    });
+    let body = quote! {
+        #types
 
-    let slot_ty = |p: &Param| {
-        let t = ty(p);
-        quote_spanned!(p.ty.span()=> #pr::BatchedSlot<<#t as #pr::BatchBuffer>::Elem>)
+        #[allow(dead_code)]
+        impl<'s> #family<'s> {
+            /// The bucket sizes, ascending.
+            pub const BUCKETS: &'static [usize] = &[#(#sizes),*];
+
+            #capture
+
+            #replay
+
+            /// The valid rows of the outputs as the last replay left them.
+            #vis fn outputs(&self) -> #outputs_ty<'_> {
+                #outputs_ty { #(#output_init,)* __marker: ::core::marker::PhantomData }
+            }
+
+            /// The graphs, one per bucket (ascending), with their capture facts.
+            #vis fn buckets(&self) -> &#pr::Buckets {
+                &self.__buckets
+            }
+        }
     };
-    let batched: Vec<_> = model
-        .of(|r| matches!(r, Role::Input | Role::Output))
-        .collect();
+    (body, vec![family, outputs_ty])
+}
 
-    let slot_fields = batched.iter().map(|p| {
-        let (i, st) = (&p.ident, slot_ty(p));
+/// The slot type of batched parameter `p`: one buffer sized for the largest bucket.
+fn slot_ty(parts: &Parts, p: &Param) -> TokenStream {
+    let (pr, t) = (&parts.pr, parts.ty(p));
+    quote_spanned!(p.ty.span()=> #pr::BatchedSlot<<#t as #pr::BatchBuffer>::Elem>)
+}
+
+/// The inputs and outputs, batched along their first dimension.
+fn batched<'m>(parts: &Parts<'m>) -> Vec<&'m Param> {
+    parts
+        .model
+        .of(|r| matches!(r, Role::Input | Role::Output))
+        .collect()
+}
+
+/// The family's struct, its outputs view and their `Debug`.
+fn family_types(
+    parts: &Parts,
+    buckets: &BucketArgs,
+    family: &Ident,
+    outputs_ty: &Ident,
+) -> TokenStream {
+    let (krate, pr, vis) = (parts.krate, &parts.pr, &parts.vis);
+    let (fn_name, sizes, batch_ident) = (&parts.fn_name, &buckets.sizes, &buckets.param);
+    let slot_fields = batched(parts).into_iter().map(|p| {
+        let (i, st) = (&p.ident, slot_ty(parts, p));
         quote!(#i: #st)
     });
     let state_fields = parts.state_fields();
     let const_fields = parts.const_fields();
-
-    // `capture` takes the elements in one row of each input and output; the batch
-    // parameter is the bucket's size, not an argument.
-    let capture_params: Vec<CaptureParam> = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role != Role::Bucket)
-        .map(|(n, p)| match p.role {
-            Role::Input | Role::Output => {
-                let i = &p.ident;
-                (None, quote!(#i: usize))
-            }
-            _ => parts.held_capture_param(n, p),
-        })
-        .collect();
-    let hold_states = parts.hold_states();
-    let make_slots = batched.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        let st = slot_ty(p);
-        quote!(let mut #i: #st = #pr::BatchedSlot::new(rt, __site, #name, #i, __largest)?;)
-    });
-    let slot_idents: Vec<&Ident> = batched.iter().map(|p| &p.ident).collect();
-    let records = parts.states.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        let kind = parts.recorded_kind(p);
-        quote!(__book.record(#name, &*#i, #kind);)
-    });
-    let capture_checks: Vec<TokenStream> = parts
-        .states
-        .iter()
-        .enumerate()
-        .map(|(k, p)| {
-            let i = &p.ident;
-            quote!(__book.check(#k, &*#i, __when)?;)
-        })
-        .collect();
-    let replay_checks = parts.replay_checks();
-
-    // Arguments of the call inside capture (`__b` rows) and of the eager fallback.
-    let alias_lets = batched.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let mut #a = #i.alias(__b);)
-    });
-    // Each output's alias written back: during capture at the step's `__when`, in the eager
-    // fallback as a replay.
-    let alias_finish = |eager: bool| -> Vec<TokenStream> {
-        let when = if eager {
-            quote!(#pr::When::Replay)
-        } else {
-            quote!(__when)
-        };
-        outputs
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let a = format_ident!("__alias_{}", i);
-                let name = i.to_string();
-                quote!(#a.finish(__site.name, #name, #when)?;)
-            })
-            .collect()
-    };
-    let capture_finish = alias_finish(false);
-    let eager_finish = alias_finish(true);
-    let call_args = |eager: bool| -> Vec<TokenStream> {
-        model
-            .params
-            .iter()
-            .map(|p| {
-                let i = &p.ident;
-                let a = format_ident!("__alias_{}", i);
-                let owner = if eager { quote!(self.#i) } else { quote!(#i) };
-                match p.role {
-                    Role::Input => quote!(&*#a),
-                    Role::Output => quote!(&mut *#a),
-                    Role::Bucket => {
-                        let t = ty(p);
-                        quote!(__b as #t)
-                    }
-                    _ => parts.held_arg(p, owner),
-                }
-            })
-            .collect()
-    };
-    let capture_call = parts.call(&call_args(false));
-    let eager_call = parts.call(&call_args(true));
-
-    let first_input = inputs.first().map(|p| &p.ident);
-    let rows_checks = inputs.iter().enumerate().map(|(k, p)| {
-        let i = &p.ident;
-        let name = i.to_string();
-        if k == 0 {
-            quote!(let __rows = self.#i.rows_of(__site.name, #i)?;)
-        } else {
-            quote!(self.__buckets.same_rows(#name, self.#i.rows_of(__site.name, #i)?, __rows)?;)
-        }
-    });
-    let stages = inputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(self.#i.stage(#i, __rows, __bucket, __staging)?;)
-    });
-    let eager_inputs = inputs.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let #a = self.#i.eager_alias(&self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
-    });
-    let eager_outputs = outputs.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
-    });
-    let (replay_generics, replay_params) = parts.replay_inputs();
-    let output_fields = outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, ty(p));
+    let output_fields = parts.outputs.iter().map(|p| {
+        let (i, t) = (&p.ident, parts.ty(p));
         let doc = format!("The valid rows of output `{i}`.");
         quote!(#[doc = #doc] pub #i: #krate::cudarc::driver::CudaView<'g, <#t as #pr::BatchBuffer>::Elem>)
     });
-    let output_init = outputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(#i: self.#i.valid(self.__rows, self.__eager))
-    });
-    let init_fields = model
-        .params
-        .iter()
-        .filter(|p| p.role != Role::Bucket)
-        .map(|p| &p.ident);
-    let ctx_call = parts.ctx_call(quote!(rt));
-    let ctx_call_eager = parts.ctx_call(quote!(&self.__rt));
-    let body_result = parts.body_result();
-    let no_inputs = first_input.is_none();
-    let rows_when_no_input = if no_inputs {
-        quote!(let __rows = #batch_ident;)
-    } else {
-        quote!()
-    };
-    let replay_batch_param = if no_inputs {
-        quote!(#batch_ident: usize)
-    } else {
-        quote!()
-    };
-
     let doc = format!(
         "The bucket family of [`{fn_name}`]: one CUDA graph per batch size in {sizes:?}, generated by \
          `#[cuda_graph(buckets({batch_ident} = {sizes:?}))]`.\n\n`replay` picks the smallest bucket that holds the \
@@ -194,56 +99,8 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
          temporaries share the runtime's graph memory pool. The family keeps its runtime alive and holds its \
          state (borrowed, shared or owned), whose addresses it checks before every replay."
     );
-    let capture_doc = format!(
-        "Captures one graph per bucket, largest first. For each input and output, give the number of \
-         elements in one row (its length is `{batch_ident}` rows of that many); state is given as `&T` / \
-         `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by value; \
-         constants are frozen."
-    );
-
-    let outputs_debug = debug_view(&outputs_ty);
-    // `capture`: one capture of the body per bucket, on slots sized for the largest.
-    let closure = parts.body_closure(
-        ctx_call,
-        quote!(__b: usize, __step: #pr::Step),
-        quote! {
-            #pr::Step::Run(__when) => {
-                #(#alias_lets)*
-                let __result = #body_result(#capture_call);
-                let _ = __when;
-                #(#capture_finish)*
-                __result
-            }
-        },
-        &capture_checks,
-    );
-    let capture = parts.site_and_capture(
-        &capture_doc,
-        capture_params,
-        quote! {
-            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
-            #(#hold_states)*
-            #(#make_slots)*
-            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
-            let mut __book = #pr::AddressBook::new(__site.name);
-            #(#records)*
-            let __buckets = {
-                #closure
-                #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
-            };
-            ::core::result::Result::Ok(Self {
-                __buckets,
-                __book,
-                __rt: ::core::clone::Clone::clone(rt),
-                __rows: 0,
-                __eager: false,
-                #(#init_fields,)*
-                __state: ::core::marker::PhantomData,
-            })
-        },
-    );
-
-    let body = quote! {
+    let outputs_debug = debug_view(outputs_ty);
+    quote! {
         #[doc = #doc]
         #[must_use = "a captured bucket family does nothing until it is replayed"]
         #vis struct #family<'s> {
@@ -276,64 +133,243 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
                     .finish_non_exhaustive()
             }
         }
+    }
+}
 
-        #[allow(dead_code)]
-        impl<'s> #family<'s> {
-            /// The bucket sizes, ascending.
-            pub const BUCKETS: &'static [usize] = &[#(#sizes),*];
-
-            #capture
-
-            /// Runs the bucket that holds the batch of the inputs (their rows), after copying
-            /// them in; returns the valid rows of the outputs. A batch above the largest
-            /// bucket is an error, or runs eagerly with `fallback = "eager"`. The state's
-            /// addresses are checked first.
-            #[allow(clippy::too_many_arguments)]
-            #vis fn replay<#(#replay_generics),*>(
-                &mut self,
-                #(#replay_params,)*
-                #replay_batch_param
-            ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
-                let __site = Self::__site();
-                #rows_when_no_input
-                #(#rows_checks)*
-                #(#replay_checks)*
-                match self.__buckets.pick(__rows)? {
-                    #pr::Pick::Graph { index: __index, bucket: __bucket } => {
-                        // The closure writes only the slots, disjoint from `self.__buckets`.
-                        #pr::replay(self.__buckets.graph(__index), |__staging| {
-                            let _ = (__staging, __bucket);
-                            #(#stages)*
-                            ::core::result::Result::Ok(())
-                        })?;
-                        self.__eager = false;
-                    }
-                    #pr::Pick::Eager => {
-                        let __b = __rows;
-                        let __ctx = #ctx_call_eager;
-                        let __staging = self.__buckets.graph(0).staging();
-                        #(#eager_inputs)*
-                        #(#eager_outputs)*
-                        let __result = #body_result(#eager_call);
-                        #(#eager_finish)*
-                        __result?;
-                        self.__eager = true;
-                    }
-                }
-                self.__rows = __rows;
-                ::core::result::Result::Ok(self.outputs())
-            }
-
-            /// The valid rows of the outputs as the last replay left them.
-            #vis fn outputs(&self) -> #outputs_ty<'_> {
-                #outputs_ty { #(#output_init,)* __marker: ::core::marker::PhantomData }
-            }
-
-            /// The graphs, one per bucket (ascending), with their capture facts.
-            #vis fn buckets(&self) -> &#pr::Buckets {
-                &self.__buckets
-            }
-        }
+/// Each output's alias written back: during capture at the step's `__when`, in the eager
+/// fallback as a replay.
+fn alias_finish(parts: &Parts, eager: bool) -> Vec<TokenStream> {
+    let pr = &parts.pr;
+    let when = if eager {
+        quote!(#pr::When::Replay)
+    } else {
+        quote!(__when)
     };
-    (body, vec![family, outputs_ty])
+    parts
+        .outputs
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let a = format_ident!("__alias_{}", i);
+            let name = i.to_string();
+            quote!(#a.finish(__site.name, #name, #when)?;)
+        })
+        .collect()
+}
+
+/// The call of the user's function on the rows of the aliases (`__b` rows): inside capture,
+/// or in the eager fallback (`eager`, state and constants read from `self`).
+fn family_call(parts: &Parts, eager: bool) -> TokenStream {
+    let args: Vec<TokenStream> = parts
+        .model
+        .params
+        .iter()
+        .map(|p| {
+            let i = &p.ident;
+            let a = format_ident!("__alias_{}", i);
+            let owner = if eager { quote!(self.#i) } else { quote!(#i) };
+            match p.role {
+                Role::Input => quote!(&*#a),
+                Role::Output => quote!(&mut *#a),
+                Role::Bucket => {
+                    let t = parts.ty(p);
+                    quote!(__b as #t)
+                }
+                _ => parts.held_arg(p, owner),
+            }
+        })
+        .collect();
+    parts.call(&args)
+}
+
+/// `capture`: one capture of the body per bucket, on slots sized for the largest.
+fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
+    let (model, pr) = (parts.model, &parts.pr);
+    let (fallback, batch_ident) = (buckets.eager_fallback, &buckets.param);
+    let batched = batched(parts);
+    // `capture` takes the elements in one row of each input and output; the batch
+    // parameter is the bucket's size, not an argument.
+    let capture_params: Vec<CaptureParam> = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role != Role::Bucket)
+        .map(|(n, p)| match p.role {
+            Role::Input | Role::Output => {
+                let i = &p.ident;
+                (None, quote!(#i: usize))
+            }
+            _ => parts.held_capture_param(n, p),
+        })
+        .collect();
+    let hold_states = parts.hold_states();
+    let make_slots = batched.iter().map(|p| {
+        let i = &p.ident;
+        let name = i.to_string();
+        let st = slot_ty(parts, p);
+        quote!(let mut #i: #st = #pr::BatchedSlot::new(rt, __site, #name, #i, __largest)?;)
+    });
+    let slot_idents: Vec<&Ident> = batched.iter().map(|p| &p.ident).collect();
+    let records = parts.states.iter().map(|p| {
+        let i = &p.ident;
+        let name = i.to_string();
+        let kind = parts.recorded_kind(p);
+        quote!(__book.record(#name, &*#i, #kind);)
+    });
+    let capture_checks: Vec<TokenStream> = parts
+        .states
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let i = &p.ident;
+            quote!(__book.check(#k, &*#i, __when)?;)
+        })
+        .collect();
+    let alias_lets = batched.iter().map(|p| {
+        let i = &p.ident;
+        let a = format_ident!("__alias_{}", i);
+        quote!(let mut #a = #i.alias(__b);)
+    });
+    let capture_finish = alias_finish(parts, false);
+    let capture_call = family_call(parts, false);
+    let init_fields = model
+        .params
+        .iter()
+        .filter(|p| p.role != Role::Bucket)
+        .map(|p| &p.ident);
+    let body_result = parts.body_result();
+    let capture_doc = format!(
+        "Captures one graph per bucket, largest first. For each input and output, give the number of \
+         elements in one row (its length is `{batch_ident}` rows of that many); state is given as `&T` / \
+         `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by value; \
+         constants are frozen."
+    );
+    let closure = parts.body_closure(
+        parts.ctx_call(quote!(rt)),
+        quote!(__b: usize, __step: #pr::Step),
+        quote! {
+            #pr::Step::Run(__when) => {
+                #(#alias_lets)*
+                let __result = #body_result(#capture_call);
+                let _ = __when;
+                #(#capture_finish)*
+                __result
+            }
+        },
+        &capture_checks,
+    );
+    parts.site_and_capture(
+        &capture_doc,
+        capture_params,
+        quote! {
+            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
+            #(#hold_states)*
+            #(#make_slots)*
+            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
+            let mut __book = #pr::AddressBook::new(__site.name);
+            #(#records)*
+            let __buckets = {
+                #closure
+                #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
+            };
+            ::core::result::Result::Ok(Self {
+                __buckets,
+                __book,
+                __rt: ::core::clone::Clone::clone(rt),
+                __rows: 0,
+                __eager: false,
+                #(#init_fields,)*
+                __state: ::core::marker::PhantomData,
+            })
+        },
+    )
+}
+
+/// `replay`: the rows of the inputs, the state checks, then the picked bucket's graph or
+/// the eager fallback.
+fn family_replay(parts: &Parts, buckets: &BucketArgs, outputs_ty: &Ident) -> TokenStream {
+    let (krate, pr, vis) = (parts.krate, &parts.pr, &parts.vis);
+    let (inputs, outputs) = (&parts.inputs, &parts.outputs);
+    let batch_ident = &buckets.param;
+    let replay_checks = parts.replay_checks();
+    let rows_checks = inputs.iter().enumerate().map(|(k, p)| {
+        let i = &p.ident;
+        let name = i.to_string();
+        if k == 0 {
+            quote!(let __rows = self.#i.rows_of(__site.name, #i)?;)
+        } else {
+            quote!(self.__buckets.same_rows(#name, self.#i.rows_of(__site.name, #i)?, __rows)?;)
+        }
+    });
+    let stages = inputs.iter().map(|p| {
+        let i = &p.ident;
+        quote!(self.#i.stage(#i, __rows, __bucket, __staging)?;)
+    });
+    let eager_inputs = inputs.iter().map(|p| {
+        let i = &p.ident;
+        let a = format_ident!("__alias_{}", i);
+        quote!(let #a = self.#i.eager_alias(&self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
+    });
+    let eager_outputs = outputs.iter().map(|p| {
+        let i = &p.ident;
+        let a = format_ident!("__alias_{}", i);
+        quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
+    });
+    let eager_finish = alias_finish(parts, true);
+    let eager_call = family_call(parts, true);
+    let (replay_generics, replay_params) = parts.replay_inputs();
+    let ctx_call_eager = parts.ctx_call(quote!(&self.__rt));
+    let body_result = parts.body_result();
+    let no_inputs = inputs.is_empty();
+    let rows_when_no_input = if no_inputs {
+        quote!(let __rows = #batch_ident;)
+    } else {
+        quote!()
+    };
+    let replay_batch_param = if no_inputs {
+        quote!(#batch_ident: usize)
+    } else {
+        quote!()
+    };
+    quote! {
+        /// Runs the bucket that holds the batch of the inputs (their rows), after copying
+        /// them in; returns the valid rows of the outputs. A batch above the largest
+        /// bucket is an error, or runs eagerly with `fallback = "eager"`. The state's
+        /// addresses are checked first.
+        #[allow(clippy::too_many_arguments)]
+        #vis fn replay<#(#replay_generics),*>(
+            &mut self,
+            #(#replay_params,)*
+            #replay_batch_param
+        ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
+            let __site = Self::__site();
+            #rows_when_no_input
+            #(#rows_checks)*
+            #(#replay_checks)*
+            match self.__buckets.pick(__rows)? {
+                #pr::Pick::Graph { index: __index, bucket: __bucket } => {
+                    // The closure writes only the slots, disjoint from `self.__buckets`.
+                    #pr::replay(self.__buckets.graph(__index), |__staging| {
+                        let _ = (__staging, __bucket);
+                        #(#stages)*
+                        ::core::result::Result::Ok(())
+                    })?;
+                    self.__eager = false;
+                }
+                #pr::Pick::Eager => {
+                    let __b = __rows;
+                    let __ctx = #ctx_call_eager;
+                    let __staging = self.__buckets.graph(0).staging();
+                    #(#eager_inputs)*
+                    #(#eager_outputs)*
+                    let __result = #body_result(#eager_call);
+                    #(#eager_finish)*
+                    __result?;
+                    self.__eager = true;
+                }
+            }
+            self.__rows = __rows;
+            ::core::result::Result::Ok(self.outputs())
+        }
+    }
 }

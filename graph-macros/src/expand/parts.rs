@@ -31,9 +31,14 @@ pub(super) struct Parts<'m> {
     pub krate: &'m syn::Path,
     /// The `GraphSite` literal of the function (name, warmup, capture mode).
     pub site: TokenStream,
-    /// The function's name in camel case, which the generated types' names start with.
+    /// What the generated types' names start with: the function's name in camel case, or
+    /// the attribute's `name = …`.
     pub base: String,
-    /// `#krate::__private`, the runtime's items for generated code.
+    /// Where the generated types' names are spanned: the `name = …` value, or the
+    /// function's name.
+    base_span: proc_macro2::Span,
+    /// `__cg`, the generated module's name for `#krate::__private` (the runtime's items for
+    /// generated code), which keeps the expansion short.
     pub pr: TokenStream,
     /// The visibility of the generated items (see [`inner_vis`]).
     pub vis: TokenStream,
@@ -47,15 +52,21 @@ pub(super) struct Parts<'m> {
 }
 
 impl<'m> Parts<'m> {
-    pub fn new(model: &'m GraphFn, krate: &'m syn::Path, site: TokenStream) -> Self {
+    pub fn new(
+        model: &'m GraphFn,
+        krate: &'m syn::Path,
+        site: TokenStream,
+        name: Option<&Ident>,
+    ) -> Self {
         let item = &model.item;
         let fn_ident = &item.sig.ident;
         Parts {
             model,
             krate,
             site,
-            base: camel(fn_ident),
-            pr: quote!(#krate::__private),
+            base: name.map_or_else(|| camel(fn_ident), unraw),
+            base_span: name.map_or(fn_ident.span(), Ident::span),
+            pr: quote!(__cg),
             vis: inner_vis(&item.vis),
             fn_ident,
             fn_name: fn_ident.to_string(),
@@ -69,7 +80,12 @@ impl<'m> Parts<'m> {
     /// A generated type's name: `ScaleAddGraph` for `scale_add` and `"Graph"`, spanned at
     /// the function's name.
     pub fn type_name(&self, suffix: &str) -> Ident {
-        format_ident!("{}{}", self.base, suffix, span = self.fn_ident.span())
+        format_ident!("{}{}", self.base, suffix, span = self.base_span)
+    }
+
+    /// The execution context's type, as seen from the generated module.
+    pub fn ctx_ty(&self) -> &TokenStream {
+        &self.ctx_ty
     }
 
     /// Parameter `p`'s type as seen from the generated module.

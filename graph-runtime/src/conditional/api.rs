@@ -238,7 +238,7 @@ impl Runtime {
             // Loaded now, so that the capture only looks it up.
             self.library_function(CONDITION_KERNELS, "cg_loop_bound")?;
         }
-        let _inside = DepthScope::conditional();
+        let _inside = FrameScope::conditional();
         match construct {
             Construct::While => {
                 let mut done = 0u32;
@@ -320,7 +320,7 @@ impl Runtime {
         if validating {
             // Inside the scratch recording of an enclosing body: record every branch inline,
             // where the enclosing check sees what they record.
-            let _inside = DepthScope::conditional();
+            let _inside = FrameScope::conditional();
             for i in 0..construct.bodies() as usize {
                 record(self, i)?;
             }

@@ -5,6 +5,7 @@
 use super::construct::{Branches, Construct};
 use super::record::{with_record, NodeRecord};
 use super::*;
+use crate::recorded::RecordedGraph;
 
 /// Where a captured construct is recorded.
 pub(super) struct Site<'a> {
@@ -121,7 +122,7 @@ impl Site<'_> {
                 return Err(self.driver_error("beginning a body's recording", e));
             }
             let ran = {
-                let _inside = DepthScope::conditional();
+                let _inside = FrameScope::conditional();
                 panic::catch_unwind(AssertUnwindSafe(|| record(self.rt, i)))
             };
             // SAFETY: the stream is capturing into `body`, begun above on this thread.
@@ -183,29 +184,25 @@ impl Site<'_> {
             .map_err(|e| Refused::Error(self.driver_error("beginning the scratch recording", e)))?;
         with_record(|r| r.validating += 1);
         let ran = {
-            let _inside = DepthScope::conditional();
+            let _inside = FrameScope::conditional();
             panic::catch_unwind(AssertUnwindSafe(|| {
                 (0..self.construct.bodies() as usize).try_for_each(|i| record(self.rt, i))
             }))
         };
         with_record(|r| r.validating -= 1);
         // SAFETY: the stream is capturing the scratch graph, begun above on this thread.
-        let ended = unsafe { driver::end_capture(self.stream) };
+        let ended = unsafe { RecordedGraph::end_capture(self.stream) };
         // Errors cudarc recorded meanwhile (a buffer's free that failed) belong to the scratch
         // recording.
         if let Some(e) = self.rt.take_recorded_error() {
             tracing::debug!(error = ?e, "cleared an error recorded while checking a conditional body");
         }
-        let scratch = ended.as_ref().ok().copied().filter(|g| !g.is_null());
-        let verdict = match scratch {
-            Some(g) => forbidden_nodes(g),
-            None => Ok((None, 0)),
+        let (ended, verdict) = match ended {
+            // The scratch graph is read, then destroyed as it drops.
+            Ok(Some(scratch)) => (Ok(()), forbidden_nodes(scratch.raw())),
+            Ok(None) => (Ok(()), Ok((None, 0))),
+            Err(e) => (Err(e), Ok((None, 0))),
         };
-        if let Some(g) = scratch {
-            // SAFETY: the scratch graph was returned by cuStreamEndCapture just now and is
-            // owned here; it was never instantiated.
-            let _ = unsafe { driver::graph_destroy(g) };
-        }
         match ran {
             Err(payload) => return Err(Refused::Panic(payload)),
             Ok(Err(e)) => return Err(Refused::Error(self.body_error(e))),

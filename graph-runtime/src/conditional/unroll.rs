@@ -193,7 +193,7 @@ impl Runtime {
         };
         if validating {
             // Inside the scratch recording of an enclosing body: the steps inline.
-            let _inside = DepthScope::conditional();
+            let _inside = FrameScope::conditional();
             return record(self, 0);
         }
         let tested = with_record(|r| r.handles.iter().any(|h| h.handle == loop_handle && h.used));

@@ -5,9 +5,9 @@
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::{sys::CUresult, DriverError};
 
-use super::variants::{BoxError, GraphError};
 #[cfg(feature = "nccl")]
-use crate::nccl::error::CollectiveError;
+use super::collective::CollectiveError;
+use super::variants::{BoxError, GraphError};
 
 impl From<DriverError> for GraphError {
     fn from(e: DriverError) -> Self {

@@ -8,8 +8,8 @@ use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
 
 #[cfg(feature = "nccl")]
-use crate::nccl::error::CollectiveError;
-use crate::verify::report::VerifyReport;
+use super::collective::CollectiveError;
+use crate::report::VerifyReport;
 
 /// Boxed error returned by a captured body whose error type is not one of ours.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

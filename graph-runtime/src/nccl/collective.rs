@@ -10,10 +10,10 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice};
 use cudarc::nccl::NcclType;
 
 use super::comm::Communicator;
-use super::error::CollectiveError;
 use super::raw::{self, Buffers};
 use super::sequence::{CollectiveCall, CollectiveOp, ReduceOp};
 use super::session;
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 use crate::phase::{phase, Phase};
 

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
-use super::error::CollectiveError;
 use super::library::{self, NcclVersion};
 use super::raw;
 use super::rendezvous::{Rendezvous, BARRIER, FIRST_SESSION, JOIN};
 use super::sequence::Checkpoint;
 use super::session::{self, SessionKey};
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 use crate::phase::refuse_while_capturing;
 use crate::runtime::Runtime;

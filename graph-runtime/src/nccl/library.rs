@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::error::CollectiveError;
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 
 /// The oldest NCCL the runtime supports: 2.14 has everything it calls

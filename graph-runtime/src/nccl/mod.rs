@@ -193,15 +193,14 @@
 
 mod collective;
 mod comm;
-pub(crate) mod error;
 mod library;
 mod raw;
 mod rendezvous;
 mod sequence;
 pub(crate) mod session;
 
+pub use crate::error::CollectiveError;
 pub use comm::{CommGroup, Communicator, DEFAULT_TIMEOUT};
 pub use cudarc::nccl::NcclType;
-pub use error::CollectiveError;
 pub use library::{nccl_available, NcclVersion, MIN_NCCL};
 pub use sequence::{CollectiveCall, CollectiveOp, ReduceOp};

@@ -14,8 +14,8 @@ use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use cudarc::nccl::result::{self, NcclError};
 use cudarc::nccl::sys;
 
-use super::error::CollectiveError;
 use super::sequence::CollectiveOp;
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 
 /// The library's version code.

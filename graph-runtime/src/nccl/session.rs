@@ -18,14 +18,13 @@
 //! so the others stop at their next meeting with [`CollectiveError::PeerFailed`] instead of
 //! waiting; a rank that never arrives makes the others give up after the group's timeout.
 
-use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::CollectiveError;
 use super::rendezvous::{Rendezvous, WaitError};
 use super::sequence::{compare, Checkpoint, CollectiveCall};
+use crate::error::CollectiveError;
 use crate::error::GraphError;
 use crate::phase::{phase, Phase};
 use crate::site::{CaptureMode, GraphSite};
@@ -55,19 +54,27 @@ struct Session {
     captured_graph: Option<&'static str>,
 }
 
-thread_local! {
-    static SESSIONS: RefCell<Vec<Session>> = const { RefCell::new(Vec::new()) };
+/// Runs `f` on the sessions open on this thread, kept in the thread's capture frame
+/// (`crate::phase::Frame`), which holds them without naming their type.
+fn with_sessions<R>(f: impl FnOnce(&mut Vec<Session>) -> R) -> R {
+    crate::phase::with_frame(|frame| {
+        let mut slot = frame.nccl_sessions.borrow_mut();
+        let sessions = slot
+            .get_or_insert_with(|| Box::new(Vec::<Session>::new()))
+            .downcast_mut::<Vec<Session>>()
+            .expect("only this module keeps collective sessions in the frame");
+        f(sessions)
+    })
 }
 
 /// Whether this thread has a session open for `group`.
 pub(crate) fn has(group: u64) -> bool {
-    SESSIONS.with(|s| s.borrow().iter().any(|x| x.key.group == group))
+    with_sessions(|s| s.iter().any(|x| x.key.group == group))
 }
 
 /// Meets the other ranks at the next step of `group`'s session, posting `checkpoint`.
 fn meet(group: u64, checkpoint: Checkpoint, at: &str, in_capture: bool) -> Result<(), GraphError> {
-    let found = SESSIONS.with(|s| {
-        let mut s = s.borrow_mut();
+    let found = with_sessions(|s| {
         let session = s.iter_mut().find(|x| x.key.group == group)?;
         let step = session.step;
         session.step += 1;
@@ -144,8 +151,7 @@ pub(crate) fn warmup_collective(
     run: u32,
     call: CollectiveCall,
 ) -> Result<(), GraphError> {
-    let index = SESSIONS.with(|s| {
-        let mut s = s.borrow_mut();
+    let index = with_sessions(|s| {
         let session = s
             .iter_mut()
             .find(|x| x.key.group == group)
@@ -176,8 +182,8 @@ pub(crate) fn warmup_collective(
 
 /// A collective was recorded into the capture of `graph`.
 pub(crate) fn record_captured(group: u64, graph: &'static str, call: CollectiveCall) {
-    SESSIONS.with(|s| {
-        if let Some(session) = s.borrow_mut().iter_mut().find(|x| x.key.group == group) {
+    with_sessions(|s| {
+        if let Some(session) = s.iter_mut().find(|x| x.key.group == group) {
             if session.captured_graph != Some(graph) {
                 session.captured.clear();
                 session.captured_graph = Some(graph);
@@ -198,9 +204,8 @@ pub(crate) fn before_instantiate(site: &GraphSite) -> Result<(), GraphError> {
         Arc<Rendezvous<Checkpoint>>,
         Vec<CollectiveCall>,
     );
-    let open: Vec<Open> = SESSIONS.with(|s| {
-        s.borrow_mut()
-            .iter_mut()
+    let open: Vec<Open> = with_sessions(|s| {
+        s.iter_mut()
             .map(|x| {
                 let calls = if x.captured_graph == Some(site.name) {
                     std::mem::take(&mut x.captured)
@@ -254,7 +259,7 @@ struct Open(u64);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        SESSIONS.with(|s| s.borrow_mut().retain(|x| x.key.group != self.0));
+        with_sessions(|s| s.retain(|x| x.key.group != self.0));
     }
 }
 
@@ -283,8 +288,8 @@ pub(crate) fn run<G>(
         .into());
     }
     let (group, channel, rv) = (key.group, key.channel, key.rendezvous.clone());
-    SESSIONS.with(|s| {
-        s.borrow_mut().push(Session {
+    with_sessions(|s| {
+        s.push(Session {
             key,
             step: 0,
             warm: None,

@@ -146,12 +146,11 @@ use crate::state::{lent_shared, DeviceRegion, DeviceState};
 
 mod device;
 mod draws;
-pub(crate) mod generator;
 mod host;
 mod types;
 
+pub use crate::generator::{Generator, RngAdvance, DEFAULT_SEED};
 pub use device::{PHILOX_DEVICE_API, RNG_KERNELS};
-pub use generator::{Generator, RngAdvance, DEFAULT_SEED};
 pub use host::{
     philox4x32_10, reference_bernoulli, reference_bits, reference_exponential, reference_group,
     reference_integer, reference_normal, reference_uniform, reference_uniform_in,

@@ -22,14 +22,12 @@ use crate::driver;
 use crate::error::GraphError;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
-use crate::state::snapshot::StateSnapshot;
+use crate::snapshot::StateSnapshot;
 use crate::state::{AddressBook, DeviceRegion, DeviceState};
 
-pub(crate) mod report;
-
-pub(crate) use report::compare;
-use report::Observed;
-pub use report::{Compared, ItemReport, Tolerance, VerifyReport};
+pub(crate) use crate::report::compare;
+use crate::report::Observed;
+pub use crate::report::{Compared, ItemReport, Tolerance, VerifyReport};
 
 impl VerifyReport {
     /// The report when every item passed, or [`GraphError::VerifyMismatch`] naming the
@@ -126,6 +124,21 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
+    /// [`Verifier::eager_output`] when `eager`, else [`Verifier::replay_output`]: what the
+    /// generated code calls for each output, once for the eager run and once for the replay.
+    pub fn output<B: DeviceState + ?Sized>(
+        &mut self,
+        eager: bool,
+        name: &'static str,
+        value: &B,
+    ) -> Result<(), GraphError> {
+        if eager {
+            self.eager_output(name, value)
+        } else {
+            self.replay_output(name, value)
+        }
+    }
+
     /// Reads what the replay wrote to output `name` (the graph's own buffer).
     pub fn replay_output<B: DeviceState + ?Sized>(
         &mut self,
@@ -206,6 +219,16 @@ impl VerifySchedule {
     /// Only the first replay.
     pub const FIRST: u64 = u64::MAX;
 
+    /// [`VerifySchedule::FIRST`] when `debug` (the generated code passes
+    /// `cfg!(debug_assertions)` of the user's crate), else [`VerifySchedule::NEVER`].
+    pub const fn first_if(debug: bool) -> u64 {
+        if debug {
+            Self::FIRST
+        } else {
+            Self::NEVER
+        }
+    }
+
     /// A schedule verifying every `every`-th replay from the first (see the constants).
     pub fn new(every: u64, tolerance: Tolerance) -> Self {
         VerifySchedule {
@@ -233,9 +256,9 @@ impl VerifySchedule {
 
 #[cfg(test)]
 mod tests {
-    use super::report::compare;
     use super::*;
     use crate::region::Elem;
+    use crate::report::compare;
 
     fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::nccl::sequence::{CollectiveOp, ReduceOp};
-use crate::phase::PhaseScope;
+use crate::phase::FrameScope;
 
 const GROUP: u64 = 41;
 const LONG: Duration = Duration::from_secs(30);
@@ -58,7 +58,7 @@ fn procedure(
     captured: &[CollectiveCall],
 ) -> Result<&'static str, GraphError> {
     for run in 1..=site.warmup {
-        let _p = PhaseScope::enter(Phase::Warmup {
+        let _p = FrameScope::phase(Phase::Warmup {
             graph: site.name,
             run,
         });
@@ -67,7 +67,7 @@ fn procedure(
         }
     }
     {
-        let _p = PhaseScope::enter(Phase::Capture { graph: site.name });
+        let _p = FrameScope::phase(Phase::Capture { graph: site.name });
         for c in captured {
             record_captured(GROUP, site.name, *c);
         }
@@ -292,7 +292,7 @@ fn sessions_do_not_nest_and_global_capture_mode_is_refused() {
     ));
     let rv = Arc::new(Rendezvous::new(1));
     let inside = {
-        let _p = PhaseScope::enter(Phase::Capture { graph: "outer" });
+        let _p = FrameScope::phase(Phase::Capture { graph: "outer" });
         run(key(0, &rv, LONG), || Ok("never"))
     };
     assert!(matches!(

@@ -31,7 +31,7 @@ pub(crate) struct GeneratorInner {
 /// through [`Generator::kernel_arg`]: see the [module docs](crate::rng).
 #[derive(Clone)]
 pub struct Generator {
-    pub(super) inner: Arc<GeneratorInner>,
+    pub(crate) inner: Arc<GeneratorInner>,
 }
 
 impl std::fmt::Debug for Generator {
