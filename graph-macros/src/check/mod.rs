@@ -37,7 +37,7 @@ use syn::visit::Visit;
 
 use crate::args::GraphArgs;
 use crate::ctxt::Ctxt;
-use crate::model::GraphFn;
+use crate::model::{GraphFn, Role};
 
 use finding::Finding;
 
@@ -51,7 +51,26 @@ pub fn check_body(model: &GraphFn, args: &GraphArgs, cx: &mut Ctxt) {
 /// Every finding in the body of the model's function, in source order (the arguments of a
 /// macro before the macro itself).
 pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {
-    let mut w = walk::Walker::new(scope::Scope::of(model), args.host_effects);
+    let mut w = walk::Walker::new(
+        scope::Scope::of(model),
+        args.host_effects,
+        &model.item.block,
+    );
+    // `&mut` state that lives on the host: the signature is the mistake.
+    if !args.host_effects {
+        let host_state = rules::rule("host-state-mut");
+        for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+            if scope::is_host_only_type(&p.ty) {
+                let ty = &p.ty;
+                let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));
+                w.findings.push(Finding {
+                    rule: host_state,
+                    span: syntax::spans_of(&p.ty),
+                    message: host_state.render(&what, ""),
+                });
+            }
+        }
+    }
     w.visit_block(&model.item.block);
     w.findings
 }

@@ -118,6 +118,36 @@ pub enum Matcher {
     /// `p.name(…)` where `p` is a parameter whose declared type is a host collection
     /// (`Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet`, `String`).
     CollectionParamMethod(&'static str),
+    /// `receiver.name(…)` where the receiver may be a CUDA object: a name whose type is not
+    /// the user's, a field named like one (`.stream`, `.ctx`, `.event`), or a call chain
+    /// rooted in a CUDA value or ending in `.stream()`/`.context()`. A field or a chain the
+    /// tokens cannot classify is taken for the user's: the names these rules match are
+    /// common in user code, and the CUDA calls they stand for fail the capture with a typed
+    /// error at run time when the macro lets one through.
+    LooseMethod(&'static str),
+    /// A bare call `name(…)` with exactly this many arguments, all closures: rayon's
+    /// `join(|| a, || b)`, `std::thread::scope(|s| …)` imported by `use`.
+    BareClosureCall(&'static str, usize),
+    /// A bare call `name(&mut buf)` with one `&mut` argument: `getrandom::fill` imported by `use`.
+    BareMutRefCall(&'static str),
+    /// A bare call `name("LITERAL", …)` whose first argument is a string literal:
+    /// `std::env::var` imported by `use`.
+    BareStrCall(&'static str),
+    /// `receiver.name(…)` with a closure among the arguments (`Builder::new().spawn(|| …)`),
+    /// unless the receiver is provably the user's own.
+    MethodWithClosure(&'static str),
+    /// Any method of a value whose type is a random generator's (a local bound to
+    /// `Rng::new()`, `SmallRng::seed_from_u64(…)`, or declared with such a type).
+    RngMethod,
+    /// A `static` (a name in `SCREAMING_CASE` that is not a local) written, or read or
+    /// updated through an atomic, lock or cell method.
+    StaticAccess,
+    /// A raw driver call given a null stream (`ptr::null_mut()`, `0 as _`, `Default::default()`)
+    /// where it takes its stream: the legacy default stream.
+    NullStream,
+    /// A `&mut` `#[state]` whose declared type holds only host data (`&mut u64`,
+    /// `&mut [f32; 4]`): nothing of it is on the device, so no replay updates it.
+    HostStateMut,
 }
 
 /// One mistake the macro rejects.
@@ -129,6 +159,9 @@ pub struct Rule {
     pub matchers: &'static [Matcher],
     /// Whether `host_effects_not_replayed` lifts it.
     pub host_effect: bool,
+    /// Whether it can match correct code (its names are also the user's): the message then
+    /// ends with the per-statement opt-out, [`OPT_OUT_MACRO`].
+    pub misfires: bool,
     /// The error message. `{what}` becomes the construct found (`` `.clone_dtoh()` ``,
     /// `` `println!` ``), `{data}` the device data involved, where the rule has one, and
     /// `{opt_in}` the way to lift a `host-*` rule.
@@ -138,16 +171,33 @@ pub struct Rule {
 impl Rule {
     /// The message with its placeholders filled in.
     pub fn render(&self, what: &str, data: &str) -> String {
-        self.message
+        let mut message = self
+            .message
             .replace("{opt_in}", &opt_in())
             .replace("{what}", what)
-            .replace("{data}", data)
+            .replace("{data}", data);
+        if self.misfires {
+            message.push_str(&opt_out());
+        }
+        message
     }
 
     /// Whether `matcher` is one of this rule's.
     pub fn has(&self, hit: impl Fn(&Matcher) -> bool) -> bool {
         self.matchers.iter().any(hit)
     }
+}
+
+/// The per-statement opt-out: a macro of `graph_runtime` that expands to its tokens and that
+/// the checks do not look into. Its name is what the user asserts by writing it.
+pub const OPT_OUT_MACRO: &str = "replays_as_captured";
+
+/// The end of every message that can misfire: how to say that the code is correct.
+fn opt_out() -> String {
+    format!(
+        " (if this is your own code and only named like it, and it does the same on every replay \
+         as at capture, say so for this statement: `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`)"
+    )
 }
 
 /// The end of every `host-*` message: how to opt in.
@@ -159,13 +209,14 @@ fn opt_in() -> String {
 }
 
 pub use super::names::{
-    CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS, FORMATTING_MACROS,
+    CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS,
 };
 
 use Matcher::{
-    BareCall, BranchesOnDeviceData, BranchesOnTensorData, CollectionParamMethod, Driver,
-    FormatsDeviceBuffer, ItemOf, Macro, Method, MethodNoArgs, NestedGraphCapture, Path,
-    PinnedMethod, ToCpu,
+    BareCall, BareClosureCall, BareMutRefCall, BareStrCall, BranchesOnDeviceData,
+    BranchesOnTensorData, CollectionParamMethod, Driver, FormatsDeviceBuffer, HostStateMut, ItemOf,
+    LooseMethod, Macro, Method, MethodNoArgs, MethodWithClosure, NestedGraphCapture, NullStream,
+    Path, PinnedMethod, RngMethod, StaticAccess, ToCpu,
 };
 
 /// Every rule, in the order of the module documentation's table.
@@ -173,7 +224,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         id: "host-sync",
         matchers: &[
-            Method("synchronize"),
+            LooseMethod("synchronize"),
+            BareCall("synchronize"),
             Path(&["ctx", "synchronize"]),
             Path(&["stream", "synchronize"]),
             Path(&["event", "synchronize"]),
@@ -182,6 +234,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuEventSynchronize"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} makes the CPU wait for the GPU, which a capture cannot record: it fails with CUDA \
                   error 900 (operation not permitted when stream is capturing); the graph's kernels already \
                   run in stream order, so delete it, and wait for results after `replay()` returns",
@@ -199,13 +252,16 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemcpyDtoHAsync"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} reads device memory on the host, but while the body is captured the GPU has not run \
                   yet: the copy is recorded into the graph instead of done, the host buffer holds garbage, and \
                   every replay would write into a host buffer that is long gone (the runtime refuses such a \
                   graph with `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, \
                   operation not permitted when stream is capturing); make the value an output parameter \
                   (`out: &mut CudaSlice<T>`) and read it after the replay: \
-                  `stream.clone_dtoh(graph.replay(…)?.out)`",
+                  `stream.clone_dtoh(graph.replay(…)?.out)`; a copy into a pinned buffer that outlives the \
+                  graph is legal and every replay repeats it: declare the buffer as \
+                  `#[state] staging: &mut PinnedHostSlice<T>` and copy into `staging`",
     },
     Rule {
         id: "candle-host-read",
@@ -225,6 +281,7 @@ pub const RULES: &[Rule] = &[
             Path(&["safetensors", "save"]),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} copies a candle tensor from the GPU to the host: in the warmup runs it reads values \
                   that no replay reads again, and while the body is captured the GPU has not run yet, so \
                   candle refuses the copy (`to_cpu_storage during CUDA graph capture`; without candle's \
@@ -248,12 +305,14 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemcpyHtoDAsync"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} copies host memory to the device: a capture records the host address, not the values, \
                   so every replay would copy from that address again after the `Vec` or slice is gone (the \
                   runtime refuses such a graph with `GraphError::PageableCopyCaptured`); take the data as an \
                   input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as `#[state]` if it rarely \
-                  changes, or upload it once before `capture` (a copy from a pinned buffer that outlives the \
-                  graph is legal, but its tokens look the same: make it in a helper function)",
+                  changes, or upload it once before `capture`; a copy from a pinned buffer that outlives the \
+                  graph is legal and every replay repeats it: declare the buffer as \
+                  `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`",
     },
     Rule {
         id: "raw-sync-memory-op",
@@ -279,6 +338,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemFree"),
         ],
         host_effect: false,
+        misfires: false,
         message: "{what} is a synchronous memory call of cudarc's raw driver layer: it does not go through the \
                   capture stream, so the graph records nothing for it and no replay repeats it; it runs in the \
                   warmup runs, and while capturing CUDA either refuses it (error 900, operation not permitted \
@@ -291,15 +351,19 @@ pub const RULES: &[Rule] = &[
         id: "device-value-formatted",
         matchers: &[FormatsDeviceBuffer],
         host_effect: false,
-        message: "{what} formats the device buffer {data}: its values live on the GPU and, while the body is \
-                  captured, have not been computed yet; showing them needs a device-to-host copy and a wait, \
-                  which a capture cannot do (CUDA error 900, operation not permitted when stream is capturing); \
-                  print it after `replay()` returns, from the graph's outputs",
+        misfires: false,
+        message: "{what} formats the candle tensor {data}: candle's `Debug` and `Display` copy the tensor's \
+                  values to the host, and while the body is captured they have not been computed yet; candle \
+                  refuses the copy (`to_cpu_storage during CUDA graph capture`), or it fails with CUDA error 900 \
+                  (operation not permitted when stream is capturing); format it after `replay()` returns, from \
+                  the graph's outputs (cudarc's buffers are different: their `Debug` shows the address, length \
+                  and stream, reads nothing, and may be formatted in the body)",
     },
     Rule {
         id: "host-branch-on-device-data",
         matchers: &[BranchesOnDeviceData],
         host_effect: false,
+        misfires: false,
         message: "this condition decides on the host from {data}: while the body is captured that value does \
                   not exist yet (reading it fails with CUDA error 900, operation not permitted when stream is \
                   capturing, or yields garbage), and a graph records only the path taken at capture and replays \
@@ -312,6 +376,7 @@ pub const RULES: &[Rule] = &[
         id: "candle-branch-on-device-data",
         matchers: &[BranchesOnTensorData],
         host_effect: false,
+        misfires: false,
         message: "this condition decides on the host from {data}, a candle tensor's values: while the body is \
                   captured they do not exist yet (candle refuses the read: `to_cpu_storage during CUDA graph \
                   capture`), and a graph records only the path taken at capture and replays it whatever the \
@@ -322,8 +387,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         id: "stream-or-event-query",
         matchers: &[
-            Method("query"),
-            Method("is_complete"),
+            LooseMethod("query"),
+            LooseMethod("is_complete"),
             Method("try_is_complete"),
             Method("elapsed_ms"),
             Path(&["event", "query"]),
@@ -333,6 +398,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuEventElapsedTime"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} asks whether GPU work has finished, which has no answer while the work is only being \
                   recorded: it fails with CUDA error 900 (operation not permitted when stream is capturing), or \
                   CUDA error 907 (operation not permitted on an event last recorded in a capturing stream) for an event \
@@ -350,6 +416,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemHostRegister"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} allocates page-locked host memory, a blocking driver call that a capture refuses with CUDA \
                   error 900 (operation not permitted when stream is capturing) in the `thread_local` and \
                   `global` capture modes, and freeing it at the end of the body waits for the GPU as well; \
@@ -365,11 +432,14 @@ pub const RULES: &[Rule] = &[
             PinnedMethod("as_mut_ptr"),
         ],
         host_effect: false,
+        misfires: false,
         message: "{what} on the pinned buffer {data} first waits for the GPU work that uses it (cudarc \
                   synchronizes the buffer's event), which a capture refuses with CUDA error 900 (operation not \
                   permitted when stream is capturing), and the host values it would show are not computed yet; \
-                  copy to or from the pinned buffer with the stream's copy calls inside the body, and touch its \
-                  host side only before `capture` or after `replay()` returns",
+                  inside the body a pinned `#[state]` buffer is only the source or destination of the stream's \
+                  asynchronous copies (`memcpy_htod(&*staging, …)`, `memcpy_dtoh(&y, &mut *staging)`), which \
+                  the graph records and every replay repeats; read or fill its host side before `capture` or \
+                  after `replay()` returns",
     },
     Rule {
         id: "legacy-default-stream",
@@ -377,10 +447,12 @@ pub const RULES: &[Rule] = &[
             Method("default_stream"),
             Method("per_thread_stream"),
             Path(&["stream", "null"]),
+            NullStream,
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} is not the capture stream: the runtime captures on its own non-blocking stream, so work \
-                  queued on a default stream does not wait for the capture, runs once, right away, and is not \
+                  queued on a default stream (cudarc's, or a null `CUstream` given to a raw driver call) does not wait for the capture, runs once, right away, and is not \
                   in the graph (a body with nothing else fails with `GraphError::EmptyGraph`); with a blocking \
                   capture stream it would fail with CUDA error 906 (operation would make the legacy stream \
                   depend on a capturing blocking stream); queue the work on `rt.stream()` (or the context \
@@ -399,6 +471,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuStreamCreateWithPriority"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} creates a stream inside the captured body: work on it is not recorded unless the \
                   stream first waits on the capture, and then it must rejoin the capture stream before the \
                   body returns or the capture fails with CUDA error 904 (capturing stream has unjoined work); \
@@ -410,6 +483,7 @@ pub const RULES: &[Rule] = &[
         id: "cublas-handle-in-body",
         matchers: &[Path(&["CudaBlas", "new"]), Path(&["CudaBlasLT", "new"])],
         host_effect: false,
+        misfires: true,
         message: "{what} creates a cuBLAS handle inside the captured body: it is created again on every warmup \
                   run and at capture, and destroying it at the end of the body synchronizes the device, which a \
                   capture refuses (CUDA error 900, operation not permitted when stream is capturing); use \
@@ -427,6 +501,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuStreamEndCapture"),
         ],
         host_effect: false,
+        misfires: false,
         message: "{what} controls a stream capture by hand, but the runtime already captures this body on \
                   its stream: a second capture cannot begin there, ending it early leaves the rest of the body \
                   unrecorded, and ending it on another stream is CUDA error 903 (capture was not ended in the \
@@ -437,6 +512,7 @@ pub const RULES: &[Rule] = &[
         id: "nested-graph-capture",
         matchers: &[NestedGraphCapture],
         host_effect: false,
+        misfires: true,
         message: "{what} captures a graph inside the body of another: captures do not nest, and the runtime \
                   refuses it with `GraphError::NestedCapture`; call the inner `#[cuda_graph]` function \
                   directly (its work becomes part of this graph), or capture the inner graph before this one",
@@ -459,6 +535,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuLibraryLoadFromFile"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} compiles or loads a CUDA module inside the captured body: that is done again in every \
                   warmup run and at capture, and the kernels the graph records point into the module loaded at \
                   capture, so once the body drops it every replay launches unloaded code; get kernels with \
@@ -471,19 +548,32 @@ pub const RULES: &[Rule] = &[
             Path(&["thread", "spawn"]),
             Path(&["thread", "scope"]),
             ItemOf(&["thread", "Builder"]),
-            Path(&["rayon", "spawn"]),
-            Path(&["rayon", "scope"]),
-            Path(&["rayon", "join"]),
+            ItemOf(&["rayon"]),
             Path(&["tokio", "spawn"]),
             Path(&["spawn_blocking"]),
             BareCall("spawn"),
+            BareClosureCall("join", 2),
+            BareClosureCall("scope", 1),
+            MethodWithClosure("spawn"),
+            MethodWithClosure("spawn_scoped"),
+            Method("par_iter"),
+            Method("par_iter_mut"),
+            Method("into_par_iter"),
+            Method("par_chunks"),
+            Method("par_chunks_mut"),
+            Method("par_bridge"),
         ],
         host_effect: false,
-        message: "{what} starts a thread inside the captured body: the thread runs during the warmup runs and \
-                  the capture only, never on replay (a graph holds only GPU work), and GPU work it queues is in \
-                  the graph only if it reaches the capture stream before the capture ends, which nothing orders; \
-                  do host work before `capture` or after `replay()` returns, and run parallel GPU work with \
-                  `rt.fork(|side| { … })`, which records it as a parallel branch of the graph",
+        misfires: true,
+        message: "{what} runs code on other threads inside the captured body: their host work runs during the \
+                  warmup runs and the capture only, never on replay (a graph holds only GPU work); GPU work they \
+                  queue on the capture stream is recorded in whatever order the threads happen to reach it \
+                  (a scoped thread, `rayon::join` or a parallel iterator joins before the body goes on, but \
+                  nothing orders the threads among themselves, so another capture may record another order), \
+                  a detached thread's work is recorded only if it lands before the capture ends, and work on \
+                  other streams is not recorded at all; do host work before `capture` or after `replay()` \
+                  returns, and run parallel GPU work with `rt.fork(|side| { … })`, which records it as a \
+                  parallel branch of the graph",
     },
     Rule {
         id: "cpu-randomness",
@@ -519,9 +609,14 @@ pub const RULES: &[Rule] = &[
             Method("next_u32"),
             Method("next_u64"),
             Method("fill_bytes"),
+            RngMethod,
+            BareMutRefCall("fill"),
+            BareCall("getrandom"),
+            ItemOf(&["RandomState"]),
         ],
         host_effect: false,
-        message: "{what} draws random numbers on the CPU, but the body runs only during warmup and capture: the \
+        misfires: true,
+        message: "{what} draws random numbers (or a random hash seed) on the CPU, but the body runs only during warmup and capture: the \
                   values drawn at capture are frozen into the graph (as kernel arguments or copied data) and \
                   every replay repeats them; draw on the GPU instead, with the runtime's graph-safe generator \
                   (`rt.rng().uniform(rt, &mut noise, lo, hi)?`), whose seed and offset live in device memory \
@@ -537,6 +632,7 @@ pub const RULES: &[Rule] = &[
             Macro("dbg"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} prints on the host: it runs during the warmup runs and the capture, and never when the \
                   graph replays, because a graph holds only GPU work; print after `replay()` returns, or, {opt_in}",
     },
@@ -552,6 +648,7 @@ pub const RULES: &[Rule] = &[
             Macro("log"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} logs on the host: it runs during the warmup runs and the capture, and never when the \
                   graph replays, because a graph holds only GPU work; log around `replay()`, or, {opt_in}",
     },
@@ -570,6 +667,7 @@ pub const RULES: &[Rule] = &[
             Path(&["stderr"]),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} does file, network or process I/O on the host: it happens during the warmup runs and \
                   the capture only, so a replay neither reads fresh data nor writes anything; do the I/O outside \
                   the body and pass data in through an input parameter, or, {opt_in}",
@@ -578,6 +676,7 @@ pub const RULES: &[Rule] = &[
         id: "host-sleep",
         matchers: &[Path(&["sleep"])],
         host_effect: true,
+        misfires: true,
         message: "{what} sleeps on the host during the warmup runs and the capture only: a replay does not wait \
                   (the GPU runs the graph without the CPU); sleep between `replay()` calls to pace them, or, \
                   {opt_in}",
@@ -604,17 +703,68 @@ pub const RULES: &[Rule] = &[
             CollectionParamMethod("clear"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} changes the host collection {data} during the warmup runs and the capture only: \
                   replays do not run it, so the collection stops following the graph after capture; keep \
                   per-replay records outside the body (after each `replay()`), or, {opt_in}",
     },
     Rule {
         id: "host-clock",
-        matchers: &[Path(&["Instant", "now"]), Path(&["SystemTime", "now"])],
+        matchers: &[
+            Path(&["Instant", "now"]),
+            Path(&["SystemTime", "now"]),
+            Method("elapsed"),
+        ],
         host_effect: true,
+        misfires: true,
         message: "{what} reads the host clock during the warmup runs and the capture only: a replay does not \
                   read it again, and anything computed from it (a timestamp, a seed, a timeout) is frozen into \
                   the graph; time replays from outside the body (CUDA events around `replay()`), or, {opt_in}",
+    },
+    Rule {
+        id: "host-input",
+        matchers: &[
+            ItemOf(&["env"]),
+            BareStrCall("var"),
+            BareStrCall("var_os"),
+            MethodNoArgs("exists"),
+            MethodNoArgs("try_exists"),
+            MethodNoArgs("is_file"),
+            MethodNoArgs("is_dir"),
+            Method("recv"),
+            Method("try_recv"),
+            Method("recv_timeout"),
+            Method("recv_deadline"),
+        ],
+        host_effect: true,
+        misfires: true,
+        message: "{what} reads a host value (an environment variable, whether a file exists, a message from a \
+                  channel) during the warmup runs and the capture only: the value read at capture is frozen \
+                  into the graph, and no replay reads it again (a message is taken from the channel once); \
+                  read it outside the body and pass what changes as an input buffer, or capture one graph per \
+                  value, or, {opt_in}",
+    },
+    Rule {
+        id: "host-static-state",
+        matchers: &[StaticAccess],
+        host_effect: true,
+        misfires: true,
+        message: "{what} uses a `static` of the host (an atomic, a `static mut`, a lock): the body updates or \
+                  reads it during the warmup runs and the capture only, so a replay neither advances it nor \
+                  sees its new value, and a value read from it is frozen into the graph; a counter that must \
+                  advance on every replay belongs in device memory (a `#[state] step: &mut CudaSlice<u64>` \
+                  that a kernel increments), or, {opt_in}",
+    },
+    Rule {
+        id: "host-state-mut",
+        matchers: &[HostStateMut],
+        host_effect: true,
+        misfires: false,
+        message: "{what} is `&mut` state that lives on the host: the body's updates to it (`*step += 1`) run \
+                  in the warmup runs and the capture only, and no replay repeats them, because a graph holds \
+                  only GPU work; a counter or value that must change on every replay belongs in a device \
+                  buffer (`#[state] step: &mut CudaSlice<u64>`, advanced by a kernel), and a value fixed at \
+                  capture is a `#[constant]`; or, {opt_in}",
     },
 ];
 
@@ -636,7 +786,20 @@ pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
     };
     match matcher {
         Matcher::Path(pattern) => window(pattern, false),
-        Matcher::ItemOf(pattern) => window(pattern, true),
+        Matcher::ItemOf(pattern) => {
+            // Through a type (`File`, `Command`): the next segment is a function
+            // (`Command::new`); an uppercase one is a variant or a constant of the user's
+            // (`Command::Reset`).
+            let is_type = pattern
+                .last()
+                .is_some_and(|p| p.starts_with(char::is_uppercase));
+            segments.windows(pattern.len()).enumerate().any(|(i, w)| {
+                w.iter().zip(*pattern).all(|(a, b)| a == b)
+                    && segments.get(i + pattern.len()).is_some_and(|next| {
+                        !is_type || !next.starts_with(char::is_uppercase)
+                    })
+            })
+        }
         Matcher::Driver(name) => segments
             .last()
             .is_some_and(|last| without_version_suffix(last) == *name),
@@ -645,7 +808,7 @@ pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
 }
 
 /// `cuMemcpyDtoH_v2` → `cuMemcpyDtoH`; also `_v3`, `_ptds`, `_ptsz` and their combinations.
-fn without_version_suffix(name: &str) -> &str {
+pub fn without_version_suffix(name: &str) -> &str {
     let mut name = name;
     loop {
         let trimmed = ["_ptds", "_ptsz", "_v2", "_v3", "_v4"]

@@ -209,9 +209,10 @@ impl Scope {
             // Inputs and outputs are device buffers by their role; state is one unless its
             // declared type says it is host data (a collection, a scalar, a generator, a
             // type of the user's own).
+            // A device buffer that formatting reads is a candle tensor (cudarc's buffers
+            // format their address, length and stream, and read nothing).
             let device_buffer = match p.role {
-                Role::Input | Role::Output => true,
-                Role::State { .. } => matches!(kind, Kind::Cuda | Kind::PinnedHost | Kind::Unknown),
+                Role::Input | Role::Output | Role::State { .. } => is_tensor_type(&p.ty),
                 Role::Constant | Role::Bucket => false,
             };
             params.insert(
@@ -267,6 +268,39 @@ impl Scope {
 
     pub fn device_data(&self, name: &str) -> Option<&DeviceData> {
         self.get(name).and_then(|b| b.device_data.as_ref())
+    }
+
+    /// Whether the value of `e` is a candle tensor of the body, whose formatting reads the
+    /// device: a tensor (or a reference to one), a `.clone()` of one, or a tensor op on one
+    /// (`x.matmul(&w)?`), but not a host value read off one (`x.dims()`, `x.len()`).
+    pub fn is_tensor_value(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.is_tensor_value(&p.expr),
+            Expr::Reference(r) => self.is_tensor_value(&r.expr),
+            Expr::Try(t) => self.is_tensor_value(&t.expr),
+            Expr::Path(p) if p.qself.is_none() => p
+                .path
+                .get_ident()
+                .is_some_and(|i| self.is_device_buffer(&unraw(i))),
+            // `Tensor::zeros(…)`, `Tensor::new(&data, &dev)`, unless made on the CPU.
+            Expr::Call(c) => match &*c.func {
+                Expr::Path(p) if p.qself.is_none() => {
+                    let segs = segment_names(&p.path);
+                    segs.len() >= 2
+                        && TENSOR_TYPES.contains(&segs[segs.len() - 2].as_str())
+                        && !c.args.iter().any(|a| self.is_cpu_device(a))
+                }
+                _ => false,
+            },
+            Expr::MethodCall(m) => {
+                let name = unraw(&m.method);
+                !super::names::TENSOR_HOST_METHODS.contains(&name.as_str())
+                    && !super::names::CANDLE_READS.contains(&name.as_str())
+                    && !super::names::CANDLE_TO_CPU.contains(&name.as_str())
+                    && self.is_tensor_value(&m.receiver)
+            }
+            _ => false,
+        }
     }
 
     /// Whether `e` is candle's CPU device: a path ending in `Device::Cpu` (`Device::Cpu`,
@@ -428,5 +462,86 @@ pub fn annotated_type(pat: &Pat) -> Option<&Type> {
     match pat {
         Pat::Type(t) => Some(&t.ty),
         _ => None,
+    }
+}
+
+/// candle's tensor types, whose `Debug` and `Display` copy the values to the host.
+const TENSOR_TYPES: &[&str] = &["Tensor", "Var", "QTensor"];
+
+/// Whether a declared type is a candle tensor (or a reference, `Arc` or `Box` of one).
+pub fn is_tensor_type(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => is_tensor_type(&r.elem),
+        Type::Paren(p) => is_tensor_type(&p.elem),
+        Type::Group(g) => is_tensor_type(&g.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let name = unraw(&last.ident);
+            if WRAPPERS.contains(&name.as_str()) {
+                if let syn::PathArguments::AngleBracketed(args) = &last.arguments {
+                    if let Some(syn::GenericArgument::Type(inner)) = args.args.first() {
+                        return is_tensor_type(inner);
+                    }
+                }
+            }
+            TENSOR_TYPES.contains(&name.as_str())
+        }
+        _ => false,
+    }
+}
+
+/// Whether a declared type holds host data only, and is not a collection (whose updates the
+/// `host-bookkeeping` rule reports where they are written): primitives, `String`,
+/// `Duration`, `Instant`, arrays, tuples and slices of them, the standard wrappers around
+/// them, atomics. A type of the user's own may hold device memory and is not.
+pub fn is_host_only_type(ty: &Type) -> bool {
+    !matches!(kind_of_type(ty), Kind::HostCollection) && host_only(ty)
+}
+
+fn host_only(ty: &Type) -> bool {
+    const HOST: &[&str] = &[
+        "AtomicBool",
+        "AtomicU8",
+        "AtomicU16",
+        "AtomicU32",
+        "AtomicU64",
+        "AtomicUsize",
+        "AtomicI8",
+        "AtomicI16",
+        "AtomicI32",
+        "AtomicI64",
+        "AtomicIsize",
+        "String",
+        "Wrapping",
+    ];
+    match ty {
+        Type::Reference(r) => host_only(&r.elem),
+        Type::Paren(p) => host_only(&p.elem),
+        Type::Group(g) => host_only(&g.elem),
+        Type::Array(a) => host_only(&a.elem),
+        Type::Slice(s) => host_only(&s.elem),
+        Type::Tuple(t) => !t.elems.is_empty() && t.elems.iter().all(host_only),
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let name = unraw(&last.ident);
+            let inner_all_host = match &last.arguments {
+                syn::PathArguments::None => true,
+                syn::PathArguments::AngleBracketed(args) => args.args.iter().all(|a| match a {
+                    syn::GenericArgument::Type(t) => host_only(t),
+                    _ => true,
+                }),
+                syn::PathArguments::Parenthesized(_) => false,
+            };
+            let generic = !matches!(last.arguments, syn::PathArguments::None);
+            let known = (STD_TYPES.contains(&name.as_str()) && name != "Path" && name != "PathBuf")
+                || HOST.contains(&name.as_str())
+                || (WRAPPERS.contains(&name.as_str()) && generic);
+            known && inner_all_host
+        }
+        _ => false,
     }
 }
