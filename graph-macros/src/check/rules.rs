@@ -195,8 +195,9 @@ pub const OPT_OUT_MACRO: &str = "replays_as_captured";
 /// The end of every message that can misfire: how to say that the code is correct.
 fn opt_out() -> String {
     format!(
-        " (if this is your own code and only named like it, and it does the same on every replay \
-         as at capture, say so for this statement: `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`)"
+        " (if this is code of your own that only shares the name, and it does the same on every \
+         replay as at capture, say so for this statement with \
+         `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`)"
     )
 }
 
