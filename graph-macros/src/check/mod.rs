@@ -22,6 +22,7 @@
 //! | `finding.rs` | one finding, and the error spanning the offending tokens |
 //! | `syntax.rs` | helpers on tokens and expressions (spans, format strings, macro arguments) |
 //! | `tests.rs` | unit tests, end to end through the expansion |
+//! | `generated.rs` | the robustness test: bodies generated from a grammar of the mistakes, nested in closures, blocks and macros between valid code; every mistake reported once at its line, no panic, no error without a mistake |
 
 mod finding;
 mod names;
@@ -30,6 +31,8 @@ mod scope;
 mod syntax;
 mod walk;
 
+#[cfg(test)]
+mod generated;
 #[cfg(test)]
 mod tests;
 
