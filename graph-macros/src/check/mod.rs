@@ -51,6 +51,40 @@ pub fn check_body(model: &GraphFn, args: &GraphArgs, cx: &mut Ctxt) {
     }
 }
 
+/// The type-level half of the `host-state-mut` rule, for `&mut` state whose declared type
+/// the tokens cannot judge (a type alias, `type Step = u64;`, or a type of the user's): one
+/// constant per such parameter, next to the user's function, that fails to compile when
+/// the type's `DeviceState::HOST_ONLY` says it lives on the host. Spanned at the type, so
+/// the error points at the parameter. Nothing when the body opts into host effects; nothing
+/// for the types the tokens already judged (their error comes from [`check_body`]) or for
+/// host collections (whose updates the `host-bookkeeping` rule reports where written).
+pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStream {
+    if args.host_effects {
+        return proc_macro2::TokenStream::new();
+    }
+    let krate = args.krate();
+    let host_state = rules::rule("host-state-mut");
+    let mut out = proc_macro2::TokenStream::new();
+    for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+        let kind = scope::kind_of_type(&p.ty);
+        if kind != scope::Kind::Users || scope::is_host_only_type(&p.ty) {
+            continue;
+        }
+        let ty = &p.ty;
+        let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));
+        let message = host_state.render(&what, "");
+        let span = syn::spanned::Spanned::span(ty);
+        out.extend(quote::quote_spanned! {span=>
+            const _: () = {
+                if <#ty as #krate::DeviceState>::HOST_ONLY {
+                    ::core::panic!(#message);
+                }
+            };
+        });
+    }
+    out
+}
+
 /// Every finding in the body of the model's function, in source order (the arguments of a
 /// macro before the macro itself).
 pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {

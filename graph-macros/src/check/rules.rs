@@ -145,6 +145,12 @@ pub enum Matcher {
     /// A raw driver call given a null stream (`ptr::null_mut()`, `0 as _`, `Default::default()`)
     /// where it takes its stream: the legacy default stream.
     NullStream,
+    /// A macro of the user's whose name has this word (between `_`): `log_step!`,
+    /// `debug_print!`. The standard library's `debug_assert*!` are not.
+    MacroWord(&'static str),
+    /// `s.field.name(…)` where `s` is a `#[state]` parameter of a type of the user's: a
+    /// pinned buffer held in a field of a state struct (`stage.host.as_slice()`).
+    StateFieldMethod(&'static str),
     /// A `&mut` `#[state]` whose declared type holds only host data (`&mut u64`,
     /// `&mut [f32; 4]`): nothing of it is on the device, so no replay updates it.
     HostStateMut,
@@ -216,8 +222,8 @@ pub use super::names::{
 use Matcher::{
     BareCall, BareClosureCall, BareMutRefCall, BareStrCall, BranchesOnDeviceData,
     BranchesOnTensorData, CollectionParamMethod, Driver, FormatsDeviceBuffer, HostStateMut, ItemOf,
-    LooseMethod, Macro, Method, MethodNoArgs, MethodWithClosure, NestedGraphCapture, NullStream,
-    Path, PinnedMethod, RngMethod, StaticAccess, ToCpu,
+    LooseMethod, Macro, MacroWord, Method, MethodNoArgs, MethodWithClosure, NestedGraphCapture,
+    NullStream, Path, PinnedMethod, RngMethod, StateFieldMethod, StaticAccess, ToCpu,
 };
 
 /// Every rule, in the order of the module documentation's table.
@@ -431,9 +437,11 @@ pub const RULES: &[Rule] = &[
             PinnedMethod("as_mut_slice"),
             PinnedMethod("as_ptr"),
             PinnedMethod("as_mut_ptr"),
+            StateFieldMethod("as_slice"),
+            StateFieldMethod("as_mut_slice"),
         ],
         host_effect: false,
-        misfires: false,
+        misfires: true,
         message: "{what} on the pinned buffer {data} first waits for the GPU work that uses it (cudarc \
                   synchronizes the buffer's event), which a capture refuses with CUDA error 900 (operation not \
                   permitted when stream is capturing), and the host values it would show are not computed yet; \
@@ -557,6 +565,7 @@ pub const RULES: &[Rule] = &[
             BareClosureCall("scope", 1),
             MethodWithClosure("spawn"),
             MethodWithClosure("spawn_scoped"),
+            MethodWithClosure("install"),
             Method("par_iter"),
             Method("par_iter_mut"),
             Method("into_par_iter"),
@@ -647,6 +656,14 @@ pub const RULES: &[Rule] = &[
             Macro("trace"),
             Macro("event"),
             Macro("log"),
+            MacroWord("log"),
+            MacroWord("print"),
+            MacroWord("println"),
+            MacroWord("eprintln"),
+            MacroWord("trace"),
+            MacroWord("debug"),
+            MacroWord("info"),
+            MacroWord("warn"),
         ],
         host_effect: true,
         misfires: true,
@@ -714,6 +731,8 @@ pub const RULES: &[Rule] = &[
         matchers: &[
             Path(&["Instant", "now"]),
             Path(&["SystemTime", "now"]),
+            Path(&["Utc", "now"]),
+            Path(&["Local", "now"]),
             Method("elapsed"),
         ],
         host_effect: true,
@@ -736,6 +755,7 @@ pub const RULES: &[Rule] = &[
             Method("try_recv"),
             Method("recv_timeout"),
             Method("recv_deadline"),
+            Method("try_iter"),
         ],
         host_effect: true,
         misfires: true,

@@ -169,6 +169,9 @@ pub struct Binding {
     pub device_data: Option<DeviceData>,
     /// Bound to candle's CPU device (`let cpu = Device::Cpu;`).
     pub cpu_device: bool,
+    /// Bound to a null pointer (`let null = ptr::null_mut();`), a legacy stream when a raw
+    /// call takes it as its stream.
+    pub null_pointer: bool,
 }
 
 /// Device data on the host: a value read back from the device, or computed from one.
@@ -190,6 +193,7 @@ impl Binding {
             device_buffer: false,
             device_data: None,
             cpu_device: false,
+            null_pointer: false,
         }
     }
 }
@@ -223,6 +227,7 @@ impl Scope {
                     device_buffer,
                     device_data: None,
                     cpu_device: false,
+                    null_pointer: false,
                 },
             );
         }
@@ -336,7 +341,18 @@ impl Scope {
             Expr::Reference(r) => self.kind_of_expr(&r.expr),
             Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.kind_of_expr(&u.expr),
             Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
-                self.kind(&unraw(&p.path.segments[0].ident))
+                let name = unraw(&p.path.segments[0].ident);
+                match self.get(&name) {
+                    Some(b) => b.kind,
+                    // A unit struct (`Cache.exists()`): a capitalised name that is not a
+                    // local, nor a `SCREAMING_CASE` static or constant.
+                    None if name.starts_with(char::is_uppercase)
+                        && !super::syntax::is_screaming(&name) =>
+                    {
+                        kind_of_path(&p.path).unwrap_or(Kind::Users)
+                    }
+                    None => Kind::Unknown,
+                }
             }
             Expr::Struct(s) if s.qself.is_none() => kind_of_path(&s.path).unwrap_or(Kind::Users),
             Expr::Call(c) => match &*c.func {

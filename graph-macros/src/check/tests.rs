@@ -17,6 +17,7 @@ fn ids(args: TokenStream, body: TokenStream) -> Vec<&'static str> {
             y: &mut CudaSlice<f32>,
             #[state] staging: &PinnedHostSlice<f32>,
             #[state] history: &mut Vec<usize>,
+            #[state] stage: &mut Stage,
         },
         body,
     )
@@ -176,6 +177,14 @@ fn snippet(m: &Matcher) -> TokenStream {
             sys::cuMemsetD32Async(ptr, 0, n, std::ptr::null_mut());
         }),
         Matcher::HostStateMut => quote!(),
+        Matcher::MacroWord(w) => {
+            let n = ident(&format!("{w}_step"));
+            quote!(#n!("step");)
+        }
+        Matcher::StateFieldMethod(n) => {
+            let n = ident(n);
+            quote!(let _ = stage.host.#n();)
+        }
     }
 }
 
@@ -1120,6 +1129,12 @@ fn spellings_nobody_listed() {
         ("host-input", quote!(let v = var("SCALE");)),
         ("host-input", quote!(if Path::new("/tmp/flag").exists() { launch(rt)?; })),
         ("host-input", quote!(let msg = rx.recv()?;)),
+        ("host-log", quote!(log_step!("step {}", 3);)),
+        ("host-sync", quote!(impl Waiter { fn wait(&self, s: &CudaStream) { s.synchronize().ok(); } })),
+        ("legacy-default-stream", quote!(let null = std::ptr::null_mut(); unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, null, params, extra) };)),
+        ("pinned-host-read", quote!(let first = stage.host.as_slice()?[0];)),
+        ("thread-spawned-in-body", quote!(pool.build()?.install(|| work());)),
+        ("host-clock", quote!(let now = chrono::Utc::now();)),
         ("legacy-default-stream", quote!(unsafe { sys::cuMemsetD32Async(ptr, 0, n, std::ptr::null_mut()) };)),
         ("legacy-default-stream", quote!(unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, ptr::null_mut(), params, ptr::null_mut()) };)),
     ];
@@ -1165,8 +1180,11 @@ fn correct_code_that_looks_wrong() {
         // The user's own enum variant.
         quote!(if cmd == Command::Reset { launch(rt)?; } let c = Command::Stop;),
         quote!(let f = File::Open;),
-        // A copy into pinned state, and from it.
+        // A copy into pinned state, and from it; a field of a state struct of the user's as
+        // the host end (the runtime refuses a pageable one at capture).
         quote!(rt.stream().memcpy_dtoh(y, &mut staging)?;),
+        quote!(rt.stream().memcpy_dtoh(y, &mut stage.host)?; rt.stream().memcpy_htod(&stage.host, y)?;),
+        quote!(debug_assert!(x.len() > 0); debug_assert_eq!(x.len(), y.len());),
         quote!(rt.stream().memcpy_htod(&staging, y)?;),
         // cudarc's `Debug` reads nothing.
         quote!(assert_eq!(format!("{:?}", x).is_empty(), false, "{y:?}");),
@@ -1183,7 +1201,7 @@ fn correct_code_that_looks_wrong() {
         assert_eq!(
             ids_with(
                 quote!(warmup = 2),
-                quote!(x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, #[state] staging: &mut PinnedHostSlice<f32>),
+                quote!(x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, #[state] staging: &mut PinnedHostSlice<f32>, #[state] stage: &mut Stage),
                 body.clone()
             ),
             Vec::<&str>::new(),

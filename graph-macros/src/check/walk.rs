@@ -209,17 +209,39 @@ impl Walker {
         let to_cpu = args.first().filter(|a| self.scope.is_cpu_device(a));
         // A device-to-host copy into a buffer declared as pinned is recorded into the graph
         // and repeated by every replay: legal, like the copy from one.
-        let pinned_destination = name == "memcpy_dtoh"
-            && args.get(1).and_then(|a| root_name(a)).is_some_and(|n| {
+        // A field of a `#[state]` struct of the user's as the host end: pinned or not, the
+        // graph records the copy, and the runtime refuses a pageable end at capture
+        // (`GraphError::PageableCopyCaptured`), so only the type can tell, and it is checked.
+        let state_field = |a: &Expr| {
+            field_of(a).and_then(root_name).is_some_and(|n| {
                 self.scope
                     .get(&n)
-                    .is_some_and(|b| b.kind == Kind::PinnedHost)
+                    .is_some_and(|b| b.param && b.kind == Kind::Users)
+            })
+        };
+        let pinned_destination = name == "memcpy_dtoh"
+            && args.get(1).is_some_and(|a| {
+                state_field(a)
+                    || root_name(a).is_some_and(|n| {
+                        self.scope
+                            .get(&n)
+                            .is_some_and(|b| b.kind == Kind::PinnedHost)
+                    })
             });
+        let pinned_source = pinned_source
+            || (matches!(name.as_str(), "memcpy_htod" | "clone_htod")
+                && args.first().is_some_and(|a| state_field(a)));
         let loose_ok = receiver.is_some_and(|r| self.may_be_cuda(r)) || on_known_type;
         // A builder's `spawn(|| …)` (`Builder::new().name(n).spawn(…)`): a call chain, not
         // the `s.spawn` of a scope already reported.
         let with_closure = args.iter().any(|a| is_closure(a))
-            && receiver.is_some_and(|r| matches!(r, Expr::MethodCall(_) | Expr::Call(_)));
+            && receiver.is_some_and(|r| {
+                let r = match r {
+                    Expr::Try(t) => &*t.expr,
+                    _ => r,
+                };
+                matches!(r, Expr::MethodCall(_) | Expr::Call(_))
+            });
         let rng = !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Rng);
         if !users_own {
             for r in RULES {
@@ -282,18 +304,21 @@ impl Walker {
             }
         }
         if let Some(recv) = receiver.and_then(root_name) {
-            let (pinned, collection) = match self.scope.get(&recv) {
+            let (pinned, collection, users_state) = match self.scope.get(&recv) {
                 Some(b) => (
                     b.kind == Kind::PinnedHost,
                     b.kind == Kind::HostCollection && b.param,
+                    b.kind == Kind::Users && b.param,
                 ),
-                None => (false, false),
+                None => (false, false, false),
             };
+            let on_field = receiver.is_some_and(|r| field_of(r).is_some());
             let data = format!("`{recv}`");
             for r in RULES {
                 let hit = r.has(|m| match m {
                     Matcher::PinnedMethod(n) => pinned && *n == name,
                     Matcher::CollectionParamMethod(n) => collection && *n == name,
+                    Matcher::StateFieldMethod(n) => users_state && on_field && *n == name,
                     _ => false,
                 });
                 if hit {
@@ -358,6 +383,7 @@ impl Walker {
         let read = init.and_then(|e| self.reads(e).found.into_iter().next());
         let device_buffer = single && init.is_some_and(|e| self.scope.is_tensor_value(e));
         let cpu_device = single && init.is_some_and(|e| self.scope.is_cpu_device(e));
+        let null_pointer = single && init.is_some_and(is_null_pointer);
         for n in names {
             let device_data = read.as_ref().map(|how| describe_read(&n, how));
             self.scope.declare(
@@ -368,6 +394,7 @@ impl Walker {
                     device_buffer,
                     device_data,
                     cpu_device,
+                    null_pointer,
                 },
             );
         }
@@ -473,6 +500,28 @@ impl Walker {
 }
 
 impl Walker {
+    /// A function declared in the body (or a method of an `impl` there): walked like the
+    /// body, its parameters known by their declared types.
+    fn function(&mut self, sig: &syn::Signature, block: &syn::Block) {
+        self.scope.push();
+        for input in &sig.inputs {
+            if let syn::FnArg::Typed(t) = input {
+                let kind = kind_of_type(&t.ty);
+                for n in bound_names(&t.pat) {
+                    self.scope.declare(
+                        n,
+                        Binding {
+                            kind,
+                            ..Binding::unknown()
+                        },
+                    );
+                }
+            }
+        }
+        self.visit_block(block);
+        self.scope.pop();
+    }
+
     /// Reports an assignment whose place is a `static` (`COUNT += 1`, `STATE.step = 0`).
     fn static_written<T: ToTokens>(&mut self, place: &Expr, whole: &T) {
         if let Some(stat) = static_root(place, &self.scope) {
@@ -543,27 +592,16 @@ impl<'ast> Visit<'ast> for Walker {
     /// before the walk ([`use_aliases`]); other items hold no statements.
     fn visit_item(&mut self, item: &'ast syn::Item) {
         match item {
-            syn::Item::Fn(f) => {
-                self.scope.push();
-                for input in &f.sig.inputs {
-                    if let syn::FnArg::Typed(t) = input {
-                        let kind = kind_of_type(&t.ty);
-                        for n in bound_names(&t.pat) {
-                            self.scope.declare(
-                                n,
-                                Binding {
-                                    kind,
-                                    ..Binding::unknown()
-                                },
-                            );
-                        }
-                    }
-                }
-                self.visit_block(&f.block);
-                self.scope.pop();
-            }
+            syn::Item::Fn(f) => self.function(&f.sig, &f.block),
             syn::Item::Macro(m) if m.mac.path.is_ident("macro_rules") => {
                 self.macro_rules(&m.mac.tokens);
+            }
+            syn::Item::Impl(i) => {
+                for it in &i.items {
+                    if let syn::ImplItem::Fn(f) = it {
+                        self.function(&f.sig, &f.block);
+                    }
+                }
             }
             _ => {}
         }
@@ -633,7 +671,10 @@ impl<'ast> Visit<'ast> for Walker {
         if let Some(last) = segs.last() {
             let args: Vec<&Expr> = c.args.iter().collect();
             if let Some(stream) = stream_argument(without_version_suffix(last), &args) {
-                if is_null_pointer(stream) {
+                let null_local = plain_name(stream)
+                    .and_then(|n| self.scope.get(&n))
+                    .is_some_and(|b| b.null_pointer);
+                if is_null_pointer(stream) || null_local {
                     let what = format!("the null stream given to `{}`", segs.join("::"));
                     self.match_rules(spans_of(c), &what, |m| *m == Matcher::NullStream);
                 }
@@ -703,11 +744,15 @@ impl<'ast> Visit<'ast> for Walker {
                 return;
             }
         }
-        self.match_rules(
-            span,
-            &what,
-            |m| matches!(m, Matcher::Macro(n) if *n == name),
-        );
+        let words: Vec<&str> = name.split('_').collect();
+        let std_assert = name.starts_with("debug_assert");
+        self.match_rules(span, &what, |m| match m {
+            Matcher::Macro(n) => *n == name,
+            Matcher::MacroWord(w) => {
+                !std_assert && !FORMATTING_MACROS.contains(&name.as_str()) && words.contains(w)
+            }
+            _ => false,
+        });
     }
 
     fn visit_local(&mut self, l: &'ast syn::Local) {
@@ -893,5 +938,17 @@ fn describe_read(name: &str, data: &DeviceData) -> DeviceData {
     DeviceData {
         how,
         tensor: data.tensor,
+    }
+}
+
+/// The field access an expression is, through `&`, `&mut`, `*` and parentheses:
+/// `&mut stage.host` → `stage.host`.
+fn field_of(e: &Expr) -> Option<&Expr> {
+    match e {
+        Expr::Field(_) => Some(e),
+        Expr::Reference(r) => field_of(&r.expr),
+        Expr::Unary(u) => field_of(&u.expr),
+        Expr::Paren(p) => field_of(&p.expr),
+        _ => None,
     }
 }
