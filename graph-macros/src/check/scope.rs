@@ -263,10 +263,6 @@ impl Scope {
         self.frames.iter_mut().rev().find_map(|f| f.get_mut(name))
     }
 
-    fn kind(&self, name: &str) -> Kind {
-        self.get(name).map_or(Kind::Unknown, |b| b.kind)
-    }
-
     pub fn is_device_buffer(&self, name: &str) -> bool {
         self.get(name).is_some_and(|b| b.device_buffer)
     }
