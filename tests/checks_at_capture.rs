@@ -48,14 +48,22 @@ fn assert_runtime_usable(rt: &Runtime, test: &str) -> Result<(), GraphError> {
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
         "{test}: the stream was left capturing"
     );
-    assert_eq!(phase(), Phase::Eager, "{test}: the thread still believes it is capturing");
+    assert_eq!(
+        phase(),
+        Phase::Eager,
+        "{test}: the thread still believes it is capturing"
+    );
     let mut rng = fresh_rng(test);
     let host = random_vec(&mut rng, 257);
     let x = rt.stream().clone_htod(&host)?;
     let mut y = rt.stream().alloc_zeros::<f32>(257)?;
     plus_two(rt, &x, &mut y)?;
     let want: Vec<f32> = host.iter().map(|v| v + 2.0).collect();
-    assert_eq!(rt.stream().clone_dtoh(&y)?, want, "{test}: eager work after the failure");
+    assert_eq!(
+        rt.stream().clone_dtoh(&y)?,
+        want,
+        "{test}: eager work after the failure"
+    );
     let mut graph = PlusTwoGraph::capture(rt, &x, 257)?;
     for _ in 0..3 {
         let host = random_vec(&mut rng, 257);
@@ -104,10 +112,19 @@ fn a_stream_behind_a_newtype_is_refused_at_capture(rt: Runtime) -> Result<(), Gr
     // Eagerly the sync is legal and the body is right.
     let mut y = rt.stream().alloc_zeros::<f32>(64)?;
     syncs_through_newtype(&rt, &x, &mut y)?;
-    assert_eq!(rt.stream().clone_dtoh(&y)?, vec![2.0f32; 64], "{test}: eager");
+    assert_eq!(
+        rt.stream().clone_dtoh(&y)?,
+        vec![2.0f32; 64],
+        "{test}: eager"
+    );
     let err = SyncsThroughNewtypeGraph::capture(&rt, &x, 64).unwrap_err();
     assert!(
-        matches!(err, GraphError::CaptureUnsupported { graph: "syncs_through_newtype" }),
+        matches!(
+            err,
+            GraphError::CaptureUnsupported {
+                graph: "syncs_through_newtype"
+            }
+        ),
         "{test}: {err:?}"
     );
     assert_eq!(err.capture_code(), Some(900), "{test}");
@@ -143,7 +160,12 @@ fn a_stream_in_a_state_field_is_refused_at_capture(rt: Runtime) -> Result<(), Gr
     };
     let err = SyncsThroughStateFieldGraph::capture(&rt, &x, 64, &w).unwrap_err();
     assert!(
-        matches!(err, GraphError::CaptureUnsupported { graph: "syncs_through_state_field" }),
+        matches!(
+            err,
+            GraphError::CaptureUnsupported {
+                graph: "syncs_through_state_field"
+            }
+        ),
         "{test}: {err:?}"
     );
     assert_runtime_usable(&rt, test)

@@ -40,6 +40,17 @@ const MISTAKES: &[(&str, &str)] = &[
         "unsafe { sys::cuMemsetD32Async(p, 0, n, std::ptr::null_mut()) };",
     ),
     (
+        "host-sync",
+        "fn settle(s: &CudaStream) { s.synchronize().ok(); }",
+    ),
+    ("cpu-randomness", "use rand::thread_rng as trng; let _g = trng();"),
+    ("host-print", "macro_rules! say { ($e:expr) => { eprintln!(\"{}\", $e) }; }"),
+    ("host-static-state", "CALLS = 0;"),
+    (
+        "legacy-default-stream",
+        "let null = std::ptr::null_mut(); unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, null, p, e) };",
+    ),
+    (
         "device-to-host+host-log",
         "tracing::info!(first = ?rt.stream().clone_dtoh(y)?, \"step\");",
     ),
@@ -58,6 +69,9 @@ const VALID: &[&str] = &[
     "graph_runtime::replays_as_captured! { jobs.synchronize(); }",
     "rt.stream().memcpy_dtoh(x, staging)?;",
     "let _own = Timer::new().elapsed();",
+    "fn helper(a: usize) -> usize { a + 1 }",
+    "let name = PREFIX.replace(\"a\", \"b\");",
+    "let _c = Cache.exists();",
 ];
 
 /// Token soup for user macros: not Rust, must not panic the walker or be reported.
@@ -116,7 +130,13 @@ impl Body {
                 3 => self.nested("{", "}", rng, depth, mistakes),
                 4 => self.nested("let f = |a: usize| {", "};", rng, depth, mistakes),
                 5 => self.nested("for _i in 0..3 {", "}", rng, depth, mistakes),
-                6 => self.nested("if x.len() > 4 {", "} else { let _z = 0; }", rng, depth, mistakes),
+                6 => self.nested(
+                    "if x.len() > 4 {",
+                    "} else { let _z = 0; }",
+                    rng,
+                    depth,
+                    mistakes,
+                ),
                 7 => self.nested("my_block! {", "}", rng, depth, mistakes),
                 _ => {
                     self.push(format!("my_macro!({});", rng.pick(SOUP)));
@@ -146,7 +166,7 @@ fn compile_errors(out: &TokenStream) -> usize {
 #[test]
 fn generated_bodies_report_each_mistake_once_at_its_line() {
     let started = std::time::Instant::now();
-    for seed in 1..=400u64 {
+    for seed in 1..=1000u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mistakes = seed % 4 != 0;
         let mut body = Body {

@@ -215,9 +215,7 @@ fn opt_in() -> String {
     )
 }
 
-pub use super::names::{
-    CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS,
-};
+pub use super::names::{CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS};
 
 use Matcher::{
     BareCall, BareClosureCall, BareMutRefCall, BareStrCall, BranchesOnDeviceData,
@@ -816,9 +814,9 @@ pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
                 .is_some_and(|p| p.starts_with(char::is_uppercase));
             segments.windows(pattern.len()).enumerate().any(|(i, w)| {
                 w.iter().zip(*pattern).all(|(a, b)| a == b)
-                    && segments.get(i + pattern.len()).is_some_and(|next| {
-                        !is_type || !next.starts_with(char::is_uppercase)
-                    })
+                    && segments
+                        .get(i + pattern.len())
+                        .is_some_and(|next| !is_type || !next.starts_with(char::is_uppercase))
             })
         }
         Matcher::Driver(name) => segments

@@ -3,6 +3,8 @@
 //! Imports `tokens` (`unraw`, `segment_names`) only; never the rules, the walker or this folder's
 //! `mod.rs`.
 
+use std::collections::HashMap;
+
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::visit::Visit;
@@ -214,7 +216,9 @@ pub fn is_null_pointer(e: &Expr) -> bool {
             [syn::Stmt::Expr(e, None)] => is_null_pointer(e),
             _ => false,
         },
-        Expr::Cast(c) => matches!(&*c.expr, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.base10_digits() == "0"),
+        Expr::Cast(c) => {
+            matches!(&*c.expr, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.base10_digits() == "0")
+        }
         Expr::Call(c) if c.args.is_empty() => match &*c.func {
             Expr::Path(p) => {
                 let segs = segment_names(&p.path);
@@ -231,9 +235,21 @@ pub fn is_null_pointer(e: &Expr) -> bool {
 
 /// The names a body brings in with its own `use` items, anywhere in it (nested blocks and
 /// functions too), each with the path it stands for. Globs bring no name the tokens show.
-pub fn use_aliases(body: &syn::Block) -> std::collections::HashMap<String, Vec<String>> {
-    struct Uses(std::collections::HashMap<String, Vec<String>>);
-    fn tree(t: &syn::UseTree, prefix: &mut Vec<String>, out: &mut std::collections::HashMap<String, Vec<String>>) {
+pub fn use_aliases(body: &syn::Block) -> HashMap<String, Vec<String>> {
+    struct Uses(HashMap<String, Vec<String>>);
+    impl<'ast> Visit<'ast> for Uses {
+        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+            aliases_of_use(u, &mut self.0);
+        }
+    }
+    let mut uses = Uses(HashMap::new());
+    uses.visit_block(body);
+    uses.0
+}
+
+/// The names one `use` item brings in, each with the path it stands for.
+pub fn aliases_of_use(u: &syn::ItemUse, out: &mut HashMap<String, Vec<String>>) {
+    fn tree(t: &syn::UseTree, prefix: &mut Vec<String>, out: &mut HashMap<String, Vec<String>>) {
         match t {
             syn::UseTree::Path(p) => {
                 prefix.push(unraw(&p.ident));
@@ -245,7 +261,7 @@ pub fn use_aliases(body: &syn::Block) -> std::collections::HashMap<String, Vec<S
                 let full: Vec<String> = if name == "self" {
                     prefix.clone()
                 } else {
-                    prefix.iter().cloned().chain([name.clone()]).collect()
+                    prefix.iter().cloned().chain([name]).collect()
                 };
                 if let Some(last) = full.last() {
                     out.insert(last.clone(), full.clone());
@@ -268,12 +284,5 @@ pub fn use_aliases(body: &syn::Block) -> std::collections::HashMap<String, Vec<S
             }
         }
     }
-    impl<'ast> Visit<'ast> for Uses {
-        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-            tree(&u.tree, &mut Vec::new(), &mut self.0);
-        }
-    }
-    let mut uses = Uses(std::collections::HashMap::new());
-    uses.visit_block(body);
-    uses.0
+    tree(&u.tree, &mut Vec::new(), out);
 }

@@ -191,7 +191,11 @@ fn snippet(m: &Matcher) -> TokenStream {
 #[test]
 fn every_matcher_of_every_rule_fires_alone() {
     for rule in RULES {
-        for m in rule.matchers.iter().filter(|m| **m != Matcher::HostStateMut) {
+        for m in rule
+            .matchers
+            .iter()
+            .filter(|m| **m != Matcher::HostStateMut)
+        {
             let got = one(snippet(m));
             assert_eq!(got, vec![rule.id], "{m:?} of rule `{}`", rule.id);
         }
@@ -446,7 +450,10 @@ fn formatting_host_values_of_buffers_is_fine() {
     }
     // cudarc's buffers format their address, length and stream: nothing is read, so
     // formatting one is legal (printing it is a host effect like any print).
-    assert_eq!(ids(opt_in.clone(), quote!(println!("{:?}", y);)), Vec::<&str>::new());
+    assert_eq!(
+        ids(opt_in.clone(), quote!(println!("{:?}", y);)),
+        Vec::<&str>::new()
+    );
     assert_eq!(one(quote!(println!("{:?}", y);)), ["host-print"]);
     assert_eq!(
         one(quote! {
@@ -1106,37 +1113,110 @@ fn a_candle_read_is_reported_at_the_call() {
 #[test]
 fn spellings_nobody_listed() {
     let cases: Vec<(&str, TokenStream)> = vec![
-        ("thread-spawned-in-body", quote!(use std::thread::scope; scope(|s| { s.spawn(|| work()); });)),
-        ("thread-spawned-in-body", quote!(let _ = join(|| launch(rt), || launch(rt));)),
-        ("thread-spawned-in-body", quote!(scope(|s| { s.spawn(|| work()); });)),
-        ("thread-spawned-in-body", quote!(let h = Builder::new().name(n).spawn(move || work())?;)),
-        ("thread-spawned-in-body", quote!(let v: Vec<f32> = data.par_iter().map(|a| a * 2.0).collect();)),
-        ("thread-spawned-in-body", quote!(use rayon::join as both; both(|| a(), || b());)),
+        (
+            "thread-spawned-in-body",
+            quote!(use std::thread::scope; scope(|s| { s.spawn(|| work()); });),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(let _ = join(|| launch(rt), || launch(rt));),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(scope(|s| { s.spawn(|| work()); });),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(let h = Builder::new().name(n).spawn(move || work())?;),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(let v: Vec<f32> = data.par_iter().map(|a| a * 2.0).collect();),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(use rayon::join as both; both(|| a(), || b());),
+        ),
         ("cpu-randomness", quote!(let _ = fill(&mut seed);)),
-        ("cpu-randomness", quote!(let mut r = Rng::new(); let k = r.u32(0..10);)),
-        ("cpu-randomness", quote!(use rand::thread_rng as trng; let k = trng();)),
+        (
+            "cpu-randomness",
+            quote!(let mut r = Rng::new(); let k = r.u32(0..10);),
+        ),
+        (
+            "cpu-randomness",
+            quote!(use rand::thread_rng as trng; let k = trng();),
+        ),
         ("cpu-randomness", quote!(let s = RandomState::new();)),
         ("host-sync", quote!(synchronize()?;)),
-        ("host-sync", quote!(use cudarc::driver::result::ctx::synchronize as wait; wait()?;)),
-        ("host-sync", quote!(fn settle(s: &CudaStream) -> Result<(), DriverError> { s.synchronize() } settle(rt.stream())?;)),
-        ("host-print", quote!(macro_rules! note { ($($t:tt)*) => { eprintln!($($t)*) }; } note!("x");)),
-        ("host-static-state", quote!(STEP.fetch_add(1, Ordering::Relaxed);)),
-        ("host-static-state", quote!(unsafe { STEP += 1; })),
-        ("host-static-state", quote!(let n = crate::COUNTER.load(Ordering::Relaxed);)),
-        ("host-clock", quote!(let t = UNIX_EPOCH.elapsed()?.as_nanos() as u64;)),
+        (
+            "host-sync",
+            quote!(use cudarc::driver::result::ctx::synchronize as wait; wait()?;),
+        ),
+        (
+            "host-sync",
+            quote!(fn settle(s: &CudaStream) -> Result<(), DriverError> { s.synchronize() } settle(rt.stream())?;),
+        ),
+        (
+            "host-print",
+            quote!(macro_rules! note { ($($t:tt)*) => { eprintln!($($t)*) }; } note!("x");),
+        ),
+        (
+            "host-static-state",
+            quote!(STEP.fetch_add(1, Ordering::Relaxed);),
+        ),
+        (
+            "host-static-state",
+            quote!(unsafe {
+                STEP += 1;
+            }),
+        ),
+        (
+            "host-static-state",
+            quote!(let n = crate::COUNTER.load(Ordering::Relaxed);),
+        ),
+        (
+            "host-clock",
+            quote!(let t = UNIX_EPOCH.elapsed()?.as_nanos() as u64;),
+        ),
         ("host-clock", quote!(let dt = t0.elapsed();)),
-        ("host-input", quote!(let scale: f32 = std::env::var("SCALE")?.parse()?;)),
+        (
+            "host-input",
+            quote!(let scale: f32 = std::env::var("SCALE")?.parse()?;),
+        ),
         ("host-input", quote!(let v = var("SCALE");)),
-        ("host-input", quote!(if Path::new("/tmp/flag").exists() { launch(rt)?; })),
+        (
+            "host-input",
+            quote!(if Path::new("/tmp/flag").exists() {
+                launch(rt)?;
+            }),
+        ),
         ("host-input", quote!(let msg = rx.recv()?;)),
         ("host-log", quote!(log_step!("step {}", 3);)),
-        ("host-sync", quote!(impl Waiter { fn wait(&self, s: &CudaStream) { s.synchronize().ok(); } })),
-        ("legacy-default-stream", quote!(let null = std::ptr::null_mut(); unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, null, params, extra) };)),
-        ("pinned-host-read", quote!(let first = stage.host.as_slice()?[0];)),
-        ("thread-spawned-in-body", quote!(pool.build()?.install(|| work());)),
+        (
+            "host-sync",
+            quote!(impl Waiter { fn wait(&self, s: &CudaStream) { s.synchronize().ok(); } }),
+        ),
+        (
+            "legacy-default-stream",
+            quote!(let null = std::ptr::null_mut(); unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, null, params, extra) };),
+        ),
+        (
+            "pinned-host-read",
+            quote!(let first = stage.host.as_slice()?[0];),
+        ),
+        (
+            "thread-spawned-in-body",
+            quote!(pool.build()?.install(|| work());),
+        ),
         ("host-clock", quote!(let now = chrono::Utc::now();)),
-        ("legacy-default-stream", quote!(unsafe { sys::cuMemsetD32Async(ptr, 0, n, std::ptr::null_mut()) };)),
-        ("legacy-default-stream", quote!(unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, ptr::null_mut(), params, ptr::null_mut()) };)),
+        (
+            "legacy-default-stream",
+            quote!(unsafe { sys::cuMemsetD32Async(ptr, 0, n, std::ptr::null_mut()) };),
+        ),
+        (
+            "legacy-default-stream",
+            quote!(unsafe { sys::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, ptr::null_mut(), params, ptr::null_mut()) };),
+        ),
     ];
     for (id, body) in cases {
         assert_eq!(one(body.clone()), vec![id], "{body}");

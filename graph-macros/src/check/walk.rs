@@ -5,6 +5,8 @@
 //! Imports the rules, `scope.rs`, `syntax.rs`, `finding.rs` and `tokens` (names); never
 //! this folder's `mod.rs`, which drives it.
 
+use std::collections::HashMap;
+
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
@@ -14,13 +16,13 @@ use syn::{Expr, Token};
 
 use super::finding::Finding;
 use super::rules::{
-    path_matches, rule, without_version_suffix, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS,
-    FORMATTING_MACROS, OPT_OUT_MACRO, RULES,
+    path_matches, rule, without_version_suffix, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU,
+    DEVICE_READS, FORMATTING_MACROS, OPT_OUT_MACRO, RULES,
 };
 use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
-    compact, inline_args, is_closure, is_null_pointer, plain_name, root_name,
-    spans_of, split_arrows, split_top_level, static_root, strip_named_argument, stream_argument,
+    aliases_of_use, compact, inline_args, is_closure, is_null_pointer, plain_name, root_name,
+    spans_of, split_arrows, split_top_level, static_root, stream_argument, strip_named_argument,
     use_aliases,
 };
 use crate::tokens::{segment_names, unraw};
@@ -31,7 +33,7 @@ pub struct Walker {
     /// Names the body brings in with `use` items of its own (anywhere in it), with the path
     /// each stands for: `trng` → `rand::thread_rng`. The enclosing module's `use` items are
     /// not in the tokens.
-    imports: std::collections::HashMap<String, Vec<String>>,
+    imports: HashMap<String, Vec<String>>,
     /// Above zero while walking a condition already reported as a whole: its reads are
     /// part of that error.
     quiet_reads: usize,
@@ -130,7 +132,9 @@ impl Walker {
     /// in a CUDA value or ending in a method that returns one. Fields and chains the tokens
     /// cannot classify are taken for the user's.
     fn may_be_cuda(&self, e: &Expr) -> bool {
-        const CUDA_WORDS: &[&str] = &["stream", "ctx", "context", "event", "cuda", "gpu", "runtime"];
+        const CUDA_WORDS: &[&str] = &[
+            "stream", "ctx", "context", "event", "cuda", "gpu", "runtime",
+        ];
         const CUDA_FIELDS: &[&str] = &["rt", "ev", "dev", "device", "start", "stop", "end", "done"];
         const CUDA_GETTERS: &[&str] = &[
             "stream",
@@ -155,14 +159,15 @@ impl Walker {
             Expr::Unary(u) => self.may_be_cuda(&u.expr),
             Expr::Try(t) => self.may_be_cuda(&t.expr),
             Expr::Index(i) => self.may_be_cuda(&i.expr),
-            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => matches!(
-                self.scope.kind_of_expr(e),
-                Kind::Unknown | Kind::Cuda
-            ),
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                matches!(self.scope.kind_of_expr(e), Kind::Unknown | Kind::Cuda)
+            }
             Expr::Field(f) => {
                 let name = match &f.member {
                     syn::Member::Named(i) => unraw(i).to_lowercase(),
-                    syn::Member::Unnamed(_) => return self.scope.kind_of_expr(&f.base) == Kind::Cuda,
+                    syn::Member::Unnamed(_) => {
+                        return self.scope.kind_of_expr(&f.base) == Kind::Cuda
+                    }
                 };
                 CUDA_WORDS.iter().any(|w| name.contains(w)) || CUDA_FIELDS.contains(&name.as_str())
             }
@@ -242,7 +247,8 @@ impl Walker {
                 };
                 matches!(r, Expr::MethodCall(_) | Expr::Call(_))
             });
-        let rng = !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Rng);
+        let rng =
+            !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Rng);
         if !users_own {
             for r in RULES {
                 let by_cpu_arg =
@@ -292,7 +298,6 @@ impl Walker {
                 "write",
                 "borrow_mut",
                 "set",
-                "replace",
                 "take",
                 "with",
                 "with_borrow",
@@ -480,6 +485,13 @@ impl Walker {
         }
         let statements = |input: ParseStream| syn::Block::parse_within(input);
         if let Ok(stmts) = statements.parse2(tokens.clone()) {
+            // `use` items inside the invocation import names like those of the body.
+            let block = syn::Block {
+                brace_token: Default::default(),
+                stmts,
+            };
+            self.imports.extend(use_aliases(&block));
+            let stmts = block.stmts;
             self.scope.push();
             for s in &stmts {
                 self.visit_stmt(s);
@@ -542,14 +554,16 @@ impl Walker {
                 TokenTree::Ident(id) => {
                     let next = trees.get(i + 1);
                     let name = unraw(id);
-                    let punct = |t: Option<&TokenTree>, c: char| {
-                        matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c)
-                    };
+                    let punct = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
                     let after_dot = i > 0 && punct(trees.get(i - 1), '.');
                     if punct(next, '!') && !after_dot {
                         let span = (id.span(), trees.get(i + 2).map_or(id.span(), |t| t.span()));
                         let what = format!("`{name}!`");
-                        self.match_rules(span, &what, |m| matches!(m, Matcher::Macro(n) if *n == name));
+                        self.match_rules(
+                            span,
+                            &what,
+                            |m| matches!(m, Matcher::Macro(n) if *n == name),
+                        );
                     } else if after_dot
                         && matches!(next, Some(TokenTree::Group(g)) if g.delimiter() == proc_macro2::Delimiter::Parenthesis)
                     {
@@ -596,6 +610,8 @@ impl<'ast> Visit<'ast> for Walker {
             syn::Item::Macro(m) if m.mac.path.is_ident("macro_rules") => {
                 self.macro_rules(&m.mac.tokens);
             }
+            // Read before the walk for the body; here for those inside macro invocations.
+            syn::Item::Use(u) => aliases_of_use(u, &mut self.imports),
             syn::Item::Impl(i) => {
                 for it in &i.items {
                     if let syn::ImplItem::Fn(f) = it {
@@ -658,7 +674,10 @@ impl<'ast> Visit<'ast> for Walker {
                 && matches!(c.args.first(), Some(Expr::Reference(r)) if r.mutability.is_some());
             let str_first = matches!(
                 c.args.first(),
-                Some(Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(_), .. }))
+                Some(Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(_),
+                    ..
+                }))
             );
             self.match_rules(spans_of(c), &what, |m| match m {
                 Matcher::BareCall(n) => n == name,
