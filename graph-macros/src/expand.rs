@@ -57,6 +57,8 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     check_body(&model, &args, &mut cx);
     let guards = crate::check::state_guards(&model, &args);
     if !cx.has_errors() {
+        let mut model = model;
+        crate::check::shadow_host_macros(&mut model, &args);
         let mut out = expand(&model, &args);
         out.extend(guards);
         return out;

@@ -85,6 +85,53 @@ pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStre
     out
 }
 
+/// The host macros a body may reach through a macro of the user's declared outside it
+/// (`macro_rules! note { ($($t:tt)*) => { eprintln!($($t)*) } }` at module level): the
+/// tokens show only `note!(…)`. A `macro_rules!` resolves the macros its expansion names
+/// where it is invoked, so the body is given local macros of these names, first in its
+/// block, that fail to compile wherever they are reached; the error comes with the user's
+/// invocation (`in this macro invocation`). Written only into a body without findings and
+/// without `host_effects_not_replayed` (the body's own prints are the `host-print` and
+/// `host-log` rules' findings); path-qualified calls (`std::eprintln!`, `tracing::info!`)
+/// and the standard library's own macros (`dbg!`, `assert!`, which name theirs through
+/// `$crate`) are not affected.
+pub fn shadow_host_macros(model: &mut GraphFn, args: &GraphArgs) {
+    if args.host_effects {
+        return;
+    }
+    const SHADOWED: &[(&str, &str)] = &[
+        ("println", "host-print"),
+        ("print", "host-print"),
+        ("eprintln", "host-print"),
+        ("eprint", "host-print"),
+        ("info", "host-log"),
+        ("debug", "host-log"),
+        ("warn", "host-log"),
+        ("error", "host-log"),
+        ("trace", "host-log"),
+    ];
+    let krate = args.krate();
+    let mut shadows: Vec<syn::Stmt> = Vec::new();
+    for (name, rule_id) in SHADOWED {
+        let ident = proc_macro2::Ident::new(name, proc_macro2::Span::call_site());
+        let message = rules::rule(rule_id).render_plain(
+            &format!("`{name}!`, reached through a macro of yours (the invocation below),"),
+            "",
+        );
+        shadows.push(syn::parse_quote! {
+            #[allow(unused_macros)]
+            macro_rules! #ident {
+                ($($tokens:tt)*) => {
+                    #krate::__refuse_host_macro!(#message)
+                };
+            }
+        });
+    }
+    let block = &mut model.item.block;
+    shadows.append(&mut block.stmts);
+    block.stmts = shadows;
+}
+
 /// Every finding in the body of the model's function, in source order (the arguments of a
 /// macro before the macro itself).
 pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {

@@ -47,8 +47,8 @@
 //! | `module-load-in-body` | `.load_module()`, `.load_ptx()`, `compile_ptx`, `compile_ptx_with_opts`, `Ptx::from_file`, `result::module::{load,load_data}`, `sys::cuModuleLoad*`, `cuLibraryLoad*` | compiled and loaded again on every warmup run and at capture; a module dropped after capture leaves the graph launching unloaded code | methods or functions of your own with these names (methods only on a receiver the macro cannot classify) | modules loaded in helper fns |
 //! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, paths through `rayon`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)`; imported bare: `join(|| …, || …)`, `scope(|s| …)`; `.spawn(|| …)`/`.spawn_scoped`/`.install(|| …)` at the end of a call chain; rayon's `par_iter`, `par_iter_mut`, `into_par_iter`, `par_chunks*`, `par_bridge` | host work at warmup and capture only; GPU work recorded in an order between threads nothing fixes, or not at all (detached) | functions of your own named `spawn`, or `join`/`scope` taking closures | thread pools reached through methods without a closure literal (`pool.execute(job)`) |
 //! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`, `RandomState`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`, `getrandom(…)`, `fill(&mut buf)`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`); any method of a value of a generator type (`Rng::new()`, a local declared `SmallRng`) | the values drawn at capture are replayed forever | a function of your own named `random`, `rng` or `fill` (one `&mut` argument); methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a module-level alias of a function (`use rand::random as r; r()`) |
-//! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!` | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body |
-//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path); a macro of the user's whose name has the word `log`, `print`, `println`, `eprintln`, `trace`, `debug`, `info` or `warn` (`log_step!`), not `debug_assert*!` | the same | macros of your own with these names or words | logging inside helper fns, or in a module-level macro under another name |
+//! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`; the same bare names reached through a macro of the user's declared outside the body (the body's shadows, `check::shadow_host_macros`, fail to compile where reached) | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body; `std::eprintln!` by path in a macro of the user's |
+//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path); a macro of the user's whose name has the word `log`, `print`, `println`, `eprintln`, `trace`, `debug`, `info` or `warn` (`log_step!`), not `debug_assert*!` | the same | macros of your own with these names or words | logging inside helper fns, or through a path (`tracing::info!`) in a module-level macro (a bare `info!` there meets the body's shadow, `check::shadow_host_macros`) |
 //! | `host-io` | paths through `fs`, `File`, `OpenOptions`, `TcpStream`, `TcpListener`, `UdpSocket`, `Command`; `stdin`, `stdout`, `stderr` | the same: the I/O happens at capture only | modules or types of your own with these names, used through a path (`File::create`) | I/O through handles made outside the body |
 //! | `host-sleep` | a path ending in or containing `sleep` | the same: a replay does not wait | a function of your own named `sleep` | — |
 //! | `host-bookkeeping` | `push`, `insert`, `extend`, `append`, `remove`, `pop`, `truncate`, `retain`, `drain`, `clear` (and their variants) on a parameter declared as `Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet` or `String` | the same: the collection is updated at capture only | — | collections reached through statics or fields of other parameters |
@@ -195,6 +195,14 @@ impl Rule {
             message.push_str(&opt_out());
         }
         message
+    }
+
+    /// The message without the per-statement opt-out (for errors the opt-out cannot lift).
+    pub fn render_plain(&self, what: &str, data: &str) -> String {
+        self.message
+            .replace("{opt_in}", &opt_in())
+            .replace("{what}", what)
+            .replace("{data}", data)
     }
 
     /// Whether `matcher` is one of this rule's.
