@@ -232,20 +232,20 @@ pub mod coverage {}
 /// is still refused at capture with a typed error), and a host effect inside it still runs
 /// only at warmup and capture. Wrap only what you have checked; for host effects you want
 /// to run only then, the `host_effects_not_replayed` attribute key says so for the body.
-#[doc(hidden)]
-/// What `#[cuda_graph]` gives a body in place of the host macros it may reach through a
-/// macro of the user's (`println!`, `info!`, …): a compile error with the message it is given.
-#[macro_export]
-macro_rules! __refuse_host_macro {
-    ($message:literal) => {
-        ::core::compile_error!($message)
-    };
-}
-
 #[macro_export]
 macro_rules! replays_as_captured {
     ($($tokens:tt)*) => {
         $($tokens)*
+    };
+}
+
+/// What `#[cuda_graph]` gives a body in place of the host macros it may reach through a
+/// macro of the user's (`println!`, `info!`, …): a compile error with the message it is given.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __refuse_host_macro {
+    ($message:literal) => {
+        ::core::compile_error!($message)
     };
 }
 
