@@ -140,7 +140,7 @@ pub fn is_screaming(name: &str) -> bool {
 }
 
 /// The `static` at the root of a place or receiver (`COUNT` in `COUNT.fetch_add(…)`,
-/// `STATE.lock()`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
+/// `*STATE.lock().unwrap() += 1`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
 /// `SCREAMING_CASE` and, when it is one segment, is not a local. A `const` has the same
 /// spelling, but nothing can be written into one, and the methods that the caller asks
 /// about (atomics, locks, cells) are not called on constants.
@@ -157,6 +157,8 @@ pub fn static_root(e: &Expr, scope: &super::scope::Scope) -> Option<String> {
         Expr::Index(i) => static_root(&i.expr, scope),
         Expr::Field(f) => static_root(&f.base, scope),
         Expr::Group(g) => static_root(&g.expr, scope),
+        // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
+        Expr::MethodCall(m) => static_root(&m.receiver, scope),
         _ => None,
     }
 }

@@ -1174,6 +1174,8 @@ fn spellings_nobody_listed() {
             "host-static-state",
             quote!(let n = crate::COUNTER.load(Ordering::Relaxed);),
         ),
+        ("host-static-state", quote!(*STATE.lock().unwrap() += 1;)),
+        ("host-static-state", quote!(*CONFIG.write().unwrap() = 2;)),
         (
             "host-clock",
             quote!(let t = UNIX_EPOCH.elapsed()?.as_nanos() as u64;),
@@ -1270,6 +1272,10 @@ fn correct_code_that_looks_wrong() {
         quote!(assert_eq!(format!("{:?}", x).is_empty(), false, "{y:?}");),
         // A constant's or a local's SCREAMING_CASE name read in plain ways.
         quote!(let n = N_ROWS * x.len(); let t = TABLE[0];),
+        // A cache of the user's in a static, read (a lookup, not an update).
+        quote!(let f = KERNELS.lock().unwrap().get("add").cloned(); let g = CACHE.with(|c| c.borrow().len());),
+        // A function of the user's whose name ends in `_async`, given a default.
+        quote!(let r = fetch_async(url, Default::default());),
         // Bare calls whose shape is not the imported function's.
         quote!(let s = join(&parts, ","); let v = scope(rt, 3); fill(rt, y, 1.0)?;),
         // The explicit opt-out.

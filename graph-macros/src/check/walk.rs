@@ -292,15 +292,8 @@ impl Walker {
                 "fetch_update",
                 "compare_exchange",
                 "compare_exchange_weak",
-                "lock",
-                "try_lock",
-                "read",
-                "write",
-                "borrow_mut",
                 "set",
                 "take",
-                "with",
-                "with_borrow",
                 "with_borrow_mut",
             ];
             if STATIC_METHODS.contains(&name.as_str()) {
@@ -689,7 +682,18 @@ impl<'ast> Visit<'ast> for Walker {
         }
         if let Some(last) = segs.last() {
             let args: Vec<&Expr> = c.args.iter().collect();
-            if let Some(stream) = stream_argument(without_version_suffix(last), &args) {
+            // `…_async` of cudarc's `result` layer (not a function of the user's that
+            // happens to end so).
+            let raw_layer = segs
+                .iter()
+                .any(|s| matches!(s.as_str(), "result" | "sys" | "cudarc"))
+                || ["memcpy_", "memset_", "malloc_", "free_"]
+                    .iter()
+                    .any(|p| last.starts_with(p))
+                || last.starts_with("cu");
+            let stream_arg = stream_argument(without_version_suffix(last), &args)
+                .filter(|_| raw_layer || last == "launch_kernel");
+            if let Some(stream) = stream_arg {
                 let null_local = plain_name(stream)
                     .and_then(|n| self.scope.get(&n))
                     .is_some_and(|b| b.null_pointer);
