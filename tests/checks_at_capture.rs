@@ -173,8 +173,12 @@ fn a_stream_in_a_state_field_is_refused_at_capture(rt: Runtime) -> Result<(), Gr
 
 // --- a pageable field of a state struct as the host end of a copy ------------------------
 
+/// A device buffer and a pageable host field: not host-only state (`DeviceState::HOST_ONLY`
+/// is false), so it compiles, and only the capture can see which kind of host memory the
+/// field is.
 #[derive(DeviceState)]
 struct Stage {
+    scratch: CudaSlice<f32>,
     host: Vec<f32>,
 }
 
@@ -185,6 +189,7 @@ fn copies_into_state_field(
     y: &mut CudaSlice<f32>,
     #[state] stage: &mut Stage,
 ) -> Result<(), GraphError> {
+    add_scalar(rt, x, &mut stage.scratch, 0.0)?;
     add_scalar(rt, x, y, 1.0)?;
     // Legal when the field is pinned; this one is a `Vec`, which the runtime refuses.
     rt.stream().memcpy_dtoh(&*y, &mut stage.host)?;
@@ -198,6 +203,7 @@ fn a_pageable_state_field_as_a_copy_end_is_refused(rt: Runtime) -> Result<(), Gr
     let host = random_vec(&mut rng, 64);
     let x = rt.stream().clone_htod(&host)?;
     let mut stage = Stage {
+        scratch: rt.stream().alloc_zeros::<f32>(64)?,
         host: vec![0.0; 64],
     };
     // Eagerly the copy is real.
