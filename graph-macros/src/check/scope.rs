@@ -336,6 +336,8 @@ impl Scope {
             Expr::Paren(p) => self.kind_of_expr(&p.expr),
             Expr::Reference(r) => self.kind_of_expr(&r.expr),
             Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.kind_of_expr(&u.expr),
+            // `Type::new(…)?`: the value of a fallible constructor.
+            Expr::Try(t) => self.kind_of_expr(&t.expr),
             Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
                 let name = unraw(&p.path.segments[0].ident);
                 match self.get(&name) {
@@ -357,6 +359,41 @@ impl Scope {
             },
             Expr::MethodCall(m) if m.method == "clone" && m.args.is_empty() => {
                 self.kind_of_expr(&m.receiver)
+            }
+            // A builder of the user's: `Client::builder().timeout(5).build()`, a chain that
+            // starts at a function of a type of the user's and ends in `build`/`finish`/
+            // `connect` (`?` allowed between).
+            Expr::MethodCall(m)
+                if ["build", "finish", "connect"].contains(&unraw(&m.method).as_str()) =>
+            {
+                let mut root: &Expr = &m.receiver;
+                loop {
+                    match root {
+                        Expr::MethodCall(inner) => root = &inner.receiver,
+                        Expr::Try(t) => root = &t.expr,
+                        _ => break,
+                    }
+                }
+                match root {
+                    Expr::Call(c) => match &*c.func {
+                        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() >= 2 => {
+                            let mut ty = p.path.clone();
+                            ty.segments.pop();
+                            ty.segments.pop_punct();
+                            let users =
+                                ty.segments.last().is_some_and(|s| {
+                                    unraw(&s.ident).starts_with(char::is_uppercase)
+                                }) && kind_of_path(&ty.clone()).is_none();
+                            if users {
+                                Kind::Users
+                            } else {
+                                Kind::Unknown
+                            }
+                        }
+                        _ => Kind::Unknown,
+                    },
+                    _ => Kind::Unknown,
+                }
             }
             Expr::Lit(_) => Kind::Std,
             _ => Kind::Unknown,

@@ -1257,6 +1257,7 @@ fn correct_code_that_looks_wrong() {
         // The user's own methods reached through a field or a builder chain.
         quote!(let rows = model.db.query(sql)?;),
         quote!(let rows = Client::builder().timeout(5).build()?.query(sql)?;),
+        quote!(let client = Client::builder().timeout(5).build()?; let rows = client.query(sql)?; client.synchronize();),
         quote!(self_.jobs.synchronize();),
         quote!(let done = pool.get().is_complete();),
         // The user's own enum variant.
