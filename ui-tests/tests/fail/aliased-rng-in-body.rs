@@ -1,4 +1,4 @@
-// rand'\''s generator under another name (`use rand::rng as fresh`): its draws are frozen.
+// rand's generator under another name (`use rand::rng as fresh`): its draws are frozen.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 use rand::{rng as fresh, Rng};

@@ -1,4 +1,4 @@
-// A function declared inside the body runs in the capture: its sync is the body'\''s.
+// A function declared inside the body runs in the capture: its sync is the body's.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

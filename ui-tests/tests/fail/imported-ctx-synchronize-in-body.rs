@@ -1,4 +1,4 @@
-// cudarc'\''s `result::ctx::synchronize` imported by `use` and called bare: error 900.
+// cudarc's `result::ctx::synchronize` imported by `use` and called bare: error 900.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 use graph_runtime::cudarc::driver::result::ctx::synchronize;

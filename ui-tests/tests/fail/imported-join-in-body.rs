@@ -1,4 +1,4 @@
-// A fork-join function (rayon'\''s `join`) imported by `use`: two closures run on two threads.
+// A fork-join function (rayon's `join`) imported by `use`: two closures run on two threads.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 mod pool {

@@ -1,4 +1,4 @@
-// A generator type imported by `use` (fastrand'\''s `Rng`): its draws are frozen into the graph.
+// A generator type imported by `use` (fastrand's `Rng`): its draws are frozen into the graph.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 mod fastrand {

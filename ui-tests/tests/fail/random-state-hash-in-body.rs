@@ -1,4 +1,4 @@
-// std'\''s `RandomState` seeds its hasher from the OS: the seed at capture is frozen.
+// std's `RandomState` seeds its hasher from the OS: the seed at capture is frozen.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 use std::hash::{BuildHasher, RandomState};

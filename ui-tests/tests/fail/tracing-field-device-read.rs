@@ -1,4 +1,4 @@
-// tracing'\''s field syntax around a device read: the read is refused even with the host-effects opt-in.
+// tracing's field syntax around a device read: the read is refused even with the host-effects opt-in.
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 
