@@ -117,7 +117,9 @@ fn counter_picks_the_kernel(
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let call = CALLS.fetch_add(1, Ordering::SeqCst);
+    // Planted past the compile-time check (`host-static-state`) on purpose: the runtime's
+    // determinism check is what must refuse it.
+    let call = graph_runtime::replays_as_captured!(CALLS.fetch_add(1, Ordering::SeqCst));
     let name = if call.is_multiple_of(2) {
         "scale"
     } else {
@@ -147,7 +149,8 @@ fn counter_in_an_argument(
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let a = SCALE.fetch_add(1, Ordering::SeqCst) as f32;
+    // Planted past the compile-time check on purpose, as above.
+    let a = graph_runtime::replays_as_captured!(SCALE.fetch_add(1, Ordering::SeqCst)) as f32;
     let f = rt.function(SRC, "scale")?;
     let n = x.len() as i32;
     // SAFETY: reads `n` floats of `x`, writes `n` of `y`.

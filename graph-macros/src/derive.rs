@@ -85,11 +85,18 @@ pub fn derive(input: TokenStream) -> TokenStream {
         }
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    // Host data only when every visited field is (a struct of counters and names held as
+    // `&mut` state is refused like a `&mut u64`); a type with a device buffer anywhere is not.
+    let host_only = visited_types(&input.data)
+        .into_iter()
+        .map(|ty| quote!(<#ty as #krate::DeviceState>::HOST_ONLY));
     quote! {
         // SAFETY: every field that is not skipped forwards its own regions, in declaration
         // order; skipped fields are the user's statement that they hold no device memory.
         unsafe impl #impl_generics #krate::DeviceState for #name #ty_generics #where_clause {
             type Lent<'__lent> = &'__lent mut Self where Self: '__lent;
+
+            const HOST_ONLY: bool = true #(&& #host_only)*;
 
             fn regions(&self, __visit: &mut dyn FnMut(#krate::DeviceRegion)) {
                 #body

@@ -54,14 +54,20 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
     check_body(&model, &args, &mut cx);
+    let guards = crate::check::state_guards(&model, &args);
     if !cx.has_errors() {
-        return expand(&model, &args);
+        let mut model = model;
+        crate::check::shadow_host_macros(&mut model, &args);
+        let mut out = expand(&model, &args);
+        out.extend(guards);
+        return out;
     }
     if model.usable {
         // Only the body or the arguments are wrong: emit the graph type anyway (with the
         // default for any invalid argument), so that code using it does not add errors of
         // its own to the ones that matter.
         let mut out = expand(&model, &args);
+        out.extend(guards);
         out.extend(cx.finish());
         return out;
     }

@@ -154,7 +154,11 @@ use proc_macro::TokenStream;
 /// numbers, threads, module loads, host effects, …), also through cudarc's raw `result` and
 /// `sys` layers; each is an error at the call, naming the CUDA failure it prevents and what
 /// to write instead. `graph_runtime::coverage` lists them all, and what the checks cannot
-/// tell apart.
+/// tell apart. Functions and `macro_rules!` declared in the body are checked like it; `&mut`
+/// state that lives on the host (`&mut u64`, also under an alias) is refused at the
+/// parameter; a bare `println!`/`info!`/… that a macro of yours reaches is refused where it
+/// is reached. Where a message can misfire on code of yours that only shares a name, it names
+/// the per-statement opt-out, `graph_runtime::replays_as_captured!{ … }`.
 #[proc_macro_attribute]
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::cuda_graph(args.into(), item.into()).into()

@@ -243,6 +243,41 @@ pub mod __private;
 #[doc = include_str!("coverage.md")]
 pub mod coverage {}
 
+/// Your word, for one statement of a `#[cuda_graph]` body, that it **does on every replay
+/// what it did at capture**, so that the compile-time capture checks do not look into it.
+///
+/// The checks see tokens, not types: a method of your own named like a CUDA operation
+/// (`self.jobs.synchronize()`), a function of your own named like an imported one
+/// (`spawn(…)`, `fill(&mut buf)`), a copy into a pinned buffer reached through a field,
+/// look to them like the mistakes they exist to catch. Every message that can misfire this
+/// way names this macro. It expands to its tokens unchanged, statements or an expression:
+///
+/// ```ignore
+/// graph_runtime::replays_as_captured! { self.jobs.synchronize(); } // my job queue, not a stream
+/// let rows = graph_runtime::replays_as_captured!(self.db.query(&sql))?;
+/// ```
+///
+/// What it does not change: the runtime's own guards still run (a real stream sync inside
+/// is still refused at capture with a typed error), and a host effect inside it still runs
+/// only at warmup and capture. Wrap only what you have checked; for host effects you want
+/// to run only then, the `host_effects_not_replayed` attribute key says so for the body.
+#[macro_export]
+macro_rules! replays_as_captured {
+    ($($tokens:tt)*) => {
+        $($tokens)*
+    };
+}
+
+/// What `#[cuda_graph]` gives a body in place of the host macros it may reach through a
+/// macro of the user's (`println!`, `info!`, …): a compile error with the message it is given.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __refuse_host_macro {
+    ($message:literal) => {
+        ::core::compile_error!($message)
+    };
+}
+
 #[doc(hidden)]
 pub use buckets::Buckets;
 #[doc(hidden)]

@@ -80,6 +80,16 @@ pub unsafe trait DeviceState {
     /// warmup run and after the capture still happens.
     const REPLAY_CHECK: bool = true;
 
+    /// Whether the value lives on the host only (a scalar, a `String`, and containers of
+    /// them): a graph holds only GPU work, so updates a body makes to such a value as `&mut`
+    /// `#[state]` happen in the warmup runs and at capture, never on replay. `#[cuda_graph]`
+    /// refuses `&mut` state of such a type at compile time (unless the function opts into
+    /// `host_effects_not_replayed`), also when the type is named through an alias the macro
+    /// cannot see through. `#[derive(DeviceState)]` sets it when every field it visits is
+    /// host-only (a struct of counters and names); `false` for every type that may hold device
+    /// memory, and the default for implementations by hand.
+    const HOST_ONLY: bool = false;
+
     /// Calls `visit` with every buffer this value holds, always in the same order.
     fn regions(&self, visit: &mut dyn FnMut(DeviceRegion));
 

@@ -28,6 +28,13 @@ pub struct Tensor {
     device: Device,
 }
 
+/// candle's `Debug` for a tensor copies its values to the host to show them.
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        unimplemented!("a stand-in for candle_core::Tensor's Debug, which reads the values")
+    }
+}
+
 impl Tensor {
     /// The device the values live on.
     pub fn device(&self) -> &Device {

@@ -22,6 +22,7 @@
 //! | `finding.rs` | one finding, and the error spanning the offending tokens |
 //! | `syntax.rs` | helpers on tokens and expressions (spans, format strings, macro arguments) |
 //! | `tests.rs` | unit tests, end to end through the expansion |
+//! | `generated.rs` | the robustness test: bodies generated from a grammar of the mistakes, nested in closures, blocks and macros between valid code; every mistake reported once at its line, no panic, no error without a mistake |
 
 mod finding;
 mod names;
@@ -31,13 +32,15 @@ mod syntax;
 mod walk;
 
 #[cfg(test)]
+mod generated;
+#[cfg(test)]
 mod tests;
 
 use syn::visit::Visit;
 
 use crate::args::GraphArgs;
 use crate::ctxt::Ctxt;
-use crate::model::GraphFn;
+use crate::model::{GraphFn, Role};
 
 use finding::Finding;
 
@@ -48,10 +51,110 @@ pub fn check_body(model: &GraphFn, args: &GraphArgs, cx: &mut Ctxt) {
     }
 }
 
+/// The type-level half of the `host-state-mut` rule, for `&mut` state whose declared type
+/// the tokens cannot judge (a type alias, `type Step = u64;`, or a type of the user's): one
+/// constant per such parameter, next to the user's function, that fails to compile when
+/// the type's `DeviceState::HOST_ONLY` says it lives on the host. Spanned at the type, so
+/// the error points at the parameter. Nothing when the body opts into host effects; nothing
+/// for the types the tokens already judged (their error comes from [`check_body`]) or for
+/// host collections (whose updates the `host-bookkeeping` rule reports where written).
+pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStream {
+    if args.host_effects {
+        return proc_macro2::TokenStream::new();
+    }
+    let krate = args.krate();
+    let host_state = rules::rule("host-state-mut");
+    let mut out = proc_macro2::TokenStream::new();
+    for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+        let kind = scope::kind_of_type(&p.ty);
+        if kind != scope::Kind::Users || scope::is_host_only_type(&p.ty) {
+            continue;
+        }
+        let ty = &p.ty;
+        let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));
+        let message = host_state.render(&what, "");
+        let span = syn::spanned::Spanned::span(ty);
+        out.extend(quote::quote_spanned! {span=>
+            const _: () = {
+                if <#ty as #krate::DeviceState>::HOST_ONLY {
+                    ::core::panic!(#message);
+                }
+            };
+        });
+    }
+    out
+}
+
+/// The host macros a body may reach through a macro of the user's declared outside it
+/// (`macro_rules! note { ($($t:tt)*) => { eprintln!($($t)*) } }` at module level): the
+/// tokens show only `note!(…)`. A `macro_rules!` resolves the macros its expansion names
+/// where it is invoked, so the body is given local macros of these names, first in its
+/// block, that fail to compile wherever they are reached; the error comes with the user's
+/// invocation (`in this macro invocation`). Written only into a body without findings and
+/// without `host_effects_not_replayed` (the body's own prints are the `host-print` and
+/// `host-log` rules' findings); path-qualified calls (`std::eprintln!`, `tracing::info!`)
+/// and the standard library's own macros (`dbg!`, `assert!`, which name theirs through
+/// `$crate`) are not affected.
+pub fn shadow_host_macros(model: &mut GraphFn, args: &GraphArgs) {
+    if args.host_effects {
+        return;
+    }
+    const SHADOWED: &[(&str, &str)] = &[
+        ("println", "host-print"),
+        ("print", "host-print"),
+        ("eprintln", "host-print"),
+        ("eprint", "host-print"),
+        ("info", "host-log"),
+        ("debug", "host-log"),
+        ("warn", "host-log"),
+        ("error", "host-log"),
+        ("trace", "host-log"),
+    ];
+    let krate = args.krate();
+    let mut shadows: Vec<syn::Stmt> = Vec::new();
+    for (name, rule_id) in SHADOWED {
+        let ident = proc_macro2::Ident::new(name, proc_macro2::Span::call_site());
+        let message = rules::rule(rule_id).render_plain(
+            &format!("`{name}!`, reached through a macro of yours (the invocation below),"),
+            "",
+        );
+        shadows.push(syn::parse_quote! {
+            #[allow(unused_macros)]
+            macro_rules! #ident {
+                ($($tokens:tt)*) => {
+                    #krate::__refuse_host_macro!(#message)
+                };
+            }
+        });
+    }
+    let block = &mut model.item.block;
+    shadows.append(&mut block.stmts);
+    block.stmts = shadows;
+}
+
 /// Every finding in the body of the model's function, in source order (the arguments of a
 /// macro before the macro itself).
 pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {
-    let mut w = walk::Walker::new(scope::Scope::of(model), args.host_effects);
+    let mut w = walk::Walker::new(
+        scope::Scope::of(model),
+        args.host_effects,
+        &model.item.block,
+    );
+    // `&mut` state that lives on the host: the signature is the mistake.
+    if !args.host_effects {
+        let host_state = rules::rule("host-state-mut");
+        for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+            if scope::is_host_only_type(&p.ty) {
+                let ty = &p.ty;
+                let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));
+                w.findings.push(Finding {
+                    rule: host_state,
+                    span: syntax::spans_of(&p.ty),
+                    message: host_state.render(&what, ""),
+                });
+            }
+        }
+    }
     w.visit_block(&model.item.block);
     w.findings
 }

@@ -32,8 +32,30 @@ pub const CANDLE_READS: &[&str] = &[
 /// `QTensor::dequantize` / `dequantize_f16`, which end in `to_device`.
 pub const CANDLE_TO_CPU: &[&str] = &["to_device", "dequantize", "dequantize_f16"];
 
-/// Calls whose result is a device buffer of the body (for `device-value-formatted`).
-pub const DEVICE_ALLOCS: &[&str] = &["alloc_zeros", "alloc", "clone_dtod", "try_clone"];
+/// candle `Tensor` methods whose result is host data (shapes, types, ids), not a tensor:
+/// formatting it reads nothing from the device.
+pub const TENSOR_HOST_METHODS: &[&str] = &[
+    "dims",
+    "dims0",
+    "dims1",
+    "dims2",
+    "dims3",
+    "dims4",
+    "dims5",
+    "shape",
+    "dim",
+    "rank",
+    "elem_count",
+    "dtype",
+    "device",
+    "layout",
+    "stride",
+    "id",
+    "is_contiguous",
+    "is_variable",
+    "len",
+    "is_empty",
+];
 
 /// Macros whose arguments are formatted.
 pub const FORMATTING_MACROS: &[&str] = &[

@@ -28,38 +28,47 @@
 //!
 //! | rule | what it matches | CUDA failure / consequence | known false positives | known false negatives |
 //! | --- | --- | --- | --- | --- |
-//! | `host-sync` | `.synchronize()` (candle's `Device::synchronize` too), `CudaStream::synchronize(s)` (any cudarc, runtime or candle type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a `synchronize` method on a receiver the macro cannot classify (a field, a method chain) | a sync inside a helper fn; a user type that derefs to a stream, or a type alias of one (the runtime's own `Runtime::synchronize` is refused at run time with `GraphError::SyncInCapture`) |
+//! | `host-sync` | `.synchronize()` (candle's `Device::synchronize` too) on a receiver that may be CUDA's (a name not provably the user's, a field named like a CUDA object, a chain rooted in one), a bare `synchronize(…)` (imported by `use`), `CudaStream::synchronize(s)` (any cudarc, runtime or candle type), `result::{ctx,stream,event}::synchronize`, `sys::cu{Ctx,Stream,Event}Synchronize` | 900 | a function of your own named `synchronize`; a `synchronize` method on a local of unknown type or a field named like a stream | a sync inside a helper fn; a user type built with `Type::new` that derefs to a stream, a type alias of one, a stream in a field under the user's name (all typed at capture: 900) |
 //! | `device-to-host` | `.clone_dtoh()`, `.memcpy_dtoh()`, `.memcpy_dtov()`, cudarc's older `dtoh_sync_copy*`, `sync_reclaim`; `result::memcpy_dtoh_async`, `sys::cuMemcpyDtoHAsync` | copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`) or 900 | methods of your own with these names on a receiver the macro cannot classify | reads inside helper fns (caught at run time by the runtime's graph inspection) |
 //! | `candle-host-read` | candle's host reads (candle-core 0.11): `.to_scalar()`, `.to_vec0()`, `.to_vec1()`, `.to_vec2()`, `.to_vec3()`, `.to_cpu_storage()`; `.to_device(cpu)`, `.dequantize(cpu)`, `.dequantize_f16(cpu)` where `cpu` is `&Device::Cpu` (any path ending so) or a local bound to it; `.write_npy()`, `.save_safetensors()`, `Tensor::write_npz`, `safetensors::save` | candle refuses the copy while capturing; without its capture guard, copy recorded into a dead `Vec` (`GraphError::PageableCopyCaptured`); warmup values frozen | methods of your own with these names on a receiver the macro cannot classify; a tensor made on the CPU in the body and read (the tokens do not say where a tensor lives); a type of your own named like candle's (`Tensor`, `Device`, …) | reads through generic names (`f32::try_from(&t)`, `t.try_into()`, `t.to_string()`, `t.write_bytes(w)`, `QTensor::data()`), `to_device` given a CPU device under another name (`Device::cuda_if_available`, a field), reads inside candle ops (`QTensor::quantize`, `dequantize` of types without a GPU kernel), reads in helper fns |
 //! | `host-to-device` | `.clone_htod()`, `.memcpy_htod()`, `.memcpy_stod()`, older `htod_*copy*`, unless the source is a pinned buffer (a parameter declared as `PinnedHostSlice`); `result::memcpy_htod_async`, `sys::cuMemcpyHtoDAsync` | host address recorded (`GraphError::PageableCopyCaptured`) | a copy from a pinned buffer reached under another name (legal): move it into a helper fn | copies inside helper fns (caught at run time) |
 //! | `raw-sync-memory-op` | the synchronous memory calls of cudarc's raw layers: `result::memcpy_{htod,dtoh,dtod}_sync`, `memset_d8_sync`, `malloc_sync`, `free_sync`, `memory_free`; `sys::cuMemcpy{HtoD,DtoH,DtoD,,Peer,2D,3D}`, `cuMemsetD{8,16,32}`, `cuMemAlloc`, `cuMemFree` | nothing recorded, no replay repeats it: runs in the warmup runs, and while capturing is refused (900) or runs once outside the graph | functions of your own with these names | raw calls reached through other names |
-//! | `device-value-formatted` | a formatting macro (`println!`, `format!`, `dbg!`, `panic!`, `assert!`, the `log`/`tracing` macros, …) given a device buffer of the body: an input or output, a state parameter whose declared type is not host data (a collection, a scalar, a generator, a type of your own), a local bound to `alloc_zeros`/`alloc`/`clone_dtod`/`try_clone` or to another buffer | 900 if the values were read | — | buffers reached through fields or other names; a state of your own type whose `Debug` reads the device |
+//! | `device-value-formatted` | a formatting macro (`println!`, `format!`, `dbg!`, `panic!`, `assert!`, the `log`/`tracing` macros, …) given a candle tensor of the body as a whole: an input, output or state declared as `Tensor`, `Var`, `QTensor`, a local bound to `Tensor::…(…)` (not on the CPU device) or to a tensor op on one (not a host value such as `.dims()`). cudarc's buffers are not: their `Debug` reads nothing | candle refuses the read while capturing, or 900 | — | tensors returned by functions of the user's; a state of your own type whose `Debug` reads the device |
 //! | `host-branch-on-device-data` | an `if`/`while`/`match`/`for`/`let … else` whose condition calls a device-to-host read or names a local bound to one (block-scoped: a shadowing `let`, closure parameter or pattern clears the mark) | the graph replays the path taken at capture | — | values read in helper fns, or through raw copies |
 //! | `candle-branch-on-device-data` | the same, where the data is a candle tensor's values (a `candle-host-read` value read, or a local bound to one) | the graph replays the path taken at capture | as `candle-host-read` | as `candle-host-read` |
-//! | `stream-or-event-query` | `.query()`, `.is_complete()`, `.try_is_complete()`, `.elapsed_ms()`; `result::event::{query,elapsed}`, `sys::cuEventQuery`, `cuStreamQuery`, `cuEventElapsedTime` | 900 / 907 | a `query` method on a receiver the macro cannot classify (a field of a database client) | queries inside helper fns |
+//! | `stream-or-event-query` | `.query()`, `.is_complete()` on a receiver that may be CUDA's (as `host-sync`), `.try_is_complete()`, `.elapsed_ms()`; `result::event::{query,elapsed}`, `sys::cuEventQuery`, `cuStreamQuery`, `cuEventElapsedTime` | 900 / 907 | a `query` method on a local of unknown type or a field named like an event | queries inside helper fns, or through fields under the user's names (typed at capture) |
 //! | `pinned-host-alloc` | `.alloc_pinned()`, `.alloc_pinned_with_flags()`, `result::malloc_host`, `sys::cuMemAllocHost`, `cuMemHostAlloc`, `cuMemHostRegister` (freeing is reported at the allocation) | 900 in `global` and `thread_local` modes | methods of your own with these names on a receiver the macro cannot classify | allocations in helper fns |
-//! | `pinned-host-read` | `.as_slice()`, `.as_mut_slice()`, `.as_ptr()`, `.as_mut_ptr()` on a parameter (or annotated local) declared as `PinnedHostSlice` | 900 (cudarc waits on the buffer's event) | — | pinned buffers reached through other names |
-//! | `legacy-default-stream` | `.default_stream()`, `.per_thread_stream()`, `result::stream::null()` | work escapes the graph (`GraphError::EmptyGraph`); 906 with a blocking capture stream | methods of your own with these names on a receiver the macro cannot classify | a legacy stream obtained before the body and passed in |
+//! | `pinned-host-read` | `.as_slice()`, `.as_mut_slice()`, `.as_ptr()`, `.as_mut_ptr()` on a parameter (or annotated local) declared as `PinnedHostSlice`; `.as_slice()`, `.as_mut_slice()` on a field of a `#[state]` struct of the user's (`stage.host.as_slice()`) | 900 (cudarc waits on the buffer's event) | a host `Vec` field of a state struct read with `as_slice` | pinned buffers reached through other names |
+//! | `legacy-default-stream` | `.default_stream()`, `.per_thread_stream()`, `result::stream::null()`; a null stream (`ptr::null_mut()`, `0 as _`, `Default::default()`, a local bound to one) where a raw call takes its stream (`cuLaunchKernel`, `cu…Async`, `cuEventRecord`, `result::…_async`, `launch_kernel`) | work escapes the graph (`GraphError::EmptyGraph`); 906 with a blocking capture stream | methods of your own with these names on a receiver the macro cannot classify | a legacy stream obtained before the body and passed in |
 //! | `stream-created-in-body` | `.new_stream()`, `.new_stream_with_priority()`, `.wrap_borrowed_stream()`, cudarc's `.fork()` without arguments, `result::stream::create*`, `sys::cuStreamCreate*` | 904, or 900 (seen on an H100); work that never joins the capture is not recorded | methods of your own with these names on a receiver the macro cannot classify | streams made before capture and reached through a static or a helper |
 //! | `cublas-handle-in-body` | `CudaBlas::new`, `CudaBlasLT::new` | 900 (handle destruction synchronizes the device) | a type of your own named `CudaBlas` | handles made in helper fns |
 //! | `capture-control` | `.begin_capture()`, `.end_capture()`, `result::stream::{begin,end}_capture`, `sys::cuStream{Begin,End}Capture` | 903 / a capture ended early | methods of your own with these names on a receiver the macro cannot classify | — |
 //! | `nested-graph-capture` | `SomethingGraph::capture(…)` | `GraphError::NestedCapture` | a type of your own whose name ends in `Graph` with a `capture` function | captures inside helper fns (refused at run time) |
 //! | `module-load-in-body` | `.load_module()`, `.load_ptx()`, `compile_ptx`, `compile_ptx_with_opts`, `Ptx::from_file`, `result::module::{load,load_data}`, `sys::cuModuleLoad*`, `cuLibraryLoad*` | compiled and loaded again on every warmup run and at capture; a module dropped after capture leaves the graph launching unloaded code | methods or functions of your own with these names (methods only on a receiver the macro cannot classify) | modules loaded in helper fns |
-//! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, `rayon::{spawn,scope,join}`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)` | the thread runs in warmup and capture only; its GPU work is recorded only if it lands before the capture ends | a function of your own named `spawn` | thread pools reached through methods (`pool.execute`, `par_iter`) |
-//! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`) | the values drawn at capture are replayed forever | a function of your own named `random` or `rng`; methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a type alias of the user's |
-//! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!` | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body |
-//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path) | the same | macros of your own with these names | logging inside helper fns |
+//! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, paths through `rayon`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)`; imported bare: `join(|| …, || …)`, `scope(|s| …)`; `.spawn(|| …)`/`.spawn_scoped`/`.install(|| …)` at the end of a call chain; rayon's `par_iter`, `par_iter_mut`, `into_par_iter`, `par_chunks*`, `par_bridge` | host work at warmup and capture only; GPU work recorded in an order between threads nothing fixes, or not at all (detached) | functions of your own named `spawn`, or `join`/`scope` taking closures | thread pools reached through methods without a closure literal (`pool.execute(job)`) |
+//! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`, `RandomState`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`, `getrandom(…)`, `fill(&mut buf)`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`); any method of a value of a generator type (`Rng::new()`, a local declared `SmallRng`) | the values drawn at capture are replayed forever | a function of your own named `random`, `rng` or `fill` (one `&mut` argument); methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a module-level alias of a function (`use rand::random as r; r()`) |
+//! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`; the same bare names reached through a macro of the user's declared outside the body (the body's shadows, `check::shadow_host_macros`, fail to compile where reached) | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body; `std::eprintln!` by path in a macro of the user's |
+//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path); a macro of the user's whose name has the word `log`, `print`, `println`, `eprintln`, `trace`, `debug`, `info` or `warn` (`log_step!`), not `debug_assert*!` | the same | macros of your own with these names or words | logging inside helper fns, or through a path (`tracing::info!`) in a module-level macro (a bare `info!` there meets the body's shadow, `check::shadow_host_macros`) |
 //! | `host-io` | paths through `fs`, `File`, `OpenOptions`, `TcpStream`, `TcpListener`, `UdpSocket`, `Command`; `stdin`, `stdout`, `stderr` | the same: the I/O happens at capture only | modules or types of your own with these names, used through a path (`File::create`) | I/O through handles made outside the body |
 //! | `host-sleep` | a path ending in or containing `sleep` | the same: a replay does not wait | a function of your own named `sleep` | — |
 //! | `host-bookkeeping` | `push`, `insert`, `extend`, `append`, `remove`, `pop`, `truncate`, `retain`, `drain`, `clear` (and their variants) on a parameter declared as `Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet` or `String` | the same: the collection is updated at capture only | — | collections reached through statics or fields of other parameters |
-//! | `host-clock` | `Instant::now`, `SystemTime::now` | the same: the time read at capture is frozen | types of your own with these names | clocks read in helper fns |
+//! | `host-clock` | `Instant::now`, `SystemTime::now`, `Utc::now`, `Local::now`, `.elapsed()` (`UNIX_EPOCH.elapsed()`, `t0.elapsed()` of a constant `Instant`) | the same: the time read at capture is frozen | types of your own with these names; an `elapsed` method of your own on a receiver the macro cannot classify | clocks read in helper fns |
+//! | `host-input` | paths through `env` (`env::var`, `std::env::args`), bare `var("…")`/`var_os("…")`; `.exists()`, `.try_exists()`, `.is_file()`, `.is_dir()` without arguments; `.recv()`, `.try_recv()`, `.recv_timeout()`, `.recv_deadline()`, `.try_iter()` | the value read at capture is frozen; a message is taken once | modules or methods of your own with these names | host values read in helper fns |
+//! | `host-static-state` | a `static` (a `SCREAMING_CASE` path that is not a local) written (`STEP += 1`, `CALLS = 0`, `*STATE.lock().unwrap() += 1`) or used through an atomic or cell method (`load`, `store`, `fetch_*`, `swap`, `compare_exchange*`, `set`, `take`, `with_borrow_mut`) | updated or read at warmup and capture only; what it held at capture is frozen | a constant of your own with such a method | a `static mut` read by value; a static read through a lock (`CACHE.lock()…get(…)`, a lookup, not refused); updates inside a closure (`COUNTER.with(\|c\| …)`); statics reached through helper fns |
+//! | `host-state-mut` | a `&mut` `#[state]` whose declared type is host data only: a scalar, `String`, `Duration`, an atomic, arrays, tuples, slices and `Option`/`Box`/… of them (not collections: their updates are `host-bookkeeping`'s); under an alias or a name of the user's, the generated constant fails when `DeviceState::HOST_ONLY` says so | the body's updates happen at warmup and capture only | — | host fields of a derived struct that also holds device memory (a derived struct of host fields only is refused by its `HOST_ONLY`) |
 //!
 //! The `host-*` rules are lifted by the `host_effects_not_replayed` attribute key, whose
 //! name states the consequence; the others cannot be lifted (each is a failed capture or a
-//! wrong graph). Functions, macros and other items declared *inside* the body are not
-//! walked, like any other helper: a helper function is where a deliberate exception goes,
-//! and where the runtime's own guards ([`ensure_not_capturing`], the graph inspection) take
-//! over. The arguments of a macro invocation are walked when they parse as comma-separated
+//! wrong graph). Every rule whose names the user's code can share (`misfires`) ends its
+//! message with the per-statement opt-out, `graph_runtime::replays_as_captured!`, whose
+//! arguments the walker does not enter. Functions and `impl` methods declared *inside* the
+//! body are walked like the body (only the body can call them); a `macro_rules!` declared
+//! there is scanned for the macros, methods and paths its rules write. A helper function
+//! declared outside the body is not in the tokens: that is where the runtime's own guards
+//! ([`ensure_not_capturing`], the graph inspection) take over. `use` items anywhere in the
+//! body (and inside macro invocations) are read, and a name they import is judged by the
+//! path it stands for. The arguments of a macro invocation are walked when they parse as
+//! comma-separated
 //! expressions, statements, or expressions between `;`, `,` and `=>`; otherwise nothing in
 //! them is reported.
 //!
@@ -118,6 +127,42 @@ pub enum Matcher {
     /// `p.name(…)` where `p` is a parameter whose declared type is a host collection
     /// (`Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet`, `String`).
     CollectionParamMethod(&'static str),
+    /// `receiver.name(…)` where the receiver may be a CUDA object: a name whose type is not
+    /// the user's, a field named like one (`.stream`, `.ctx`, `.event`), or a call chain
+    /// rooted in a CUDA value or ending in `.stream()`/`.context()`. A field or a chain the
+    /// tokens cannot classify is taken for the user's: the names these rules match are
+    /// common in user code, and the CUDA calls they stand for fail the capture with a typed
+    /// error at run time when the macro lets one through.
+    LooseMethod(&'static str),
+    /// A bare call `name(…)` with exactly this many arguments, all closures: rayon's
+    /// `join(|| a, || b)`, `std::thread::scope(|s| …)` imported by `use`.
+    BareClosureCall(&'static str, usize),
+    /// A bare call `name(&mut buf)` with one `&mut` argument: `getrandom::fill` imported by `use`.
+    BareMutRefCall(&'static str),
+    /// A bare call `name("LITERAL", …)` whose first argument is a string literal:
+    /// `std::env::var` imported by `use`.
+    BareStrCall(&'static str),
+    /// `receiver.name(…)` with a closure among the arguments (`Builder::new().spawn(|| …)`),
+    /// unless the receiver is provably the user's own.
+    MethodWithClosure(&'static str),
+    /// Any method of a value whose type is a random generator's (a local bound to
+    /// `Rng::new()`, `SmallRng::seed_from_u64(…)`, or declared with such a type).
+    RngMethod,
+    /// A `static` (a name in `SCREAMING_CASE` that is not a local) written, or read or
+    /// updated through an atomic, lock or cell method.
+    StaticAccess,
+    /// A raw driver call given a null stream (`ptr::null_mut()`, `0 as _`, `Default::default()`)
+    /// where it takes its stream: the legacy default stream.
+    NullStream,
+    /// A macro of the user's whose name has this word (between `_`): `log_step!`,
+    /// `debug_print!`. The standard library's `debug_assert*!` are not.
+    MacroWord(&'static str),
+    /// `s.field.name(…)` where `s` is a `#[state]` parameter of a type of the user's: a
+    /// pinned buffer held in a field of a state struct (`stage.host.as_slice()`).
+    StateFieldMethod(&'static str),
+    /// A `&mut` `#[state]` whose declared type holds only host data (`&mut u64`,
+    /// `&mut [f32; 4]`): nothing of it is on the device, so no replay updates it.
+    HostStateMut,
 }
 
 /// One mistake the macro rejects.
@@ -129,6 +174,9 @@ pub struct Rule {
     pub matchers: &'static [Matcher],
     /// Whether `host_effects_not_replayed` lifts it.
     pub host_effect: bool,
+    /// Whether it can match correct code (its names are also the user's): the message then
+    /// ends with the per-statement opt-out, [`OPT_OUT_MACRO`].
+    pub misfires: bool,
     /// The error message. `{what}` becomes the construct found (`` `.clone_dtoh()` ``,
     /// `` `println!` ``), `{data}` the device data involved, where the rule has one, and
     /// `{opt_in}` the way to lift a `host-*` rule.
@@ -138,6 +186,19 @@ pub struct Rule {
 impl Rule {
     /// The message with its placeholders filled in.
     pub fn render(&self, what: &str, data: &str) -> String {
+        let mut message = self
+            .message
+            .replace("{opt_in}", &opt_in())
+            .replace("{what}", what)
+            .replace("{data}", data);
+        if self.misfires {
+            message.push_str(&opt_out());
+        }
+        message
+    }
+
+    /// The message without the per-statement opt-out (for errors the opt-out cannot lift).
+    pub fn render_plain(&self, what: &str, data: &str) -> String {
         self.message
             .replace("{opt_in}", &opt_in())
             .replace("{what}", what)
@@ -150,6 +211,19 @@ impl Rule {
     }
 }
 
+/// The per-statement opt-out: a macro of `graph_runtime` that expands to its tokens and that
+/// the checks do not look into. Its name is what the user asserts by writing it.
+pub const OPT_OUT_MACRO: &str = "replays_as_captured";
+
+/// The end of every message that can misfire: how to say that the code is correct.
+fn opt_out() -> String {
+    format!(
+        " (if this is code of your own that only shares the name, and it does the same on every \
+         replay as at capture, say so for this statement with \
+         `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`)"
+    )
+}
+
 /// The end of every `host-*` message: how to opt in.
 fn opt_in() -> String {
     format!(
@@ -158,14 +232,13 @@ fn opt_in() -> String {
     )
 }
 
-pub use super::names::{
-    CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS, FORMATTING_MACROS,
-};
+pub use super::names::{CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS};
 
 use Matcher::{
-    BareCall, BranchesOnDeviceData, BranchesOnTensorData, CollectionParamMethod, Driver,
-    FormatsDeviceBuffer, ItemOf, Macro, Method, MethodNoArgs, NestedGraphCapture, Path,
-    PinnedMethod, ToCpu,
+    BareCall, BareClosureCall, BareMutRefCall, BareStrCall, BranchesOnDeviceData,
+    BranchesOnTensorData, CollectionParamMethod, Driver, FormatsDeviceBuffer, HostStateMut, ItemOf,
+    LooseMethod, Macro, MacroWord, Method, MethodNoArgs, MethodWithClosure, NestedGraphCapture,
+    NullStream, Path, PinnedMethod, RngMethod, StateFieldMethod, StaticAccess, ToCpu,
 };
 
 /// Every rule, in the order of the module documentation's table.
@@ -173,7 +246,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         id: "host-sync",
         matchers: &[
-            Method("synchronize"),
+            LooseMethod("synchronize"),
+            BareCall("synchronize"),
             Path(&["ctx", "synchronize"]),
             Path(&["stream", "synchronize"]),
             Path(&["event", "synchronize"]),
@@ -182,6 +256,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuEventSynchronize"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} makes the CPU wait for the GPU, which a capture cannot record: it fails with CUDA \
                   error 900 (operation not permitted when stream is capturing); the graph's kernels already \
                   run in stream order, so delete it, and wait for results after `replay()` returns",
@@ -199,13 +274,16 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemcpyDtoHAsync"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} reads device memory on the host, but while the body is captured the GPU has not run \
                   yet: the copy is recorded into the graph instead of done, the host buffer holds garbage, and \
                   every replay would write into a host buffer that is long gone (the runtime refuses such a \
                   graph with `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, \
                   operation not permitted when stream is capturing); make the value an output parameter \
                   (`out: &mut CudaSlice<T>`) and read it after the replay: \
-                  `stream.clone_dtoh(graph.replay(…)?.out)`",
+                  `stream.clone_dtoh(graph.replay(…)?.out)`; a copy into a pinned buffer that outlives the \
+                  graph is legal and every replay repeats it: declare the buffer as \
+                  `#[state] staging: &mut PinnedHostSlice<T>` and copy into `staging`",
     },
     Rule {
         id: "candle-host-read",
@@ -225,6 +303,7 @@ pub const RULES: &[Rule] = &[
             Path(&["safetensors", "save"]),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} copies a candle tensor from the GPU to the host: in the warmup runs it reads values \
                   that no replay reads again, and while the body is captured the GPU has not run yet, so \
                   candle refuses the copy (`to_cpu_storage during CUDA graph capture`; without candle's \
@@ -248,12 +327,14 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemcpyHtoDAsync"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} copies host memory to the device: a capture records the host address, not the values, \
                   so every replay would copy from that address again after the `Vec` or slice is gone (the \
                   runtime refuses such a graph with `GraphError::PageableCopyCaptured`); take the data as an \
                   input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as `#[state]` if it rarely \
-                  changes, or upload it once before `capture` (a copy from a pinned buffer that outlives the \
-                  graph is legal, but its tokens look the same: make it in a helper function)",
+                  changes, or upload it once before `capture`; a copy from a pinned buffer that outlives the \
+                  graph is legal and every replay repeats it: declare the buffer as \
+                  `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`",
     },
     Rule {
         id: "raw-sync-memory-op",
@@ -279,6 +360,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemFree"),
         ],
         host_effect: false,
+        misfires: false,
         message: "{what} is a synchronous memory call of cudarc's raw driver layer: it does not go through the \
                   capture stream, so the graph records nothing for it and no replay repeats it; it runs in the \
                   warmup runs, and while capturing CUDA either refuses it (error 900, operation not permitted \
@@ -291,15 +373,19 @@ pub const RULES: &[Rule] = &[
         id: "device-value-formatted",
         matchers: &[FormatsDeviceBuffer],
         host_effect: false,
-        message: "{what} formats the device buffer {data}: its values live on the GPU and, while the body is \
-                  captured, have not been computed yet; showing them needs a device-to-host copy and a wait, \
-                  which a capture cannot do (CUDA error 900, operation not permitted when stream is capturing); \
-                  print it after `replay()` returns, from the graph's outputs",
+        misfires: false,
+        message: "{what} formats the candle tensor {data}: candle's `Debug` and `Display` copy the tensor's \
+                  values to the host, and while the body is captured they have not been computed yet; candle \
+                  refuses the copy (`to_cpu_storage during CUDA graph capture`), or it fails with CUDA error 900 \
+                  (operation not permitted when stream is capturing); format it after `replay()` returns, from \
+                  the graph's outputs (cudarc's buffers are different: their `Debug` shows the address, length \
+                  and stream, reads nothing, and may be formatted in the body)",
     },
     Rule {
         id: "host-branch-on-device-data",
         matchers: &[BranchesOnDeviceData],
         host_effect: false,
+        misfires: false,
         message: "this condition decides on the host from {data}: while the body is captured that value does \
                   not exist yet (reading it fails with CUDA error 900, operation not permitted when stream is \
                   capturing, or yields garbage), and a graph records only the path taken at capture and replays \
@@ -312,6 +398,7 @@ pub const RULES: &[Rule] = &[
         id: "candle-branch-on-device-data",
         matchers: &[BranchesOnTensorData],
         host_effect: false,
+        misfires: false,
         message: "this condition decides on the host from {data}, a candle tensor's values: while the body is \
                   captured they do not exist yet (candle refuses the read: `to_cpu_storage during CUDA graph \
                   capture`), and a graph records only the path taken at capture and replays it whatever the \
@@ -322,8 +409,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         id: "stream-or-event-query",
         matchers: &[
-            Method("query"),
-            Method("is_complete"),
+            LooseMethod("query"),
+            LooseMethod("is_complete"),
             Method("try_is_complete"),
             Method("elapsed_ms"),
             Path(&["event", "query"]),
@@ -333,6 +420,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuEventElapsedTime"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} asks whether GPU work has finished, which has no answer while the work is only being \
                   recorded: it fails with CUDA error 900 (operation not permitted when stream is capturing), or \
                   CUDA error 907 (operation not permitted on an event last recorded in a capturing stream) for an event \
@@ -350,6 +438,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuMemHostRegister"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} allocates page-locked host memory, a blocking driver call that a capture refuses with CUDA \
                   error 900 (operation not permitted when stream is capturing) in the `thread_local` and \
                   `global` capture modes, and freeing it at the end of the body waits for the GPU as well; \
@@ -363,13 +452,18 @@ pub const RULES: &[Rule] = &[
             PinnedMethod("as_mut_slice"),
             PinnedMethod("as_ptr"),
             PinnedMethod("as_mut_ptr"),
+            StateFieldMethod("as_slice"),
+            StateFieldMethod("as_mut_slice"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} on the pinned buffer {data} first waits for the GPU work that uses it (cudarc \
                   synchronizes the buffer's event), which a capture refuses with CUDA error 900 (operation not \
                   permitted when stream is capturing), and the host values it would show are not computed yet; \
-                  copy to or from the pinned buffer with the stream's copy calls inside the body, and touch its \
-                  host side only before `capture` or after `replay()` returns",
+                  inside the body a pinned `#[state]` buffer is only the source or destination of the stream's \
+                  asynchronous copies (`memcpy_htod(&*staging, …)`, `memcpy_dtoh(&y, &mut *staging)`), which \
+                  the graph records and every replay repeats; read or fill its host side before `capture` or \
+                  after `replay()` returns",
     },
     Rule {
         id: "legacy-default-stream",
@@ -377,10 +471,12 @@ pub const RULES: &[Rule] = &[
             Method("default_stream"),
             Method("per_thread_stream"),
             Path(&["stream", "null"]),
+            NullStream,
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} is not the capture stream: the runtime captures on its own non-blocking stream, so work \
-                  queued on a default stream does not wait for the capture, runs once, right away, and is not \
+                  queued on a default stream (cudarc's, or a null `CUstream` given to a raw driver call) does not wait for the capture, runs once, right away, and is not \
                   in the graph (a body with nothing else fails with `GraphError::EmptyGraph`); with a blocking \
                   capture stream it would fail with CUDA error 906 (operation would make the legacy stream \
                   depend on a capturing blocking stream); queue the work on `rt.stream()` (or the context \
@@ -399,6 +495,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuStreamCreateWithPriority"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} creates a stream inside the captured body: work on it is not recorded unless the \
                   stream first waits on the capture, and then it must rejoin the capture stream before the \
                   body returns or the capture fails with CUDA error 904 (capturing stream has unjoined work); \
@@ -410,6 +507,7 @@ pub const RULES: &[Rule] = &[
         id: "cublas-handle-in-body",
         matchers: &[Path(&["CudaBlas", "new"]), Path(&["CudaBlasLT", "new"])],
         host_effect: false,
+        misfires: true,
         message: "{what} creates a cuBLAS handle inside the captured body: it is created again on every warmup \
                   run and at capture, and destroying it at the end of the body synchronizes the device, which a \
                   capture refuses (CUDA error 900, operation not permitted when stream is capturing); use \
@@ -427,6 +525,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuStreamEndCapture"),
         ],
         host_effect: false,
+        misfires: false,
         message: "{what} controls a stream capture by hand, but the runtime already captures this body on \
                   its stream: a second capture cannot begin there, ending it early leaves the rest of the body \
                   unrecorded, and ending it on another stream is CUDA error 903 (capture was not ended in the \
@@ -437,6 +536,7 @@ pub const RULES: &[Rule] = &[
         id: "nested-graph-capture",
         matchers: &[NestedGraphCapture],
         host_effect: false,
+        misfires: true,
         message: "{what} captures a graph inside the body of another: captures do not nest, and the runtime \
                   refuses it with `GraphError::NestedCapture`; call the inner `#[cuda_graph]` function \
                   directly (its work becomes part of this graph), or capture the inner graph before this one",
@@ -459,6 +559,7 @@ pub const RULES: &[Rule] = &[
             Driver("cuLibraryLoadFromFile"),
         ],
         host_effect: false,
+        misfires: true,
         message: "{what} compiles or loads a CUDA module inside the captured body: that is done again in every \
                   warmup run and at capture, and the kernels the graph records point into the module loaded at \
                   capture, so once the body drops it every replay launches unloaded code; get kernels with \
@@ -471,19 +572,33 @@ pub const RULES: &[Rule] = &[
             Path(&["thread", "spawn"]),
             Path(&["thread", "scope"]),
             ItemOf(&["thread", "Builder"]),
-            Path(&["rayon", "spawn"]),
-            Path(&["rayon", "scope"]),
-            Path(&["rayon", "join"]),
+            ItemOf(&["rayon"]),
             Path(&["tokio", "spawn"]),
             Path(&["spawn_blocking"]),
             BareCall("spawn"),
+            BareClosureCall("join", 2),
+            BareClosureCall("scope", 1),
+            MethodWithClosure("spawn"),
+            MethodWithClosure("spawn_scoped"),
+            MethodWithClosure("install"),
+            Method("par_iter"),
+            Method("par_iter_mut"),
+            Method("into_par_iter"),
+            Method("par_chunks"),
+            Method("par_chunks_mut"),
+            Method("par_bridge"),
         ],
         host_effect: false,
-        message: "{what} starts a thread inside the captured body: the thread runs during the warmup runs and \
-                  the capture only, never on replay (a graph holds only GPU work), and GPU work it queues is in \
-                  the graph only if it reaches the capture stream before the capture ends, which nothing orders; \
-                  do host work before `capture` or after `replay()` returns, and run parallel GPU work with \
-                  `rt.fork(|side| { … })`, which records it as a parallel branch of the graph",
+        misfires: true,
+        message: "{what} runs code on other threads inside the captured body: their host work runs during the \
+                  warmup runs and the capture only, never on replay (a graph holds only GPU work); GPU work they \
+                  queue on the capture stream is recorded in whatever order the threads happen to reach it \
+                  (a scoped thread, `rayon::join` or a parallel iterator joins before the body goes on, but \
+                  nothing orders the threads among themselves, so another capture may record another order), \
+                  a detached thread's work is recorded only if it lands before the capture ends, and work on \
+                  other streams is not recorded at all; do host work before `capture` or after `replay()` \
+                  returns, and run parallel GPU work with `rt.fork(|side| { … })`, which records it as a \
+                  parallel branch of the graph",
     },
     Rule {
         id: "cpu-randomness",
@@ -519,9 +634,14 @@ pub const RULES: &[Rule] = &[
             Method("next_u32"),
             Method("next_u64"),
             Method("fill_bytes"),
+            RngMethod,
+            BareMutRefCall("fill"),
+            BareCall("getrandom"),
+            ItemOf(&["RandomState"]),
         ],
         host_effect: false,
-        message: "{what} draws random numbers on the CPU, but the body runs only during warmup and capture: the \
+        misfires: true,
+        message: "{what} draws random numbers (or a random hash seed) on the CPU, but the body runs only during warmup and capture: the \
                   values drawn at capture are frozen into the graph (as kernel arguments or copied data) and \
                   every replay repeats them; draw on the GPU instead, with the runtime's graph-safe generator \
                   (`rt.rng().uniform(rt, &mut noise, lo, hi)?`), whose seed and offset live in device memory \
@@ -537,6 +657,7 @@ pub const RULES: &[Rule] = &[
             Macro("dbg"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} prints on the host: it runs during the warmup runs and the capture, and never when the \
                   graph replays, because a graph holds only GPU work; print after `replay()` returns, or, {opt_in}",
     },
@@ -550,8 +671,17 @@ pub const RULES: &[Rule] = &[
             Macro("trace"),
             Macro("event"),
             Macro("log"),
+            MacroWord("log"),
+            MacroWord("print"),
+            MacroWord("println"),
+            MacroWord("eprintln"),
+            MacroWord("trace"),
+            MacroWord("debug"),
+            MacroWord("info"),
+            MacroWord("warn"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} logs on the host: it runs during the warmup runs and the capture, and never when the \
                   graph replays, because a graph holds only GPU work; log around `replay()`, or, {opt_in}",
     },
@@ -570,6 +700,7 @@ pub const RULES: &[Rule] = &[
             Path(&["stderr"]),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} does file, network or process I/O on the host: it happens during the warmup runs and \
                   the capture only, so a replay neither reads fresh data nor writes anything; do the I/O outside \
                   the body and pass data in through an input parameter, or, {opt_in}",
@@ -578,6 +709,7 @@ pub const RULES: &[Rule] = &[
         id: "host-sleep",
         matchers: &[Path(&["sleep"])],
         host_effect: true,
+        misfires: true,
         message: "{what} sleeps on the host during the warmup runs and the capture only: a replay does not wait \
                   (the GPU runs the graph without the CPU); sleep between `replay()` calls to pace them, or, \
                   {opt_in}",
@@ -604,17 +736,71 @@ pub const RULES: &[Rule] = &[
             CollectionParamMethod("clear"),
         ],
         host_effect: true,
+        misfires: true,
         message: "{what} changes the host collection {data} during the warmup runs and the capture only: \
                   replays do not run it, so the collection stops following the graph after capture; keep \
                   per-replay records outside the body (after each `replay()`), or, {opt_in}",
     },
     Rule {
         id: "host-clock",
-        matchers: &[Path(&["Instant", "now"]), Path(&["SystemTime", "now"])],
+        matchers: &[
+            Path(&["Instant", "now"]),
+            Path(&["SystemTime", "now"]),
+            Path(&["Utc", "now"]),
+            Path(&["Local", "now"]),
+            Method("elapsed"),
+        ],
         host_effect: true,
+        misfires: true,
         message: "{what} reads the host clock during the warmup runs and the capture only: a replay does not \
                   read it again, and anything computed from it (a timestamp, a seed, a timeout) is frozen into \
                   the graph; time replays from outside the body (CUDA events around `replay()`), or, {opt_in}",
+    },
+    Rule {
+        id: "host-input",
+        matchers: &[
+            ItemOf(&["env"]),
+            BareStrCall("var"),
+            BareStrCall("var_os"),
+            MethodNoArgs("exists"),
+            MethodNoArgs("try_exists"),
+            MethodNoArgs("is_file"),
+            MethodNoArgs("is_dir"),
+            Method("recv"),
+            Method("try_recv"),
+            Method("recv_timeout"),
+            Method("recv_deadline"),
+            Method("try_iter"),
+        ],
+        host_effect: true,
+        misfires: true,
+        message: "{what} reads a host value (an environment variable, whether a file exists, a message from a \
+                  channel) during the warmup runs and the capture only: the value read at capture is frozen \
+                  into the graph, and no replay reads it again (a message is taken from the channel once); \
+                  read it outside the body and pass what changes as an input buffer, or capture one graph per \
+                  value, or, {opt_in}",
+    },
+    Rule {
+        id: "host-static-state",
+        matchers: &[StaticAccess],
+        host_effect: true,
+        misfires: true,
+        message: "{what} uses a `static` of the host (an atomic, a `static mut`, a lock): the body updates or \
+                  reads it during the warmup runs and the capture only, so a replay neither advances it nor \
+                  sees its new value, and a value read from it is frozen into the graph; a counter that must \
+                  advance on every replay belongs in device memory (a `#[state] step: &mut CudaSlice<u64>` \
+                  that a kernel increments), or, {opt_in}",
+    },
+    Rule {
+        id: "host-state-mut",
+        matchers: &[HostStateMut],
+        host_effect: true,
+        misfires: false,
+        message: "{what} is `&mut` state that lives on the host: the body's updates to it (`*step += 1`) run \
+                  in the warmup runs and the capture only, and no replay repeats them, because a graph holds \
+                  only GPU work; a counter or value that must change on every replay belongs in a device \
+                  buffer (`#[state] step: &mut CudaSlice<u64>`, advanced by a kernel), and a value fixed at \
+                  capture is a `#[constant]`; or, {opt_in}",
     },
 ];
 
@@ -636,7 +822,20 @@ pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
     };
     match matcher {
         Matcher::Path(pattern) => window(pattern, false),
-        Matcher::ItemOf(pattern) => window(pattern, true),
+        Matcher::ItemOf(pattern) => {
+            // Through a type (`File`, `Command`): the next segment is a function
+            // (`Command::new`); an uppercase one is a variant or a constant of the user's
+            // (`Command::Reset`).
+            let is_type = pattern
+                .last()
+                .is_some_and(|p| p.starts_with(char::is_uppercase));
+            segments.windows(pattern.len()).enumerate().any(|(i, w)| {
+                w.iter().zip(*pattern).all(|(a, b)| a == b)
+                    && segments
+                        .get(i + pattern.len())
+                        .is_some_and(|next| !is_type || !next.starts_with(char::is_uppercase))
+            })
+        }
         Matcher::Driver(name) => segments
             .last()
             .is_some_and(|last| without_version_suffix(last) == *name),
@@ -645,7 +844,7 @@ pub fn path_matches(matcher: &Matcher, segments: &[String]) -> bool {
 }
 
 /// `cuMemcpyDtoH_v2` → `cuMemcpyDtoH`; also `_v3`, `_ptds`, `_ptsz` and their combinations.
-fn without_version_suffix(name: &str) -> &str {
+pub fn without_version_suffix(name: &str) -> &str {
     let mut name = name;
     loop {
         let trimmed = ["_ptds", "_ptsz", "_v2", "_v3", "_v4"]

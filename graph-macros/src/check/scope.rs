@@ -169,6 +169,9 @@ pub struct Binding {
     pub device_data: Option<DeviceData>,
     /// Bound to candle's CPU device (`let cpu = Device::Cpu;`).
     pub cpu_device: bool,
+    /// Bound to a null pointer (`let null = ptr::null_mut();`), a legacy stream when a raw
+    /// call takes it as its stream.
+    pub null_pointer: bool,
 }
 
 /// Device data on the host: a value read back from the device, or computed from one.
@@ -190,6 +193,7 @@ impl Binding {
             device_buffer: false,
             device_data: None,
             cpu_device: false,
+            null_pointer: false,
         }
     }
 }
@@ -209,9 +213,10 @@ impl Scope {
             // Inputs and outputs are device buffers by their role; state is one unless its
             // declared type says it is host data (a collection, a scalar, a generator, a
             // type of the user's own).
+            // A device buffer that formatting reads is a candle tensor (cudarc's buffers
+            // format their address, length and stream, and read nothing).
             let device_buffer = match p.role {
-                Role::Input | Role::Output => true,
-                Role::State { .. } => matches!(kind, Kind::Cuda | Kind::PinnedHost | Kind::Unknown),
+                Role::Input | Role::Output | Role::State { .. } => is_tensor_type(&p.ty),
                 Role::Constant | Role::Bucket => false,
             };
             params.insert(
@@ -222,6 +227,7 @@ impl Scope {
                     device_buffer,
                     device_data: None,
                     cpu_device: false,
+                    null_pointer: false,
                 },
             );
         }
@@ -257,16 +263,45 @@ impl Scope {
         self.frames.iter_mut().rev().find_map(|f| f.get_mut(name))
     }
 
-    fn kind(&self, name: &str) -> Kind {
-        self.get(name).map_or(Kind::Unknown, |b| b.kind)
-    }
-
     pub fn is_device_buffer(&self, name: &str) -> bool {
         self.get(name).is_some_and(|b| b.device_buffer)
     }
 
     pub fn device_data(&self, name: &str) -> Option<&DeviceData> {
         self.get(name).and_then(|b| b.device_data.as_ref())
+    }
+
+    /// Whether the value of `e` is a candle tensor of the body, whose formatting reads the
+    /// device: a tensor (or a reference to one), a `.clone()` of one, or a tensor op on one
+    /// (`x.matmul(&w)?`), but not a host value read off one (`x.dims()`, `x.len()`).
+    pub fn is_tensor_value(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.is_tensor_value(&p.expr),
+            Expr::Reference(r) => self.is_tensor_value(&r.expr),
+            Expr::Try(t) => self.is_tensor_value(&t.expr),
+            Expr::Path(p) if p.qself.is_none() => p
+                .path
+                .get_ident()
+                .is_some_and(|i| self.is_device_buffer(&unraw(i))),
+            // `Tensor::zeros(…)`, `Tensor::new(&data, &dev)`, unless made on the CPU.
+            Expr::Call(c) => match &*c.func {
+                Expr::Path(p) if p.qself.is_none() => {
+                    let segs = segment_names(&p.path);
+                    segs.len() >= 2
+                        && TENSOR_TYPES.contains(&segs[segs.len() - 2].as_str())
+                        && !c.args.iter().any(|a| self.is_cpu_device(a))
+                }
+                _ => false,
+            },
+            Expr::MethodCall(m) => {
+                let name = unraw(&m.method);
+                !super::names::TENSOR_HOST_METHODS.contains(&name.as_str())
+                    && !super::names::CANDLE_READS.contains(&name.as_str())
+                    && !super::names::CANDLE_TO_CPU.contains(&name.as_str())
+                    && self.is_tensor_value(&m.receiver)
+            }
+            _ => false,
+        }
     }
 
     /// Whether `e` is candle's CPU device: a path ending in `Device::Cpu` (`Device::Cpu`,
@@ -301,8 +336,21 @@ impl Scope {
             Expr::Paren(p) => self.kind_of_expr(&p.expr),
             Expr::Reference(r) => self.kind_of_expr(&r.expr),
             Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.kind_of_expr(&u.expr),
+            // `Type::new(…)?`: the value of a fallible constructor.
+            Expr::Try(t) => self.kind_of_expr(&t.expr),
             Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
-                self.kind(&unraw(&p.path.segments[0].ident))
+                let name = unraw(&p.path.segments[0].ident);
+                match self.get(&name) {
+                    Some(b) => b.kind,
+                    // A unit struct (`Cache.exists()`): a capitalised name that is not a
+                    // local, nor a `SCREAMING_CASE` static or constant.
+                    None if name.starts_with(char::is_uppercase)
+                        && !super::syntax::is_screaming(&name) =>
+                    {
+                        kind_of_path(&p.path).unwrap_or(Kind::Users)
+                    }
+                    None => Kind::Unknown,
+                }
             }
             Expr::Struct(s) if s.qself.is_none() => kind_of_path(&s.path).unwrap_or(Kind::Users),
             Expr::Call(c) => match &*c.func {
@@ -311,6 +359,41 @@ impl Scope {
             },
             Expr::MethodCall(m) if m.method == "clone" && m.args.is_empty() => {
                 self.kind_of_expr(&m.receiver)
+            }
+            // A builder of the user's: `Client::builder().timeout(5).build()`, a chain that
+            // starts at a function of a type of the user's and ends in `build`/`finish`/
+            // `connect` (`?` allowed between).
+            Expr::MethodCall(m)
+                if ["build", "finish", "connect"].contains(&unraw(&m.method).as_str()) =>
+            {
+                let mut root: &Expr = &m.receiver;
+                loop {
+                    match root {
+                        Expr::MethodCall(inner) => root = &inner.receiver,
+                        Expr::Try(t) => root = &t.expr,
+                        _ => break,
+                    }
+                }
+                match root {
+                    Expr::Call(c) => match &*c.func {
+                        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() >= 2 => {
+                            let mut ty = p.path.clone();
+                            ty.segments.pop();
+                            ty.segments.pop_punct();
+                            let users =
+                                ty.segments.last().is_some_and(|s| {
+                                    unraw(&s.ident).starts_with(char::is_uppercase)
+                                }) && kind_of_path(&ty.clone()).is_none();
+                            if users {
+                                Kind::Users
+                            } else {
+                                Kind::Unknown
+                            }
+                        }
+                        _ => Kind::Unknown,
+                    },
+                    _ => Kind::Unknown,
+                }
             }
             Expr::Lit(_) => Kind::Std,
             _ => Kind::Unknown,
@@ -428,5 +511,86 @@ pub fn annotated_type(pat: &Pat) -> Option<&Type> {
     match pat {
         Pat::Type(t) => Some(&t.ty),
         _ => None,
+    }
+}
+
+/// candle's tensor types, whose `Debug` and `Display` copy the values to the host.
+const TENSOR_TYPES: &[&str] = &["Tensor", "Var", "QTensor"];
+
+/// Whether a declared type is a candle tensor (or a reference, `Arc` or `Box` of one).
+pub fn is_tensor_type(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => is_tensor_type(&r.elem),
+        Type::Paren(p) => is_tensor_type(&p.elem),
+        Type::Group(g) => is_tensor_type(&g.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let name = unraw(&last.ident);
+            if WRAPPERS.contains(&name.as_str()) {
+                if let syn::PathArguments::AngleBracketed(args) = &last.arguments {
+                    if let Some(syn::GenericArgument::Type(inner)) = args.args.first() {
+                        return is_tensor_type(inner);
+                    }
+                }
+            }
+            TENSOR_TYPES.contains(&name.as_str())
+        }
+        _ => false,
+    }
+}
+
+/// Whether a declared type holds host data only, and is not a collection (whose updates the
+/// `host-bookkeeping` rule reports where they are written): primitives, `String`,
+/// `Duration`, `Instant`, arrays, tuples and slices of them, the standard wrappers around
+/// them, atomics. A type of the user's own may hold device memory and is not.
+pub fn is_host_only_type(ty: &Type) -> bool {
+    !matches!(kind_of_type(ty), Kind::HostCollection) && host_only(ty)
+}
+
+fn host_only(ty: &Type) -> bool {
+    const HOST: &[&str] = &[
+        "AtomicBool",
+        "AtomicU8",
+        "AtomicU16",
+        "AtomicU32",
+        "AtomicU64",
+        "AtomicUsize",
+        "AtomicI8",
+        "AtomicI16",
+        "AtomicI32",
+        "AtomicI64",
+        "AtomicIsize",
+        "String",
+        "Wrapping",
+    ];
+    match ty {
+        Type::Reference(r) => host_only(&r.elem),
+        Type::Paren(p) => host_only(&p.elem),
+        Type::Group(g) => host_only(&g.elem),
+        Type::Array(a) => host_only(&a.elem),
+        Type::Slice(s) => host_only(&s.elem),
+        Type::Tuple(t) => !t.elems.is_empty() && t.elems.iter().all(host_only),
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let name = unraw(&last.ident);
+            let inner_all_host = match &last.arguments {
+                syn::PathArguments::None => true,
+                syn::PathArguments::AngleBracketed(args) => args.args.iter().all(|a| match a {
+                    syn::GenericArgument::Type(t) => host_only(t),
+                    _ => true,
+                }),
+                syn::PathArguments::Parenthesized(_) => false,
+            };
+            let generic = !matches!(last.arguments, syn::PathArguments::None);
+            let known = (STD_TYPES.contains(&name.as_str()) && name != "Path" && name != "PathBuf")
+                || HOST.contains(&name.as_str())
+                || (WRAPPERS.contains(&name.as_str()) && generic);
+            known && inner_all_host
+        }
+        _ => false,
     }
 }

@@ -3,9 +3,11 @@
 //! Imports `tokens` (`unraw`, `segment_names`) only; never the rules, the walker or this folder's
 //! `mod.rs`.
 
+use std::collections::HashMap;
+
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
-use syn::visit::{self, Visit};
+use syn::visit::Visit;
 use syn::Expr;
 
 use crate::tokens::{segment_names, unraw};
@@ -71,25 +73,6 @@ pub fn spans_of<T: ToTokens>(node: &T) -> (Span, Span) {
     (first, last)
 }
 
-/// Whether `e` calls one of `methods` (as a method), outside closures (a closure's result
-/// is what it returns, not what it allocates).
-pub fn calls_any(e: &Expr, methods: &[&str]) -> bool {
-    struct Finder<'m>(&'m [&'m str], bool);
-    impl<'ast> Visit<'ast> for Finder<'_> {
-        fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
-            if self.0.contains(&unraw(&m.method).as_str()) {
-                self.1 = true;
-            }
-            visit::visit_expr_method_call(self, m);
-        }
-        fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
-        fn visit_item(&mut self, _: &'ast syn::Item) {}
-    }
-    let mut f = Finder(methods, false);
-    f.visit_expr(e);
-    f.1
-}
-
 /// `x`, `&x`, `&mut x`, `(x)`: the one name an expression is.
 pub fn plain_name(e: &Expr) -> Option<String> {
     match e {
@@ -136,4 +119,172 @@ pub fn compact(e: &Expr) -> String {
         }
         _ => "…".to_owned(),
     }
+}
+
+/// Whether `e` is a closure (`|| …`, `move |s| …`).
+pub fn is_closure(e: &Expr) -> bool {
+    match e {
+        Expr::Closure(_) => true,
+        Expr::Paren(p) => is_closure(&p.expr),
+        _ => false,
+    }
+}
+
+/// A name in `SCREAMING_CASE` with at least one letter: by convention a `static` or a
+/// `const`.
+pub fn is_screaming(name: &str) -> bool {
+    name.chars().any(|c| c.is_ascii_uppercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The `static` at the root of a place or receiver (`COUNT` in `COUNT.fetch_add(…)`,
+/// `*STATE.lock().unwrap() += 1`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
+/// `SCREAMING_CASE` and, when it is one segment, is not a local. A `const` has the same
+/// spelling, but nothing can be written into one, and the methods that the caller asks
+/// about (atomics, locks, cells) are not called on constants.
+pub fn static_root(e: &Expr, scope: &super::scope::Scope) -> Option<String> {
+    match e {
+        Expr::Path(p) if p.qself.is_none() => {
+            let last = unraw(&p.path.segments.last()?.ident);
+            let local = p.path.segments.len() == 1 && scope.get(&last).is_some();
+            (is_screaming(&last) && !local).then_some(last)
+        }
+        Expr::Reference(r) => static_root(&r.expr, scope),
+        Expr::Paren(p) => static_root(&p.expr, scope),
+        Expr::Unary(u) => static_root(&u.expr, scope),
+        Expr::Index(i) => static_root(&i.expr, scope),
+        Expr::Field(f) => static_root(&f.base, scope),
+        Expr::Group(g) => static_root(&g.expr, scope),
+        // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
+        Expr::MethodCall(m) => static_root(&m.receiver, scope),
+        _ => None,
+    }
+}
+
+/// A macro argument without tracing's and `format!`'s naming: `name = value`,
+/// `a.b = value`, and the `?` / `%` sigils of tracing's fields, so that the value alone can
+/// be parsed as an expression.
+pub fn strip_named_argument(part: &[TokenTree]) -> &[TokenTree] {
+    let mut rest = part;
+    // `ident (. ident)* =`, but not `==` or `=>`.
+    let mut i = 0;
+    while let Some(TokenTree::Ident(_)) = rest.get(i) {
+        match rest.get(i + 1) {
+            Some(TokenTree::Punct(p)) if p.as_char() == '.' => i += 2,
+            Some(TokenTree::Punct(p)) if p.as_char() == '=' && p.spacing() == Spacing::Alone => {
+                rest = &rest[i + 2..];
+                break;
+            }
+            _ => break,
+        }
+    }
+    while let [TokenTree::Punct(p), tail @ ..] = rest {
+        if matches!(p.as_char(), '?' | '%') {
+            rest = tail;
+        } else {
+            break;
+        }
+    }
+    rest
+}
+
+/// Where a raw driver function (its last path segment, version suffix removed) takes its
+/// stream: `cuLaunchKernel`'s ninth argument, the first of `cuStream*` and
+/// `cuLaunchHostFunc`, the second of `cuEventRecord*` and `cuGraphLaunch`/`cuGraphUpload`,
+/// the last of any `cu…Async` and of cudarc's `result::…_async`.
+pub fn stream_argument<'e>(name: &str, args: &[&'e Expr]) -> Option<&'e Expr> {
+    let at = |i: usize| args.get(i).copied();
+    match name {
+        "cuLaunchKernel" | "cuLaunchCooperativeKernel" => at(8),
+        "cuLaunchHostFunc" | "cuStreamWaitEvent" | "cuStreamAddCallback" => at(0),
+        "cuEventRecord" | "cuEventRecordWithFlags" | "cuGraphLaunch" | "cuGraphUpload" => at(1),
+        "launch_kernel" => at(4),
+        _ if name.starts_with("cu") && name.ends_with("Async") => args.last().copied(),
+        _ if name.ends_with("_async") => args.last().copied(),
+        _ => None,
+    }
+}
+
+/// A null pointer written out: `ptr::null_mut()`, `std::ptr::null()`, `null_mut()`,
+/// `0 as _`, `0 as CUstream`, `Default::default()`, `CUstream::default()`,
+/// `std::mem::zeroed()`.
+pub fn is_null_pointer(e: &Expr) -> bool {
+    match e {
+        Expr::Paren(p) => is_null_pointer(&p.expr),
+        Expr::Group(g) => is_null_pointer(&g.expr),
+        Expr::Unsafe(u) => match u.block.stmts.as_slice() {
+            [syn::Stmt::Expr(e, None)] => is_null_pointer(e),
+            _ => false,
+        },
+        Expr::Cast(c) => {
+            matches!(&*c.expr, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.base10_digits() == "0")
+        }
+        Expr::Call(c) if c.args.is_empty() => match &*c.func {
+            Expr::Path(p) => {
+                let segs = segment_names(&p.path);
+                matches!(
+                    segs.last().map(String::as_str),
+                    Some("null_mut" | "null" | "default" | "zeroed")
+                )
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The names a body brings in with its own `use` items, anywhere in it (nested blocks and
+/// functions too), each with the path it stands for. Globs bring no name the tokens show.
+pub fn use_aliases(body: &syn::Block) -> HashMap<String, Vec<String>> {
+    struct Uses(HashMap<String, Vec<String>>);
+    impl<'ast> Visit<'ast> for Uses {
+        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+            aliases_of_use(u, &mut self.0);
+        }
+    }
+    let mut uses = Uses(HashMap::new());
+    uses.visit_block(body);
+    uses.0
+}
+
+/// The names one `use` item brings in, each with the path it stands for.
+pub fn aliases_of_use(u: &syn::ItemUse, out: &mut HashMap<String, Vec<String>>) {
+    fn tree(t: &syn::UseTree, prefix: &mut Vec<String>, out: &mut HashMap<String, Vec<String>>) {
+        match t {
+            syn::UseTree::Path(p) => {
+                prefix.push(unraw(&p.ident));
+                tree(&p.tree, prefix, out);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let name = unraw(&n.ident);
+                let full: Vec<String> = if name == "self" {
+                    prefix.clone()
+                } else {
+                    prefix.iter().cloned().chain([name]).collect()
+                };
+                if let Some(last) = full.last() {
+                    out.insert(last.clone(), full.clone());
+                }
+            }
+            syn::UseTree::Rename(r) => {
+                let name = unraw(&r.ident);
+                let full: Vec<String> = if name == "self" {
+                    prefix.clone()
+                } else {
+                    prefix.iter().cloned().chain([name]).collect()
+                };
+                out.insert(unraw(&r.rename), full);
+            }
+            syn::UseTree::Glob(_) => {}
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    tree(t, prefix, out);
+                }
+            }
+        }
+    }
+    tree(&u.tree, &mut Vec::new(), out);
 }

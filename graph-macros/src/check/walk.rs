@@ -5,6 +5,8 @@
 //! Imports the rules, `scope.rs`, `syntax.rs`, `finding.rs` and `tokens` (names); never
 //! this folder's `mod.rs`, which drives it.
 
+use std::collections::HashMap;
+
 use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
@@ -14,18 +16,24 @@ use syn::{Expr, Token};
 
 use super::finding::Finding;
 use super::rules::{
-    path_matches, rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_ALLOCS, DEVICE_READS,
-    FORMATTING_MACROS, RULES,
+    path_matches, rule, without_version_suffix, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU,
+    DEVICE_READS, FORMATTING_MACROS, OPT_OUT_MACRO, RULES,
 };
 use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
-    calls_any, compact, inline_args, plain_name, root_name, spans_of, split_arrows, split_top_level,
+    aliases_of_use, compact, inline_args, is_closure, is_null_pointer, plain_name, root_name,
+    spans_of, split_arrows, split_top_level, static_root, stream_argument, strip_named_argument,
+    use_aliases,
 };
 use crate::tokens::{segment_names, unraw};
 
 pub struct Walker {
     host_effects: bool,
     scope: Scope,
+    /// Names the body brings in with `use` items of its own (anywhere in it), with the path
+    /// each stands for: `trng` → `rand::thread_rng`. The enclosing module's `use` items are
+    /// not in the tokens.
+    imports: HashMap<String, Vec<String>>,
     /// Above zero while walking a condition already reported as a whole: its reads are
     /// part of that error.
     quiet_reads: usize,
@@ -48,10 +56,11 @@ struct MethodLike<'e> {
 }
 
 impl Walker {
-    pub fn new(scope: Scope, host_effects: bool) -> Self {
+    pub fn new(scope: Scope, host_effects: bool, body: &syn::Block) -> Self {
         Walker {
             host_effects,
             scope,
+            imports: use_aliases(body),
             quiet_reads: 0,
             findings: Vec::new(),
         }
@@ -89,11 +98,96 @@ impl Walker {
         ids
     }
 
+    /// The path's segments with a first segment that the body imported by `use` replaced by
+    /// the path it stands for (`thread::scope` after `use std::thread;` is unchanged,
+    /// `trng` after `use rand::thread_rng as trng;` is `rand::thread_rng`).
+    fn resolved(&self, path: &syn::Path) -> Vec<String> {
+        let segs = segment_names(path);
+        if path.leading_colon.is_some() {
+            return segs;
+        }
+        match segs.split_first() {
+            Some((first, rest)) => match self.imports.get(first) {
+                Some(full) => full.iter().chain(rest).cloned().collect(),
+                None => segs,
+            },
+            None => segs,
+        }
+    }
+
     /// Reports the path rules a path matches.
     fn match_path(&mut self, path: &syn::Path) -> Vec<&'static str> {
-        let segs = segment_names(path);
-        let what = format!("`{}`", segs.join("::"));
+        let written = segment_names(path);
+        let segs = self.resolved(path);
+        let what = if segs == written {
+            format!("`{}`", segs.join("::"))
+        } else {
+            format!("`{}` (`{}`)", written.join("::"), segs.join("::"))
+        };
         self.match_rules(spans_of(path), &what, |m| path_matches(m, &segs))
+    }
+
+    /// Whether a receiver may be a CUDA object, for [`Matcher::LooseMethod`]: a name whose
+    /// type is not provably the user's, a field named like a CUDA object, a call chain rooted
+    /// in a CUDA value or ending in a method that returns one. Fields and chains the tokens
+    /// cannot classify are taken for the user's.
+    fn may_be_cuda(&self, e: &Expr) -> bool {
+        const CUDA_WORDS: &[&str] = &[
+            "stream", "ctx", "context", "event", "cuda", "gpu", "runtime",
+        ];
+        const CUDA_FIELDS: &[&str] = &["rt", "ev", "dev", "device", "start", "stop", "end", "done"];
+        const CUDA_GETTERS: &[&str] = &[
+            "stream",
+            "context",
+            "ctx",
+            "default_stream",
+            "per_thread_stream",
+            "new_stream",
+            "fork",
+            "cu_stream",
+            "device",
+            "event",
+            "new_event",
+            "record_event",
+        ];
+        const LOOK_THROUGH: &[&str] = &[
+            "clone", "unwrap", "expect", "as_ref", "as_mut", "borrow", "lock", "read", "write",
+        ];
+        match e {
+            Expr::Paren(p) => self.may_be_cuda(&p.expr),
+            Expr::Reference(r) => self.may_be_cuda(&r.expr),
+            Expr::Unary(u) => self.may_be_cuda(&u.expr),
+            Expr::Try(t) => self.may_be_cuda(&t.expr),
+            Expr::Index(i) => self.may_be_cuda(&i.expr),
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                matches!(self.scope.kind_of_expr(e), Kind::Unknown | Kind::Cuda)
+            }
+            Expr::Field(f) => {
+                let name = match &f.member {
+                    syn::Member::Named(i) => unraw(i).to_lowercase(),
+                    syn::Member::Unnamed(_) => {
+                        return self.scope.kind_of_expr(&f.base) == Kind::Cuda
+                    }
+                };
+                CUDA_WORDS.iter().any(|w| name.contains(w)) || CUDA_FIELDS.contains(&name.as_str())
+            }
+            Expr::MethodCall(m) => {
+                let name = unraw(&m.method);
+                if CUDA_GETTERS.contains(&name.as_str()) {
+                    return true;
+                }
+                if LOOK_THROUGH.contains(&name.as_str()) {
+                    return self.may_be_cuda(&m.receiver);
+                }
+                let mut root: &Expr = &m.receiver;
+                while let Expr::MethodCall(inner) = root {
+                    root = &inner.receiver;
+                }
+                self.scope.kind_of_expr(root) == Kind::Cuda
+            }
+            Expr::Call(_) => self.scope.kind_of_expr(e) == Kind::Cuda,
+            _ => true,
+        }
     }
 
     fn method_like(&mut self, call: MethodLike<'_>) {
@@ -118,6 +212,43 @@ impl Walker {
         // candle's CPU device as the first argument: the same call with a CUDA device is a
         // copy between devices.
         let to_cpu = args.first().filter(|a| self.scope.is_cpu_device(a));
+        // A device-to-host copy into a buffer declared as pinned is recorded into the graph
+        // and repeated by every replay: legal, like the copy from one.
+        // A field of a `#[state]` struct of the user's as the host end: pinned or not, the
+        // graph records the copy, and the runtime refuses a pageable end at capture
+        // (`GraphError::PageableCopyCaptured`), so only the type can tell, and it is checked.
+        let state_field = |a: &Expr| {
+            field_of(a).and_then(root_name).is_some_and(|n| {
+                self.scope
+                    .get(&n)
+                    .is_some_and(|b| b.param && b.kind == Kind::Users)
+            })
+        };
+        let pinned_destination = name == "memcpy_dtoh"
+            && args.get(1).is_some_and(|a| {
+                state_field(a)
+                    || root_name(a).is_some_and(|n| {
+                        self.scope
+                            .get(&n)
+                            .is_some_and(|b| b.kind == Kind::PinnedHost)
+                    })
+            });
+        let pinned_source = pinned_source
+            || (matches!(name.as_str(), "memcpy_htod" | "clone_htod")
+                && args.first().is_some_and(|a| state_field(a)));
+        let loose_ok = receiver.is_some_and(|r| self.may_be_cuda(r)) || on_known_type;
+        // A builder's `spawn(|| …)` (`Builder::new().name(n).spawn(…)`): a call chain, not
+        // the `s.spawn` of a scope already reported.
+        let with_closure = args.iter().any(|a| is_closure(a))
+            && receiver.is_some_and(|r| {
+                let r = match r {
+                    Expr::Try(t) => &*t.expr,
+                    _ => r,
+                };
+                matches!(r, Expr::MethodCall(_) | Expr::Call(_))
+            });
+        let rng =
+            !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Rng);
         if !users_own {
             for r in RULES {
                 let by_cpu_arg =
@@ -126,9 +257,14 @@ impl Walker {
                     || r.has(|m| match m {
                         Matcher::Method(n) => *n == name,
                         Matcher::MethodNoArgs(n) => *n == name && args.is_empty(),
+                        Matcher::LooseMethod(n) => *n == name && loose_ok,
+                        Matcher::MethodWithClosure(n) => *n == name && with_closure,
+                        Matcher::RngMethod => rng && name != "clone",
                         _ => false,
                     });
-                if hit && !already.contains(&r.id) && !(pinned_source && r.id == "host-to-device") {
+                let legal_pinned = (pinned_source && r.id == "host-to-device")
+                    || (pinned_destination && r.id == "device-to-host");
+                if hit && !already.contains(&r.id) && !legal_pinned {
                     // `.to_device(&Device::Cpu)`: the argument is what makes it a read.
                     let what = match to_cpu {
                         Some(a) if by_cpu_arg && what == format!("`.{name}()`") => {
@@ -140,19 +276,47 @@ impl Walker {
                 }
             }
         }
+        if let Some(stat) = receiver.and_then(|r| static_root(r, &self.scope)) {
+            const STATIC_METHODS: &[&str] = &[
+                "load",
+                "store",
+                "swap",
+                "fetch_add",
+                "fetch_sub",
+                "fetch_and",
+                "fetch_or",
+                "fetch_xor",
+                "fetch_nand",
+                "fetch_max",
+                "fetch_min",
+                "fetch_update",
+                "compare_exchange",
+                "compare_exchange_weak",
+                "set",
+                "take",
+                "with_borrow_mut",
+            ];
+            if STATIC_METHODS.contains(&name.as_str()) {
+                let what = format!("`{stat}.{name}()`");
+                self.match_rules(span, &what, |m| *m == Matcher::StaticAccess);
+            }
+        }
         if let Some(recv) = receiver.and_then(root_name) {
-            let (pinned, collection) = match self.scope.get(&recv) {
+            let (pinned, collection, users_state) = match self.scope.get(&recv) {
                 Some(b) => (
                     b.kind == Kind::PinnedHost,
                     b.kind == Kind::HostCollection && b.param,
+                    b.kind == Kind::Users && b.param,
                 ),
-                None => (false, false),
+                None => (false, false, false),
             };
+            let on_field = receiver.is_some_and(|r| field_of(r).is_some());
             let data = format!("`{recv}`");
             for r in RULES {
                 let hit = r.has(|m| match m {
                     Matcher::PinnedMethod(n) => pinned && *n == name,
                     Matcher::CollectionParamMethod(n) => collection && *n == name,
+                    Matcher::StateFieldMethod(n) => users_state && on_field && *n == name,
                     _ => false,
                 });
                 if hit {
@@ -160,7 +324,7 @@ impl Walker {
                 }
             }
         }
-        if name == "memcpy_dtoh" && !users_own {
+        if name == "memcpy_dtoh" && !users_own && !pinned_destination {
             if let Some(dst) = args.get(1).and_then(|a| root_name(a)) {
                 if let Some(b) = self.scope.assign(&dst) {
                     b.device_data = Some(DeviceData {
@@ -215,11 +379,9 @@ impl Walker {
             _ => Kind::Unknown,
         };
         let read = init.and_then(|e| self.reads(e).found.into_iter().next());
-        let device_buffer = init.is_some_and(|e| {
-            calls_any(e, DEVICE_ALLOCS)
-                || (single && plain_name(e).is_some_and(|n| self.scope.is_device_buffer(&n)))
-        });
+        let device_buffer = single && init.is_some_and(|e| self.scope.is_tensor_value(e));
         let cpu_device = single && init.is_some_and(|e| self.scope.is_cpu_device(e));
+        let null_pointer = single && init.is_some_and(is_null_pointer);
         for n in names {
             let device_data = read.as_ref().map(|how| describe_read(&n, how));
             self.scope.declare(
@@ -230,6 +392,7 @@ impl Walker {
                     device_buffer,
                     device_data,
                     cpu_device,
+                    null_pointer,
                 },
             );
         }
@@ -315,6 +478,13 @@ impl Walker {
         }
         let statements = |input: ParseStream| syn::Block::parse_within(input);
         if let Ok(stmts) = statements.parse2(tokens.clone()) {
+            // `use` items inside the invocation import names like those of the body.
+            let block = syn::Block {
+                brace_token: Default::default(),
+                stmts,
+            };
+            self.imports.extend(use_aliases(&block));
+            let stmts = block.stmts;
             self.scope.push();
             for s in &stmts {
                 self.visit_stmt(s);
@@ -324,7 +494,8 @@ impl Walker {
         }
         for piece in split_top_level(tokens, &[';', ',']) {
             for part in split_arrows(piece) {
-                let stream: TokenStream = part.into_iter().collect();
+                // `name = ?expr`, `a.b = %expr`, `?expr`: tracing's field syntax, by its value.
+                let stream: TokenStream = strip_named_argument(&part).iter().cloned().collect();
                 if let Ok(e) = syn::parse2::<Expr>(stream) {
                     self.visit_expr(&e);
                 }
@@ -333,9 +504,117 @@ impl Walker {
     }
 }
 
+impl Walker {
+    /// A function declared in the body (or a method of an `impl` there): walked like the
+    /// body, its parameters known by their declared types.
+    fn function(&mut self, sig: &syn::Signature, block: &syn::Block) {
+        self.scope.push();
+        for input in &sig.inputs {
+            if let syn::FnArg::Typed(t) = input {
+                let kind = kind_of_type(&t.ty);
+                for n in bound_names(&t.pat) {
+                    self.scope.declare(
+                        n,
+                        Binding {
+                            kind,
+                            ..Binding::unknown()
+                        },
+                    );
+                }
+            }
+        }
+        self.visit_block(block);
+        self.scope.pop();
+    }
+
+    /// Reports an assignment whose place is a `static` (`COUNT += 1`, `STATE.step = 0`).
+    fn static_written<T: ToTokens>(&mut self, place: &Expr, whole: &T) {
+        if let Some(stat) = static_root(place, &self.scope) {
+            let what = format!("the write to `{stat}`");
+            self.match_rules(spans_of(whole), &what, |m| *m == Matcher::StaticAccess);
+        }
+    }
+
+    /// A `macro_rules!` declared in the body: its rules' tokens cannot be parsed (they hold
+    /// `$x`), so they are scanned for what the rules match by name: macros (`eprintln!`),
+    /// methods (`.synchronize(`) and paths (`thread::spawn`).
+    fn macro_rules(&mut self, tokens: &TokenStream) {
+        let trees: Vec<TokenTree> = tokens.clone().into_iter().collect();
+        let mut i = 0;
+        while i < trees.len() {
+            match &trees[i] {
+                TokenTree::Group(g) => self.macro_rules(&g.stream()),
+                TokenTree::Ident(id) => {
+                    let next = trees.get(i + 1);
+                    let name = unraw(id);
+                    let punct = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
+                    let after_dot = i > 0 && punct(trees.get(i - 1), '.');
+                    if punct(next, '!') && !after_dot {
+                        let span = (id.span(), trees.get(i + 2).map_or(id.span(), |t| t.span()));
+                        let what = format!("`{name}!`");
+                        self.match_rules(
+                            span,
+                            &what,
+                            |m| matches!(m, Matcher::Macro(n) if *n == name),
+                        );
+                    } else if after_dot
+                        && matches!(next, Some(TokenTree::Group(g)) if g.delimiter() == proc_macro2::Delimiter::Parenthesis)
+                    {
+                        let span = (id.span(), next.map_or(id.span(), |t| t.span()));
+                        let what = format!("`.{name}()`");
+                        self.match_rules(span, &what, |m| match m {
+                            Matcher::Method(n) | Matcher::LooseMethod(n) => *n == name,
+                            _ => false,
+                        });
+                    } else if !after_dot && punct(next, ':') && punct(trees.get(i + 2), ':') {
+                        // A path `a::b::c`: collect it and match it once.
+                        let mut segs = vec![name];
+                        let mut j = i + 3;
+                        let mut last_span = id.span();
+                        while let Some(TokenTree::Ident(s)) = trees.get(j) {
+                            segs.push(unraw(s));
+                            last_span = s.span();
+                            if punct(trees.get(j + 1), ':') && punct(trees.get(j + 2), ':') {
+                                j += 3;
+                            } else {
+                                break;
+                            }
+                        }
+                        let what = format!("`{}`", segs.join("::"));
+                        self.match_rules((id.span(), last_span), &what, |m| path_matches(m, &segs));
+                        i = j;
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+}
+
 impl<'ast> Visit<'ast> for Walker {
-    /// Items declared inside the body are helpers: not walked.
-    fn visit_item(&mut self, _: &'ast syn::Item) {}
+    /// Items declared inside the body run only when the body calls them, and only the body
+    /// can: a function is walked like the body (its parameters known by their types), a
+    /// `macro_rules!` by the macros, methods and paths its rules write. `use` items were read
+    /// before the walk ([`use_aliases`]); other items hold no statements.
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        match item {
+            syn::Item::Fn(f) => self.function(&f.sig, &f.block),
+            syn::Item::Macro(m) if m.mac.path.is_ident("macro_rules") => {
+                self.macro_rules(&m.mac.tokens);
+            }
+            // Read before the walk for the body; here for those inside macro invocations.
+            syn::Item::Use(u) => aliases_of_use(u, &mut self.imports),
+            syn::Item::Impl(i) => {
+                for it in &i.items {
+                    if let syn::ImplItem::Fn(f) = it {
+                        self.function(&f.sig, &f.block);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 
     /// A pattern is not a call: paths in patterns (`Sink::File =>`) name variants.
     fn visit_pat(&mut self, _: &'ast syn::Pat) {}
@@ -375,14 +654,54 @@ impl<'ast> Visit<'ast> for Walker {
             return;
         };
         let segs = segment_names(&p.path);
-        if p.qself.is_none() && p.path.leading_colon.is_none() && segs.len() == 1 {
+        if p.qself.is_none()
+            && p.path.leading_colon.is_none()
+            && segs.len() == 1
+            && !self.imports.contains_key(&segs[0])
+        {
             let name = &segs[0];
             let what = format!("`{name}()`");
-            self.match_rules(
-                spans_of(c),
-                &what,
-                |m| matches!(m, Matcher::BareCall(n) if n == name),
+            let closures = c.args.iter().filter(|a| is_closure(a)).count();
+            let n_args = c.args.len();
+            let one_mut_ref = n_args == 1
+                && matches!(c.args.first(), Some(Expr::Reference(r)) if r.mutability.is_some());
+            let str_first = matches!(
+                c.args.first(),
+                Some(Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(_),
+                    ..
+                }))
             );
+            self.match_rules(spans_of(c), &what, |m| match m {
+                Matcher::BareCall(n) => n == name,
+                Matcher::BareClosureCall(n, k) => n == name && n_args == *k && closures == *k,
+                Matcher::BareMutRefCall(n) => n == name && one_mut_ref,
+                Matcher::BareStrCall(n) => n == name && str_first,
+                _ => false,
+            });
+        }
+        if let Some(last) = segs.last() {
+            let args: Vec<&Expr> = c.args.iter().collect();
+            // `…_async` of cudarc's `result` layer (not a function of the user's that
+            // happens to end so).
+            let raw_layer = segs
+                .iter()
+                .any(|s| matches!(s.as_str(), "result" | "sys" | "cudarc"))
+                || ["memcpy_", "memset_", "malloc_", "free_"]
+                    .iter()
+                    .any(|p| last.starts_with(p))
+                || last.starts_with("cu");
+            let stream_arg = stream_argument(without_version_suffix(last), &args)
+                .filter(|_| raw_layer || last == "launch_kernel");
+            if let Some(stream) = stream_arg {
+                let null_local = plain_name(stream)
+                    .and_then(|n| self.scope.get(&n))
+                    .is_some_and(|b| b.null_pointer);
+                if is_null_pointer(stream) || null_local {
+                    let what = format!("the null stream given to `{}`", segs.join("::"));
+                    self.match_rules(spans_of(c), &what, |m| *m == Matcher::NullStream);
+                }
+            }
         }
         // A called path is matched here, once, with the method rules of a call written on a
         // type (`CudaStream::synchronize(s)`); its segments are not visited again.
@@ -426,6 +745,10 @@ impl<'ast> Visit<'ast> for Walker {
             return;
         };
         let name = unraw(&last.ident);
+        // The user's word that the statement does the same on every replay as at capture.
+        if name == OPT_OUT_MACRO {
+            return;
+        }
         let what = format!("`{name}!`");
         let span = (
             mac.path
@@ -444,11 +767,15 @@ impl<'ast> Visit<'ast> for Walker {
                 return;
             }
         }
-        self.match_rules(
-            span,
-            &what,
-            |m| matches!(m, Matcher::Macro(n) if *n == name),
-        );
+        let words: Vec<&str> = name.split('_').collect();
+        let std_assert = name.starts_with("debug_assert");
+        self.match_rules(span, &what, |m| match m {
+            Matcher::Macro(n) => *n == name,
+            Matcher::MacroWord(w) => {
+                !std_assert && !FORMATTING_MACROS.contains(&name.as_str()) && words.contains(w)
+            }
+            _ => false,
+        });
     }
 
     fn visit_local(&mut self, l: &'ast syn::Local) {
@@ -473,12 +800,34 @@ impl<'ast> Visit<'ast> for Walker {
         self.declare_unknown(&l.pat);
     }
 
+    fn visit_expr_binary(&mut self, b: &'ast syn::ExprBinary) {
+        use syn::BinOp::*;
+        let compound = matches!(
+            b.op,
+            AddAssign(_)
+                | SubAssign(_)
+                | MulAssign(_)
+                | DivAssign(_)
+                | RemAssign(_)
+                | BitXorAssign(_)
+                | BitAndAssign(_)
+                | BitOrAssign(_)
+                | ShlAssign(_)
+                | ShrAssign(_)
+        );
+        if compound {
+            self.static_written(&b.left, b);
+        }
+        visit::visit_expr_binary(self, b);
+    }
+
     fn visit_expr_assign(&mut self, a: &'ast syn::ExprAssign) {
+        self.static_written(&a.left, a);
         self.visit_expr(&a.right);
         self.visit_expr(&a.left);
         if let Some(name) = plain_name(&a.left) {
             let read = self.reads(&a.right).found.into_iter().next();
-            let alloc = calls_any(&a.right, DEVICE_ALLOCS);
+            let alloc = self.scope.is_tensor_value(&a.right);
             let kind = self.scope.kind_of_expr(&a.right);
             let cpu_device = self.scope.is_cpu_device(&a.right);
             if let Some(b) = self.scope.assign(&name) {
@@ -612,5 +961,17 @@ fn describe_read(name: &str, data: &DeviceData) -> DeviceData {
     DeviceData {
         how,
         tensor: data.tensor,
+    }
+}
+
+/// The field access an expression is, through `&`, `&mut`, `*` and parentheses:
+/// `&mut stage.host` → `stage.host`.
+fn field_of(e: &Expr) -> Option<&Expr> {
+    match e {
+        Expr::Field(_) => Some(e),
+        Expr::Reference(r) => field_of(&r.expr),
+        Expr::Unary(u) => field_of(&u.expr),
+        Expr::Paren(p) => field_of(&p.expr),
+        _ => None,
     }
 }

@@ -123,6 +123,7 @@ macro_rules! host_values {
         // SAFETY: no regions: these types hold no device memory.
         unsafe impl DeviceState for $t {
             type Lent<'a> = &'a mut $t where Self: 'a;
+            const HOST_ONLY: bool = true;
             fn regions(&self, _visit: &mut dyn FnMut(DeviceRegion)) {}
             fn lend(&mut self) -> &mut $t {
                 self
@@ -184,6 +185,7 @@ unsafe impl<T: DeviceState + ?Sized> DeviceState for Box<T> {
     where
         Self: 'a;
     const REPLAY_CHECK: bool = T::REPLAY_CHECK;
+    const HOST_ONLY: bool = T::HOST_ONLY;
 
     fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
         (**self).regions(visit);
@@ -218,6 +220,7 @@ macro_rules! containers {
         // SAFETY: forwards to every element, in order; the container owns them.
         unsafe impl<$($generics)*> DeviceState for $t {
             type Lent<'a> = &'a mut $t where Self: 'a;
+            const HOST_ONLY: bool = T::HOST_ONLY;
 
             fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
                 for item in self.iter() {
@@ -243,6 +246,7 @@ macro_rules! tuples {
         // SAFETY: forwards to every element, in order.
         unsafe impl<$($t: DeviceState),+> DeviceState for ($($t,)+) {
             type Lent<'a> = &'a mut ($($t,)+) where Self: 'a;
+            const HOST_ONLY: bool = true $(&& $t::HOST_ONLY)+;
 
             fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
                 $(self.$n.regions(visit);)+
