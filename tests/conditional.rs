@@ -1028,12 +1028,18 @@ fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), Graph
     }
     // Refusals: typed errors (inside the warmup's or the loop body's error), runtime usable.
     let err = UnrolledZeroGraph::capture(&rt, 1).unwrap_err();
-    let text = format!("{err:?}");
+    let GraphError::Warmup { source, .. } = &err else {
+        panic!("a refusal inside the warmup: {err:?}");
+    };
     assert!(
-        text.contains("ConditionMisuse")
-            && text.contains("graph_while_unrolled")
-            && text.contains("is 0"),
-        "{text}"
+        matches!(
+            **source,
+            GraphError::ConditionMisuse {
+                construct: "graph_while_unrolled",
+                ..
+            }
+        ) && source.to_string().contains("is 0"),
+        "{err:?}"
     );
     still_usable(&rt)
 }
