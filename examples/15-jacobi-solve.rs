@@ -21,10 +21,13 @@
 //!   check (the two sweeps and the residual; the loop's body adds the loop bound's one-thread
 //!   kernel, `graph_while` only), launched back to back and timed with CUDA events;
 //! * **on-device loop**: one launch of the `graph_while` graph per solve, host wall time;
-//! * **on-device loop, k per loop-node iteration** (`--unroll`, 8): the same solve with
+//! * **on-device loop, k per loop-node iteration** (`--unroll`, 16): the same solve with
 //!   `graph_while_unrolled`, k iterations per iteration of the loop node; the kernels take
-//!   the condition (`go.kernel_arg(rt)`) and return at once when `graph_condition_active` is
-//!   false, so the iterations after the last one of a solve change nothing;
+//!   the condition (`go.kernel_arg(rt)`) and change nothing when `graph_condition_active` is
+//!   false, so the iterations after the last one of a solve change nothing. Each kernel reads
+//!   it first and tests it just before its first store, so that the read (a round trip to L2)
+//!   overlaps the kernel's own loads; the residual kernel then sets the condition with
+//!   `graph_condition_set_active`, which skips a second read;
 //! * **replay + host read**: a graph of one iteration replayed until the residual read back
 //!   after each replay is small enough;
 //! * **eager loop**: the solve function called eagerly (`graph_while` reads the condition on
@@ -34,9 +37,13 @@
 //! same iteration count and bitwise the same `x`; the residual of that `x`, recomputed on the
 //! host in f64, is below the tolerance.
 //!
-//! On an H200 (driver 580), 48×48, median 1371 iterations: kernels 5.77 µs per iteration;
-//! `graph_while` 10.0 µs (+73%); `graph_while_unrolled` by 8, 7.65 µs (+33%); one replay
-//! per iteration with a host read 17.2 µs.
+//! On an H200 (driver 580), 48×48, median 1371 iterations, GPU µs per iteration, every form
+//! measured back to back in one process (a probe with these kernels): kernels 5.68; `graph_while` 10.0 (+76%);
+//! `graph_while_unrolled` with kernels that test the condition first, by 8: 7.60 (+34%), by
+//! 16: 7.33 (+29%); read first and tested before the store, by 8: 6.81 (+20%), by 16: 6.54
+//! (+15%), by 32: 6.47 (+14%); the same loop with kernels that never test (wrong past the
+//! last iteration, a floor): by 16, 5.85 (+3.0%). What remains is the condition's read, about
+//! 0.23 µs per kernel of under 2 µs. One replay per iteration with a host read: 18.4.
 //!
 //! Run: `cargo run --release --example 15-jacobi-solve` (`-- --json` for a JSON line,
 //! `-- --grid 64 --tol 1e-5` for another problem).
@@ -71,7 +78,7 @@ struct Args {
     runs: u32,
     /// Iterations per iteration of the loop node in the unrolled on-device loop
     /// (`graph_while_unrolled`).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
     unroll: u32,
     /// Print one JSON line after the table.
     #[arg(long)]
@@ -82,9 +89,10 @@ const SRC: &str = concat!(
     graph_runtime::condition_device_api!(),
     r#"
 // y = (b + the four neighbours of x) / 4 on an m x m grid with a zero boundary. Nothing once
-// the loop's condition is cleared (`graph_while_unrolled`: a step after the last one).
+// the loop's condition is cleared (`graph_while_unrolled`: a step after the last one). The
+// condition is read first and tested before the store: its read overlaps the loads of x and b.
 extern "C" __global__ void jacobi_sweep(const float *x, const float *b, float *y, int m, GraphCondition go) {
-    if (!graph_condition_active(go)) return;
+    bool active = graph_condition_active(go);
     int n = m * m;
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
         int i = k / m, j = k % m;
@@ -93,16 +101,18 @@ extern "C" __global__ void jacobi_sweep(const float *x, const float *b, float *y
         if (i + 1 < m) s += x[k + m];
         if (j > 0) s += x[k - 1];
         if (j + 1 < m) s += x[k + 1];
+        if (!active) return;
         y[k] = 0.25f * s;
     }
 }
 
 // stats[0] = |b - A x| / |b|, stats[1] = |b - A x|; iters[0] += 2 (two sweeps). One block of
 // 1024 threads: each sums a fixed set of cells, then a fixed tree: the same bits every run.
-// Then the loop goes on while stats[0] > tol.
+// Then the loop goes on while stats[0] > tol. The condition is read first and tested before
+// the writes: its read overlaps the reduction.
 extern "C" __global__ void relative_residual(const float *x, const float *b, float *stats,
                                              unsigned int *iters, int m, float tol, GraphCondition go) {
-    if (!graph_condition_active(go)) return;
+    bool active = graph_condition_active(go);
     __shared__ float rr[1024];
     __shared__ float bb[1024];
     int n = m * m;
@@ -128,13 +138,13 @@ extern "C" __global__ void relative_residual(const float *x, const float *b, flo
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && active) {
         float r = sqrtf(rr[0]);
         float rel = r / sqrtf(bb[0]);
         stats[0] = rel;
         stats[1] = r;
         iters[0] += 2u;
-        graph_condition_set(go, rel > tol);
+        graph_condition_set_active(go, rel > tol);
     }
 }
 "#
@@ -354,7 +364,21 @@ fn main() -> Result<(), BoxError> {
         loop_k_gpu_ms.push(t.gpu_us / 1e3);
         let gk = read(&s, looped_k.state_mut().sys)?;
 
-        // c. One replay per iteration, the residual read back after each.
+        // c. The kernels alone: as many iterations, UNROLL per launch, events; right after the
+        //    loops, as busy a GPU as theirs (timed after the replay loop, whose host reads
+        //    leave the GPU idle between iterations, this row read 4-7% above the same kernels
+        //    timed next to the loops).
+        unrolled.state_mut().sys.reset(&s, b)?;
+        let launches = ((g.sweeps as usize / 2) / UNROLL).max(1);
+        let t = once(&s, || {
+            for _ in 0..launches {
+                unrolled.launch()?;
+            }
+            Ok(())
+        })?;
+        gpu_iter_us.push(t.gpu_us / (launches * UNROLL) as f64);
+
+        // d. One replay per iteration, the residual read back after each.
         one.state_mut().sys.reset(&s, b)?;
         let ((), us) = wall_once(&s, || {
             let mut done = 0;
@@ -369,17 +393,6 @@ fn main() -> Result<(), BoxError> {
         })?;
         replay_ms.push(us / 1e3);
         let r = read(&s, one.state_mut().sys)?;
-
-        // d. The kernels alone: as many iterations, UNROLL per launch, events.
-        unrolled.state_mut().sys.reset(&s, b)?;
-        let launches = ((g.sweeps as usize / 2) / UNROLL).max(1);
-        let t = once(&s, || {
-            for _ in 0..launches {
-                unrolled.launch()?;
-            }
-            Ok(())
-        })?;
-        gpu_iter_us.push(t.gpu_us / (launches * UNROLL) as f64);
 
         let host = host_relative_residual(m, b, &g.x);
         let same = e.x == g.x

@@ -51,6 +51,17 @@ extern "C" __global__ void count_until_guarded(unsigned int *count, const unsign
     graph_condition_set(go, c < *stop);
 }
 
+// count_until_guarded in the read-first form: the condition read before the kernel's own
+// loads, tested before its stores, and set without a second read.
+extern "C" __global__ void count_until_read_first(unsigned int *count, const unsigned int *stop, GraphCondition go) {
+    bool active = graph_condition_active(go);
+    unsigned int c = *count + 1u;
+    unsigned int last = *stop;
+    if (!active) return;
+    *count = c;
+    graph_condition_set_active(go, c < last);
+}
+
 extern "C" __global__ void count_only_guarded(unsigned int *count, GraphCondition go) {
     if (graph_condition_active(go)) *count += 1u;
 }
@@ -888,7 +899,8 @@ fn unrolled_while_loop_matches_eager_and_the_plain_loop(rt: Runtime) -> Result<(
 }
 
 /// `count_to` unrolled: the condition set by a kernel of the test (`kernel_arg` taken inside
-/// the step), the bound counted in steps.
+/// the step), the bound counted in steps; the kernel tests the condition first, or
+/// (`read_first`) reads it first and tests it before its stores.
 #[cuda_graph(warmup = 2)]
 fn count_to_unrolled(
     rt: &Runtime,
@@ -896,8 +908,14 @@ fn count_to_unrolled(
     count: &mut CudaSlice<u32>,
     #[constant] bound: Option<u32>,
     #[constant] unroll: u32,
+    #[constant] read_first: bool,
 ) -> Result<(), GraphError> {
-    let f = rt.function(SRC, "count_until_guarded")?;
+    let kernel = if read_first {
+        "count_until_read_first"
+    } else {
+        "count_until_guarded"
+    };
+    let f = rt.function(SRC, kernel)?;
     rt.stream().memset_zeros(&mut *count)?;
     let go = rt.condition(true)?;
     rt.graph_while_unrolled(&go, bound, unroll, |rt| {
@@ -922,10 +940,17 @@ fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
     let mut rng = fresh_rng("unrolled_loop_stops_at_the_device_condition_and_the_bound");
     let s = rt.stream().clone();
     let mut eager = s.alloc_zeros::<u32>(1)?;
-    for unroll in [3u32, 4] {
-        let mut bounded =
-            CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, Some(BOUND), unroll)?;
-        let mut free = CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, None, unroll)?;
+    for (unroll, read_first) in [(3u32, false), (4, false), (3, true), (4, true)] {
+        let mut bounded = CountToUnrolledGraph::capture(
+            &rt,
+            [3u32].as_slice(),
+            1,
+            Some(BOUND),
+            unroll,
+            read_first,
+        )?;
+        let mut free =
+            CountToUnrolledGraph::capture(&rt, [3u32].as_slice(), 1, None, unroll, read_first)?;
         for replay in 0..12 {
             // The first iteration always runs (the condition starts true): at least 1.
             let stop: u32 = match replay {
@@ -934,7 +959,8 @@ fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
                 2 => BOUND + 1,
                 _ => rng.random_range(1..=2 * BOUND),
             };
-            let at = format!("unroll {unroll}, replay {replay}, stop {stop}");
+            let at =
+                format!("unroll {unroll}, read first {read_first}, replay {replay}, stop {stop}");
             let got = s.clone_dtoh(bounded.replay([stop].as_slice())?.count)?[0];
             count_to_unrolled(
                 &rt,
@@ -942,6 +968,7 @@ fn unrolled_loop_stops_at_the_device_condition_and_the_bound(
                 &mut eager,
                 Some(BOUND),
                 unroll,
+                read_first,
             )?;
             let want = stop.clamp(1, BOUND);
             assert_eq!(got, want, "{at}: bounded graph");
@@ -1001,12 +1028,18 @@ fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), Graph
     }
     // Refusals: typed errors (inside the warmup's or the loop body's error), runtime usable.
     let err = UnrolledZeroGraph::capture(&rt, 1).unwrap_err();
-    let text = format!("{err:?}");
+    let GraphError::Warmup { source, .. } = &err else {
+        panic!("a refusal inside the warmup: {err:?}");
+    };
     assert!(
-        text.contains("ConditionMisuse")
-            && text.contains("graph_while_unrolled")
-            && text.contains("is 0"),
-        "{text}"
+        matches!(
+            **source,
+            GraphError::ConditionMisuse {
+                construct: "graph_while_unrolled",
+                ..
+            }
+        ) && source.to_string().contains("is 0"),
+        "{err:?}"
     );
     still_usable(&rt)
 }

@@ -124,14 +124,29 @@
 //! loop counts a step in its `set` / `set_from` call, or with a one-thread kernel after a
 //! step whose condition a kernel of yours sets.
 //!
+//! Inside a step, `graph_condition_active` reads the flag from memory (one round trip to
+//! L2). For kernels of a few µs, read it first and test it just before the kernel's first
+//! store, so that the read overlaps the kernel's own loads, and set the condition with
+//! `graph_condition_set_active`, which does not read it again:
+//!
+//! ```text
+//! bool active = graph_condition_active(go);    // first
+//! float v = …loads and arithmetic…;
+//! if (!active) return;                         // before the first store
+//! y[k] = v;
+//! if (k == 0) graph_condition_set_active(go, v > tol);
+//! ```
+//!
 //! # Costs
 //! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
 //! the device, with no host involvement. On an H200 with driver 580
 //! (`examples/14-decode-loop.rs`): a 13-kernel decode step of 29.4 µs takes 33.8 µs per
 //! iteration (+14.7%), and 31.0 µs (+5.3%) with [`Runtime::graph_while_unrolled`] at 8 steps
-//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (5.77 µs) takes
-//! 10.0 µs with `graph_while` and 7.65 µs unrolled by 8 (kernels of a few µs pay more inside a
-//! conditional body than in a straight-line graph). A `max_iterations` bound adds a one-thread
+//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (5.68 µs) takes
+//! 10.0 µs with `graph_while`; unrolled by 16, 7.33 µs with kernels that return at once when
+//! the condition is cleared and 6.54 µs (+15%) with kernels that read it first and test it
+//! before their first store (by 32: +14%). Kernels that did not test it at all would take
+//! 5.85 µs (+3%): the rest is the condition's read, about 0.23 µs per kernel. A `max_iterations` bound adds a one-thread
 //! kernel per iteration to `graph_while` (about 0.6 µs) and nothing to
 //! `graph_while_unrolled`; so does [`Condition::set_from`], where setting the condition from
 //! a kernel of yours costs nothing. An IF node costs about as much as a WHILE iteration. One
@@ -194,22 +209,36 @@ struct GraphCondition {
 #define GRAPH_CONDITION_MAX_STEPS 4096ull
 // Whether the loop is still going: false only inside a step of graph_while_unrolled that comes
 // after the step that cleared the condition (or past the loop's bound); a kernel of such a
-// step returns at once. True everywhere else.
+// step returns at once. True everywhere else. In a step it reads the flag's three words, all
+// at once, from L2 (written by earlier kernels): call it first in the kernel and test the result
+// before the kernel's first store, so that the read overlaps the kernel's own loads.
+__device__ __forceinline__ unsigned int graph_condition_word_(const unsigned int *p) {
+    unsigned int v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ bool graph_condition_active(GraphCondition c) {
     if (c.flag == nullptr || c.handle < GRAPH_CONDITION_NONE - GRAPH_CONDITION_MAX_STEPS) return true;
-    const volatile unsigned int *f = c.flag;
+    unsigned int on = graph_condition_word_(c.flag);
+    unsigned int before = graph_condition_word_(c.flag + 1);
+    unsigned int bound = graph_condition_word_(c.flag + 2);
     unsigned int j = (unsigned int)(GRAPH_CONDITION_NONE - 1ull - c.handle);
-    return f[0] != 0u && f[1] + j < f[2];
+    return (on != 0u) & (before + j < bound);
+}
+// graph_condition_set for a thread that found graph_condition_active(c) true earlier in this
+// kernel: the same without reading the flag again.
+__device__ __forceinline__ void graph_condition_set_active(GraphCondition c, bool value) {
+    unsigned int v = value ? 1u : 0u;
+    if (c.flag != nullptr) {
+        *c.flag = v;
+    } else if (c.handle != GRAPH_CONDITION_NONE) {
+        cudaGraphSetConditional((cudaGraphConditionalHandle)c.handle, v);
+    }
 }
 // graph_while runs its body again, graph_if takes its first branch, when `value` is true.
 // Call it from one thread, or from every thread with the same value.
 __device__ __forceinline__ void graph_condition_set(GraphCondition c, bool value) {
-    unsigned int v = value ? 1u : 0u;
-    if (c.flag != nullptr) {
-        if (graph_condition_active(c)) *c.flag = v;
-    } else if (c.handle != GRAPH_CONDITION_NONE) {
-        cudaGraphSetConditional((cudaGraphConditionalHandle)c.handle, v);
-    }
+    if (graph_condition_active(c)) graph_condition_set_active(c, value);
 }
 // ---- end of the conditional device API ----
 "#

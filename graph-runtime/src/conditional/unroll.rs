@@ -69,8 +69,10 @@ impl Runtime {
     /// }
     /// ```
     ///
-    /// so each step's kernels take `cond.kernel_arg(rt)` (taken inside the step) and return
-    /// at once when `graph_condition_active` is false. Kernels that cannot check it (a cuBLAS
+    /// so each step's kernels take `cond.kernel_arg(rt)` (taken inside the step) and change
+    /// nothing when `graph_condition_active` is false. For kernels of a few µs, read it first
+    /// and test it just before the first store (its read then overlaps the kernel's loads;
+    /// see the module docs). Kernels that cannot check it (a cuBLAS
     /// call) are fine when running them again changes nothing the loop reads. Set the
     /// condition last in the step (a kernel after the setter sees the new value). Iteration
     /// counts need not be multiples of `unroll`; `max_iterations` counts steps, as for
