@@ -9,7 +9,12 @@
 //!   [`Held`], [`HeldMut`], [`StateArg`] and [`StateArgMut`].
 //! * **What is lent back cannot be replaced where the type allows it.** `state_mut()` lends
 //!   each `&mut` state as its [`DeviceState::Lent`] form: a `CudaSlice<T>` is lent as a
-//!   `CudaViewMut<T>`, which can be written into but not replaced or freed.
+//!   `CudaViewMut<T>`, which can be written into but not replaced or freed. Replacing one
+//!   (`*graph.state_mut().w = other`) does not compile, and rustc says so in its own words
+//!   (E0614, "type `CudaViewMut<'_, f32>` cannot be dereferenced": a view is a value, not a
+//!   place, and no stable hook lets a library word that error): to give the graph new
+//!   values, copy them into the view (`stream.memcpy_dtod(&other, &mut view)`,
+//!   `stream.memcpy_htod(&host, &mut view)`), which keeps the address the graph reads.
 //! * **What the type cannot protect is checked.** For state the macro cannot see into (a
 //!   struct of yours holding buffers), the graph records every device address at capture
 //!   ([`AddressBook`]) and compares them before every replay: one pointer comparison per
