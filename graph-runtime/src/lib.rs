@@ -252,9 +252,26 @@ pub mod coverage {}
 /// look to them like the mistakes they exist to catch. Every message that can misfire this
 /// way names this macro. It expands to its tokens unchanged, statements or an expression:
 ///
-/// ```ignore
-/// graph_runtime::replays_as_captured! { self.jobs.synchronize(); } // my job queue, not a stream
-/// let rows = graph_runtime::replays_as_captured!(self.db.query(&sql))?;
+/// ```no_run
+/// use graph_runtime::cudarc::driver::CudaSlice;
+/// use graph_runtime::{cuda_graph, replays_as_captured, GraphError, Runtime};
+///
+/// /// A job queue of yours: its `synchronize` and `query` touch nothing of the GPU.
+/// struct Jobs;
+/// impl Jobs {
+///     fn synchronize(&self) {}
+///     fn query(&self, _what: &str) -> Result<usize, GraphError> { Ok(0) }
+/// }
+/// static JOBS: Jobs = Jobs;
+///
+/// #[cuda_graph(warmup = 2)]
+/// fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+///     rt.stream().memcpy_dtod(x, y)?;
+///     replays_as_captured! { JOBS.synchronize(); } // my job queue, not a stream
+///     let _rows = replays_as_captured!(JOBS.query("pending"))?;
+///     Ok(())
+/// }
+/// # fn main() {}
 /// ```
 ///
 /// What it does not change: the runtime's own guards still run (a real stream sync inside
