@@ -8,6 +8,7 @@ mod candle_models;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
+use graph_runtime::candle::{candle_nn, RotaryTables, StaticKvCache};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
 use workloads::check::first_mismatch;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
@@ -60,6 +61,143 @@ fn grow_hidden_cache(dev: &Device, x: &Tensor, #[state] m: &HiddenCache) -> cand
     let updated = cache.broadcast_add(x)?;
     *cache = updated;
     cache.sum_keepdim(0)
+}
+
+/// One attention step over a two-layer [`StaticKvCache`]: `q`, `k`, `v` `(batch, heads, 1,
+/// head_dim)` rotated by the position held in `pos`, written at that position (layer 1 gets
+/// keys and values swapped), attended over the whole cache with the position's mask row.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn cached_attention(
+    dev: &Device,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: &Tensor,
+    #[state] rotary: &RotaryTables,
+    #[state] cache: &mut StaticKvCache,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    let at = cache.at(pos, 1)?;
+    let (q, k) = (rotary.apply(q, &at)?, rotary.apply(k, &at)?);
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    let mut outs = Vec::new();
+    for (layer, (k, v)) in [(&k, v), (v, &k)].into_iter().enumerate() {
+        let (ck, cv) = cache.write(layer, &at, k, v)?;
+        let att = (q.matmul(&ck.t()?)? * scale)?.broadcast_add(at.mask())?;
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        outs.push(att.matmul(&cv)?);
+    }
+    Tensor::cat(&outs, 0)
+}
+
+/// The same attention with caches grown by `Tensor::cat`, as candle-transformers does: no
+/// mask, attention over exactly the positions written so far.
+fn grown_attention(q: &Tensor, keys: &Tensor, values: &Tensor) -> candle::Result<Tensor> {
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    let att = (q.matmul(&keys.t()?)? * scale)?;
+    candle_nn::ops::softmax_last_dim(&att)?.matmul(values)
+}
+
+#[gpu_test]
+fn static_kv_cache_matches_a_grown_cache_eager_and_as_a_graph(
+    _rt: Runtime,
+) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("static_kv_cache_matches_a_grown_cache");
+    let (batch, heads, max_len, hd) = (2, 3, 48, 16);
+    let dims = (batch, heads, max_len, hd);
+    let rotary = RotaryTables::llama(hd, 10_000.0, max_len, DType::F32, &dev).map_err(c)?;
+    let mut eager_cache = StaticKvCache::new(2, dims, DType::F32, &dev).map_err(c)?;
+    let random = |rng: &mut rand::rngs::SmallRng| {
+        Tensor::from_vec(
+            random_vec(rng, batch * heads * hd),
+            (batch, heads, 1, hd),
+            &dev,
+        )
+        .map_err(c)
+    };
+    let u32_tensor = |p: u32| Tensor::from_vec(vec![p], 1, &dev).map_err(c);
+    let (q0, k0, v0) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+    let mut graph = CachedAttentionGraph::capture(
+        &rt,
+        &q0,
+        &k0,
+        &v0,
+        &u32_tensor(0)?,
+        &rotary,
+        StaticKvCache::new(2, dims, DType::F32, &dev).map_err(c)?,
+    )?;
+    // Two sequences: 40 positions, then a reset (a new request) and 12 more from position 0.
+    for (sequence, len) in [(0, 40u32), (1, 12)] {
+        if sequence > 0 {
+            graph.state_mut().cache.reset().map_err(c)?;
+            eager_cache.reset().map_err(c)?;
+        }
+        let (mut grown_k, mut grown_v): (Option<Tensor>, Option<Tensor>) = (None, None);
+        for p in 0..len {
+            let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+            let pos = u32_tensor(p)?;
+            let eager = cached_attention(&dev, &q, &k, &v, &pos, &rotary, &mut eager_cache);
+            let eager = host(&eager.map_err(c)?)?;
+            let ours = host(graph.replay(&q, &k, &v, &pos)?.result)?;
+            let diff = first_mismatch(&eager, &ours);
+            assert!(
+                diff.is_none(),
+                "sequence {sequence}, position {p}: graph != eager: {diff:?}"
+            );
+            // The reference: rotated keys grown by concatenation, attention without a mask.
+            let at = eager_cache.at(&pos, 1).map_err(c)?;
+            let (qr, kr) = (
+                rotary.apply(&q, &at).map_err(c)?,
+                rotary.apply(&k, &at).map_err(c)?,
+            );
+            let grow = |g: Option<Tensor>, t: &Tensor| match g {
+                None => Ok(t.clone()),
+                Some(g) => Tensor::cat(&[&g, t], 2),
+            };
+            let gk = grow(grown_k.take(), &kr).map_err(c)?;
+            let gv = grow(grown_v.take(), &v).map_err(c)?;
+            let want = Tensor::cat(
+                &[
+                    grown_attention(&qr, &gk, &gv).map_err(c)?,
+                    grown_attention(&qr, &gv, &gk).map_err(c)?,
+                ],
+                0,
+            );
+            let want = host(&want.map_err(c)?)?;
+            let err = workloads::check::max_abs_diff(&want, &ours);
+            assert!(
+                err <= 1e-5,
+                "sequence {sequence}, position {p}: {err} from the grown cache"
+            );
+            // What the graph's cache holds so far is the grown cache, bit for bit.
+            let cache = graph.state_mut().cache;
+            let written = |t: &Tensor| host(&t.narrow(2, 0, p as usize + 1).map_err(c)?);
+            assert_eq!(
+                written(cache.keys(0).map_err(c)?)?,
+                host(&gk)?,
+                "layer 0 keys, {p}"
+            );
+            assert_eq!(
+                written(cache.values(0).map_err(c)?)?,
+                host(&gv)?,
+                "layer 0 values"
+            );
+            assert_eq!(
+                written(cache.keys(1).map_err(c)?)?,
+                host(&gv)?,
+                "layer 1 keys"
+            );
+            assert_eq!(
+                written(cache.values(1).map_err(c)?)?,
+                host(&gk)?,
+                "layer 1 values"
+            );
+            (grown_k, grown_v) = (Some(gk), Some(gv));
+        }
+    }
+    Ok(())
 }
 
 /// One candle test at a time: a capture on candle's stream is invalidated (CUDA error 901)

@@ -66,6 +66,8 @@
 //! * **Shapes and positions are frozen** at capture: one graph serves one set of shapes. Keep
 //!   positions in device tensors (select rows with `index_select(pos)`, write with
 //!   `scatter_set`) so that one graph serves every position (`13-candle-decoder`).
+//!   [`StaticKvCache`] and [`RotaryTables`] do that for a Llama-style decoder
+//!   (`16-candle-llama-decode`).
 
 use std::sync::Arc;
 
@@ -77,6 +79,9 @@ use cudarc::driver::CudaStream;
 pub use candle_core;
 /// The candle-nn crate this module was built with.
 pub use candle_nn;
+
+mod kv_cache;
+pub use kv_cache::{greedy_next, CachePosition, RotaryTables, StaticKvCache};
 
 use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
 use crate::error::GraphError;
