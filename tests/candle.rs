@@ -200,6 +200,55 @@ fn static_kv_cache_matches_a_grown_cache_eager_and_as_a_graph(
     Ok(())
 }
 
+/// A body that builds a host tensor on the device in every call, as models that make their
+/// causal mask on the host do: `len` f32 values.
+#[cuda_graph(warmup = 1, verify = "never")]
+fn host_mask(dev: &Device, x: &Tensor, #[state] len: &usize) -> candle::Result<Tensor> {
+    let mask: Vec<f32> = (0..*len).map(|i| (i % 7) as f32).collect();
+    let mask = Tensor::from_vec(mask, *len, dev)?;
+    x.broadcast_mul(&mask.sum_all()?)
+}
+
+#[gpu_test]
+fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("uploads_above_candles_cap_are_a_typed_error");
+    let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+    // 1024 f32 are 4096 bytes, what candle's cache takes: captured, and replays equal eager.
+    let mut graph = HostMaskGraph::capture(&rt, &x, 1024usize)?;
+    for _ in 0..3 {
+        let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+        let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
+        assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    }
+    // 1025 are above it: refused, naming the limit, and the runtime stays usable.
+    let err = HostMaskGraph::capture(&rt, &x, 1025usize).unwrap_err();
+    eprintln!("refused: {err}");
+    let GraphError::Body { source, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(
+            **source,
+            GraphError::HostUploadInCapture {
+                above_cap: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("4096 bytes"), "{err}");
+    assert!(
+        !err.to_string().contains('\n'),
+        "a backtrace in the text: {err}"
+    );
+    let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+    let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
+    assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    Ok(())
+}
+
 /// One candle test at a time: a capture on candle's stream is invalidated (CUDA error 901)
 /// when another thread of the process runs candle work on the same device meanwhile (see
 /// `graph_runtime::candle`, "What cannot work").
@@ -336,6 +385,12 @@ fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<()
     let err = GrowHiddenCacheGraph::capture(&rt, &x, &hidden).unwrap_err();
     eprintln!("refused: {err}");
     assert!(matches!(err, GraphError::FreedInCapture { .. }), "{err:?}");
+    // The message names both common causes and their fixes.
+    assert!(err.to_string().contains("scatter_set"), "{err}");
+    assert!(
+        err.to_string().contains("clear it after the forward"),
+        "{err}"
+    );
     // The hidden cache now holds a tensor allocated inside the failed capture: its address was
     // never the program's, so it is not freed (a leak of one test tensor). A body whose shapes
     // change between runs is refused before that, as a host copy recorded into the graph.

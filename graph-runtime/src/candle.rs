@@ -47,7 +47,9 @@
 //!   live with (CUDA error 905): the capture is refused with [`GraphError::EventTracking`],
 //!   saying to call `unsafe { cuda_device.disable_event_tracking() }` before creating tensors.
 //! * **Errors.** A candle error that carries a CUDA error (a capture invalidated by a host
-//!   read, say) becomes the same typed [`GraphError`] a cudarc body gets.
+//!   read, say) becomes the same typed [`GraphError`] a cudarc body gets. Any other candle
+//!   error keeps its text without the backtrace candle puts into it under
+//!   `RUST_BACKTRACE=1` (the backtrace is logged through `tracing` at debug level).
 //!
 //! # What cannot work, and what you get instead
 //! * **A host read in the body** (`to_scalar`, `to_vec1`, `to_device(&Device::Cpu)`, …) is a
@@ -63,6 +65,20 @@
 //!   H100: two threads, each capturing on its own `Device::new_cuda(0)`, invalidate each
 //!   other's capture (CUDA error 901, [`GraphError::CaptureInvalidated`]). Capture candle
 //!   graphs while no other thread of the process uses that device (at start-up, say).
+//! * **Uploads above candle's cap.** candle caches only uploads of at most 4096 bytes
+//!   (`CUDA_GRAPH_HTOD_CACHE_MAX_BYTES`, candle-core 0.11), so a body that builds a larger
+//!   host tensor on the device in every call (T5's relative-position buckets, Qwen2's and
+//!   Phi's causal masks above 32 to 64 tokens) cannot be captured: candle refuses the upload
+//!   and the capture fails with [`GraphError::HostUploadInCapture`], which names the limit and,
+//!   with `RUST_BACKTRACE=1`, the call (`Tensor::from_slice` called from the model's
+//!   function). Ways out: in code of your own, make such a tensor once before the capture and
+//!   hold it as `#[state]` (it depends on shapes only), or keep each upload at most 4096
+//!   bytes. For a model you cannot change, build candle-core with a larger cache:
+//!   `bash scripts/candle-upload-cap.sh vendor/candle-core` copies candle-core from cargo's
+//!   registry with the limit raised (16 MiB by default) and prints the `[patch.crates-io]`
+//!   lines. The cache is consulted only while a warmup or a capture runs, so eager candle work
+//!   and replays are unchanged; each distinct upload of a warmup stays cached on the device for
+//!   the thread's life.
 //! * **Shapes and positions are frozen** at capture: one graph serves one set of shapes. Keep
 //!   positions in device tensors (select rows with `index_select(pos)`, write with
 //!   `scatter_set`) so that one graph serves every position (`13-candle-decoder`).

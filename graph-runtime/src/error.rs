@@ -12,6 +12,8 @@
 //! a graph.
 
 mod body;
+#[cfg(feature = "candle")]
+mod candle;
 mod convert;
 #[cfg(test)]
 mod tests;
