@@ -7,8 +7,9 @@
 mod candle_models;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
+use candle_transformers::models::llama;
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
-use graph_runtime::candle::{candle_nn, RotaryTables, StaticKvCache};
+use graph_runtime::candle::{candle_nn, ModelState, RotaryTables, StaticKvCache};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
 use workloads::check::first_mismatch;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
@@ -246,6 +247,84 @@ fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), Graph
     let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
     let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
     assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    Ok(())
+}
+
+/// candle-transformers' Llama over a window of tokens, held as it is: the model and its
+/// `Cache` (rotary tables, masks) in `ModelState`s; `forward` takes the cache as `&mut`.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn llama_window(
+    dev: &Device,
+    tokens: &Tensor,
+    #[state] model: &ModelState<llama::Llama>,
+    #[state] cache: &mut ModelState<llama::Cache>,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    model.model().forward(tokens, 0, cache.model_mut())
+}
+
+#[gpu_test]
+fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("a_foreign_model_is_state_through_model_state");
+    let cfg = llama::Config {
+        hidden_size: 64,
+        intermediate_size: 128,
+        vocab_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 64,
+        tie_word_embeddings: false,
+    };
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let model = llama::Llama::load(vb, &cfg).map_err(c)?;
+    let held = ModelState::from_varmap(model, &varmap);
+    assert_eq!(
+        held.reads().len(),
+        2 + 2 * 9,
+        "embeddings, norm, head and 9 per layer"
+    );
+    let new_cache = || llama::Cache::new(false, DType::F32, &cfg, &dev).map_err(c);
+    let window = 16;
+    let tokens = |rng: &mut rand::rngs::SmallRng| {
+        let ids: Vec<u32> = (0..window)
+            .map(|_| rand::Rng::random_range(rng, 0..cfg.vocab_size as u32))
+            .collect();
+        Tensor::from_vec(ids, (1, window), &dev).map_err(c)
+    };
+    let mut graph = LlamaWindowGraph::capture(
+        &rt,
+        &tokens(&mut rng)?,
+        &held,
+        ModelState::new(new_cache()?, []),
+    )?;
+    // The weights are read, not written: nothing was snapshotted for the `&mut` cache.
+    assert_eq!(graph.info().state_snapshot_bytes, 0, "{graph}");
+    let mut eager_cache = new_cache()?;
+    for replay in 0..4 {
+        let x = tokens(&mut rng)?;
+        let eager = host(&held.model().forward(&x, 0, &mut eager_cache).map_err(c)?)?;
+        let ours = host(graph.replay(&x)?.result)?;
+        let diff = first_mismatch(&eager, &ours);
+        assert!(
+            diff.is_none(),
+            "replay {replay}: graph != candle-transformers eager: {diff:?}"
+        );
+    }
+    // Between replays the cache is lent as `&Cache`: it can be read, not replaced.
+    let lent: &llama::Cache = graph.state_mut().cache;
+    assert!(!lent.use_kv_cache);
+    let x = tokens(&mut rng)?;
+    graph.verify(&x, Tolerance::BITWISE)?.into_result()?;
     Ok(())
 }
 

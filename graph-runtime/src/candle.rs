@@ -30,6 +30,7 @@
 //! | `x: &Tensor` | a static tensor shaped like the example given to `capture`; `replay` checks dtype and dims and copies the new tensor in (a contiguous tensor on the same stream through the graph's own first node) |
 //! | `-> Result<Tensor>` | the returned tensor is copied into a static tensor inside the graph, then dropped; `replay(..)?.result` lends it out |
 //! | `#[state] m: &Model` | read in place; `#[derive(DeviceState)]` on your model works for fields that are tensors, `Linear`, `Embedding`, `LayerNorm`, `RmsNorm`, and `Vec`s or `Option`s of them |
+//! | `#[state] m: &ModelState<M>` | a model of another crate (candle-transformers') with the tensors it reads, from its `VarMap`: checked by address before every replay, lent back only as `&M` (see [`ModelState`] for the contract) |
 //! | every op's output | a stream-ordered allocation, recorded as a graph allocation node: a temporary at a fixed address, freed inside the graph |
 //! | candle's cuBLAS calls | recorded like any other kernel (the warmup runs make cuBLAS pick its algorithms) |
 //!
@@ -97,7 +98,9 @@ pub use candle_core;
 pub use candle_nn;
 
 mod kv_cache;
+mod model_state;
 pub use kv_cache::{greedy_next, CachePosition, RotaryTables, StaticKvCache};
+pub use model_state::ModelState;
 
 use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
 use crate::error::GraphError;

@@ -315,8 +315,8 @@ impl AddressBook {
             Some((i, now)) => match expected.get(i) {
                 Some(was) if was.is_handle() || now.is_handle() => format!(
                     "entry {} of {} is a CUDA handle (function, stream, context, event or \
-                     communicator) that was {:#x} and is now {:#x}: the graph still uses the \
-                     old one",
+                     communicator) or a tensor a `ModelState` reads, that was {:#x} and is now \
+                     {:#x}: the graph still uses the old one",
                     i + 1,
                     expected.len(),
                     was.ptr,
