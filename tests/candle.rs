@@ -290,8 +290,8 @@ fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), Grap
     let held = ModelState::from_varmap(model, &varmap);
     assert_eq!(
         held.reads().len(),
-        2 + 2 * 9,
-        "embeddings, norm, head and 9 per layer"
+        3 + 2 * 9,
+        "embeddings, final norm, head, and 9 per layer"
     );
     let new_cache = || llama::Cache::new(false, DType::F32, &cfg, &dev).map_err(c);
     let window = 16;
