@@ -561,7 +561,7 @@ fn first_lifetime(ty: &Type) -> Option<Span> {
             }
         }
         fn visit_type_reference(&mut self, r: &'ast syn::TypeReference) {
-            if !r.lifetime.as_ref().is_some_and(|l| l.ident == "static") {
+            if r.lifetime.as_ref().is_none_or(|l| l.ident != "static") {
                 self.0.get_or_insert(r.and_token.span());
             }
             syn::visit::visit_type_reference(self, r);
