@@ -10,7 +10,7 @@
 #   2. lints the workspace with the `candle` feature (`cargo clippy -D warnings`);
 #   3. runs graph-runtime's and the root package's tests with it (`tests/candle.rs`; without a
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
-#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder);
+#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
 # A clean run took 42 minutes on 2 cores shared with other builds, most of it nvcc compiling
 # candle's kernels, twice: the lint (a check build) and the test build give candle-kernels'
@@ -34,7 +34,8 @@ step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D 
 export LD_LIBRARY_PATH="$CUDA_GRAPH_STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 step cargo test -p graph-runtime --features candle --lib
 step cargo test -p cuda-graphs --features candle --test candle
-step cargo build -p cuda-graphs --features candle --example 12-candle-mlp --example 13-candle-decoder
+step cargo build -p cuda-graphs --features candle --example 12-candle-mlp --example 13-candle-decoder \
+  --example 16-candle-llama-decode
 
 echo "== build beside candle-core's cuda feature"
 (cd ci/beside-candle && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-candle")
