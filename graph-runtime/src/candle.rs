@@ -58,7 +58,10 @@
 //! * **A tensor made before the capture and freed inside it** (a model that replaces its KV
 //!   cache with `Tensor::cat` on every call): CUDA cannot record the free of memory the graph
 //!   did not allocate. The capture fails with [`GraphError::FreedInCapture`]; keep such tensors
-//!   at fixed addresses and write into them in place (`slice_set`, `scatter_set`).
+//!   at fixed addresses and write into them in place (`slice_set`, `scatter_set`,
+//!   [`StaticKvCache`]). A cache cleared or replaced at the start of the body
+//!   (`clear_kv_cache()` before the forward) fails the same way, since it drops what the
+//!   previous call left: clear it after the forward instead.
 //! * **A tensor kept past the capture** (stored into `&mut` state): its memory is a graph
 //!   temporary, freed by the next replay. When the state is a `DeviceState`, the replaced
 //!   tensor is found after the capture and refused as [`GraphError::StateMoved`].
