@@ -1,33 +1,5 @@
-//! A static KV cache for candle decoders: one graph for every position.
-//!
-//! candle-transformers' decoders grow their caches with `Tensor::cat`, so every step has new
-//! shapes and frees tensors made before it: a capture of such a step is refused
-//! ([`GraphError::FreedInCapture`](crate::GraphError::FreedInCapture)), and a graph of one
-//! step could serve only one position anyway. [`StaticKvCache`] keeps, per layer, a key and a
-//! value tensor of fixed shape `(batch, kv_heads, max_len, head_dim)` and writes each step's
-//! keys and values into them in place (`scatter_set`) at a position held in a device tensor.
-//! Attention then always spans the whole cache; the causal-mask row of the position hides
-//! what is not written yet. The rotary rows come from [`RotaryTables`] by the same position.
-//! Nothing a step does depends on a host value, so one captured step serves every position.
-//!
-//! A candle-transformers-style Llama attention becomes graph-friendly by changing these lines:
-//!
-//! ```ignore
-//! // once per step, before the layers: the position `pos` is a `(1,)` u32 tensor on the device
-//! let at = cache.at(&pos, seq_len)?;
-//! let (cos, sin) = rotary.at(&at)?;                  // was: cache.cos.narrow(0, index_pos, seq_len)
-//! // in layer `i`'s attention, after the projections:
-//! let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?;
-//! let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?;
-//! let (k, v) = cache.write(i, &at, &k, &v)?;         // was: Tensor::cat(&[cache_k, &k], 2)
-//! let att = (q.matmul(&repeat_kv(k)?.t()?)? / (head_dim as f64).sqrt())?;
-//! let att = att.broadcast_add(at.mask())?;            // was: masked_fill(.., cache.mask(..))
-//! ```
-//!
-//! The position is the caller's to keep below `max_len`: a step's positions must satisfy
-//! `pos + seq_len <= max_len`. The cache cannot check a position held on the device without a
-//! host synchronisation, and candle's scatter kernel traps (a device assertion, which ends the
-//! CUDA context) on an index past the end.
+//! A static KV cache for candle decoders, and the rotary tables read by the same position:
+//! see [`StaticKvCache`].
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -35,7 +7,36 @@ use crate::region::DeviceRegion;
 use crate::state::DeviceState;
 
 /// Per-layer key and value tensors of fixed shape `(batch, kv_heads, max_len, head_dim)`,
-/// written in place at a position held in a device tensor. See the [module docs](self).
+/// written in place at a position held in a device tensor: one graph for every position.
+///
+/// candle-transformers' decoders grow their caches with `Tensor::cat`, so every step has new
+/// shapes and frees tensors made before it: a capture of such a step is refused
+/// ([`GraphError::FreedInCapture`](crate::GraphError::FreedInCapture)), and a graph of one
+/// step could serve only one position anyway. This cache keeps, per layer, a key and a
+/// value tensor of fixed shape `(batch, kv_heads, max_len, head_dim)` and writes each step's
+/// keys and values into them in place (`scatter_set`) at a position held in a device tensor.
+/// Attention then always spans the whole cache; the causal-mask row of the position hides
+/// what is not written yet. The rotary rows come from [`RotaryTables`] by the same position.
+/// Nothing a step does depends on a host value, so one captured step serves every position.
+///
+/// A candle-transformers-style Llama attention becomes graph-friendly by changing these lines:
+///
+/// ```ignore
+/// // once per step, before the layers: the position `pos` is a `(1,)` u32 tensor on the device
+/// let at = cache.at(&pos, seq_len)?;
+/// let (cos, sin) = rotary.at(&at)?;                  // was: cache.cos.narrow(0, index_pos, seq_len)
+/// // in layer `i`'s attention, after the projections:
+/// let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?;
+/// let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?;
+/// let (k, v) = cache.write(i, &at, &k, &v)?;         // was: Tensor::cat(&[cache_k, &k], 2)
+/// let att = (q.matmul(&repeat_kv(k)?.t()?)? / (head_dim as f64).sqrt())?;
+/// let att = att.broadcast_add(at.mask())?;            // was: masked_fill(.., cache.mask(..))
+/// ```
+///
+/// The position is the caller's to keep below `max_len`: a step's positions must satisfy
+/// `pos + seq_len <= max_len`. The cache cannot check a position held on the device without a
+/// host synchronisation, and candle's scatter kernel traps (a device assertion, which ends the
+/// CUDA context) on an index past the end.
 ///
 /// As a graph's `#[state]` (`&mut StaticKvCache`), `state_mut()` lends it back as
 /// `&StaticKvCache`: its contents can be read, written in place and [reset](Self::reset), its
@@ -152,7 +153,7 @@ impl StaticKvCache {
     /// the device (u32 or i64; `(1, 1)` and scalars are accepted too): the scatter index for
     /// [`write`](Self::write) and the step's causal-mask rows. Call it once per step, before
     /// the layers; nothing in it reads `pos` on the host, so a graph of the step serves
-    /// every position. The caller keeps `pos + seq_len <= max_len` (see the module docs).
+    /// every position. The caller keeps `pos + seq_len <= max_len` (see [`StaticKvCache`]).
     pub fn at(&self, pos: &Tensor, seq_len: usize) -> Result<CachePosition> {
         if pos.elem_count() != 1 {
             candle_core::bail!(
