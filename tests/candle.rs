@@ -250,6 +250,66 @@ fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), Graph
     Ok(())
 }
 
+/// A prefill of `seq` tokens into one layer of a [`StaticKvCache`] at the position held in
+/// `pos`, attending with the causal-mask rows of those positions.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn prefill(
+    dev: &Device,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: &Tensor,
+    #[state] cache: &mut StaticKvCache,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    let at = cache.at(pos, q.dim(2)?)?;
+    let (ck, cv) = cache.write(0, &at, k, v)?;
+    let att = q.matmul(&ck.t()?)?.broadcast_add(at.mask())?;
+    candle_nn::ops::softmax_last_dim(&att)?.matmul(&cv)
+}
+
+#[gpu_test]
+fn static_kv_cache_prefills_consecutive_positions_as_a_graph(
+    _rt: Runtime,
+) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("static_kv_cache_prefills_consecutive_positions");
+    let (heads, seq, max_len, hd) = (2, 8, 32, 16);
+    let random = |rng: &mut rand::rngs::SmallRng| {
+        Tensor::from_vec(random_vec(rng, heads * seq * hd), (1, heads, seq, hd), &dev).map_err(c)
+    };
+    let pos = |p: u32| Tensor::from_vec(vec![p], 1, &dev).map_err(c);
+    let new_cache = || StaticKvCache::new(1, (1, heads, max_len, hd), DType::F32, &dev).map_err(c);
+    let mut eager_cache = new_cache()?;
+    let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+    let mut graph = PrefillGraph::capture(&rt, &q, &k, &v, &pos(0)?, new_cache()?)?;
+    let mut grown: Option<Tensor> = None;
+    for (step, p) in [0u32, 8, 16, 24].into_iter().enumerate() {
+        let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+        let eager = host(&prefill(&dev, &q, &k, &v, &pos(p)?, &mut eager_cache).map_err(c)?)?;
+        let ours = host(graph.replay(&q, &k, &v, &pos(p)?)?.result)?;
+        let diff = first_mismatch(&eager, &ours);
+        assert!(
+            diff.is_none(),
+            "prefill {step} at {p}: graph != eager: {diff:?}"
+        );
+        let g = match grown.take() {
+            None => k.clone(),
+            Some(g) => Tensor::cat(&[&g, &k], 2).map_err(c)?,
+        };
+        let cache = graph.state_mut().cache;
+        let written = cache.keys(0).map_err(c)?.narrow(2, 0, p as usize + seq);
+        assert_eq!(
+            host(&written.map_err(c)?)?,
+            host(&g)?,
+            "keys after prefill {step}"
+        );
+        grown = Some(g);
+    }
+    Ok(())
+}
+
 /// candle-transformers' Llama over a window of tokens, held as it is: the model and its
 /// `Cache` (rotary tables, masks) in `ModelState`s; `forward` takes the cache as `&mut`.
 #[cuda_graph(warmup = 2, verify = "never")]
