@@ -48,6 +48,52 @@ struct Args {
     /// Timed generations per decoder (the median is printed).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Only compare candle-transformers' and our Llama eagerly on the CPU (no graph, no
+    /// timing): checks the rewrite on a machine without a GPU.
+    #[arg(long)]
+    cpu: bool,
+}
+
+/// `--cpu`: candle-transformers' decode and ours, eagerly on the CPU, token for token.
+fn cpu_check(cfg: &llama::Config, n: usize) -> Result<(), BoxError> {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let theirs = llama::Llama::load(vb.clone(), cfg)?;
+    let ours = GraphLlama::load(vb, cfg, n)?;
+    let mut their_cache = llama::Cache::new(true, DType::F32, cfg, &dev)?;
+    let our_cache = ours.cache(n, &dev)?;
+    let first = Tensor::from_vec(vec![cfg.bos_token_id.unwrap_or(1)], (1, 1), &dev)?;
+    let (mut ta, mut tb) = (first.clone(), first);
+    let (mut worst, mut largest) = (0f32, 0f32);
+    let mut tokens = Vec::new();
+    for p in 0..n {
+        let la = theirs.forward(&ta, p, &mut their_cache)?;
+        let lb = ours.step(&tb, &Tensor::from_vec(vec![p as u32], 1, &dev)?, &our_cache)?;
+        let (ha, hb) = (host_f32(&la)?, host_f32(&lb)?);
+        worst = worst.max(max_abs_diff(&ha, &hb));
+        largest = ha.iter().fold(largest, |m, x| m.max(x.abs()));
+        ta = greedy_next(&la)?;
+        tb = greedy_next(&lb)?;
+        let (a, b) = (ta.to_vec2::<u32>()?[0][0], tb.to_vec2::<u32>()?[0][0]);
+        if a != b {
+            return Err(format!(
+                "CPU: tokens differ at step {p}: candle-transformers {a}, ours {b}"
+            )
+            .into());
+        }
+        tokens.push(a);
+    }
+    println!(
+        "CPU, {} layers, {n} tokens: ours = candle-transformers token for token; largest |logit difference| \
+         {worst:.2e} (largest |logit| {largest:.1}); first tokens {:?}",
+        cfg.num_hidden_layers,
+        &tokens[..tokens.len().min(12)]
+    );
+    if worst > 1e-3 * largest.max(1.0) {
+        return Err("CPU: the logits differ by more than 1e-3 of the largest".into());
+    }
+    Ok(())
 }
 
 /// SmolLM2-135M's shape, as a candle-transformers config.
@@ -223,6 +269,9 @@ fn host_f32(t: &Tensor) -> candle::Result<Vec<f32>> {
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     init_tracing();
+    if args.cpu {
+        return cpu_check(&smollm2_135m(args.layers.max(1)), args.tokens.max(1));
+    }
     let dev = match Device::new_cuda(0) {
         Ok(dev) => dev,
         Err(e) if !gpu_required() => {
