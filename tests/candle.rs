@@ -7,7 +7,9 @@
 mod candle_models;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
+use candle_transformers::models::llama;
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
+use graph_runtime::candle::{candle_nn, ModelState, RotaryTables, StaticKvCache};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
 use workloads::check::first_mismatch;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
@@ -60,6 +62,325 @@ fn grow_hidden_cache(dev: &Device, x: &Tensor, #[state] m: &HiddenCache) -> cand
     let updated = cache.broadcast_add(x)?;
     *cache = updated;
     cache.sum_keepdim(0)
+}
+
+/// One attention step over a two-layer [`StaticKvCache`]: `q`, `k`, `v` `(batch, heads, 1,
+/// head_dim)` rotated by the position held in `pos`, written at that position (layer 1 gets
+/// keys and values swapped), attended over the whole cache with the position's mask row.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn cached_attention(
+    dev: &Device,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: &Tensor,
+    #[state] rotary: &RotaryTables,
+    #[state] cache: &mut StaticKvCache,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    let at = cache.at(pos, 1)?;
+    let (q, k) = (rotary.apply(q, &at)?, rotary.apply(k, &at)?);
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    let mut outs = Vec::new();
+    for (layer, (k, v)) in [(&k, v), (v, &k)].into_iter().enumerate() {
+        let (ck, cv) = cache.write(layer, &at, k, v)?;
+        let att = (q.matmul(&ck.t()?)? * scale)?.broadcast_add(at.mask())?;
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        outs.push(att.matmul(&cv)?);
+    }
+    Tensor::cat(&outs, 0)
+}
+
+/// The same attention with caches grown by `Tensor::cat`, as candle-transformers does: no
+/// mask, attention over exactly the positions written so far.
+fn grown_attention(q: &Tensor, keys: &Tensor, values: &Tensor) -> candle::Result<Tensor> {
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    let att = (q.matmul(&keys.t()?)? * scale)?;
+    candle_nn::ops::softmax_last_dim(&att)?.matmul(values)
+}
+
+#[gpu_test]
+fn static_kv_cache_matches_a_grown_cache_eager_and_as_a_graph(
+    _rt: Runtime,
+) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("static_kv_cache_matches_a_grown_cache");
+    let (batch, heads, max_len, hd) = (2, 3, 48, 16);
+    let dims = (batch, heads, max_len, hd);
+    let rotary = RotaryTables::llama(hd, 10_000.0, max_len, DType::F32, &dev).map_err(c)?;
+    let mut eager_cache = StaticKvCache::new(2, dims, DType::F32, &dev).map_err(c)?;
+    let random = |rng: &mut rand::rngs::SmallRng| {
+        Tensor::from_vec(
+            random_vec(rng, batch * heads * hd),
+            (batch, heads, 1, hd),
+            &dev,
+        )
+        .map_err(c)
+    };
+    let u32_tensor = |p: u32| Tensor::from_vec(vec![p], 1, &dev).map_err(c);
+    let (q0, k0, v0) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+    let mut graph = CachedAttentionGraph::capture(
+        &rt,
+        &q0,
+        &k0,
+        &v0,
+        &u32_tensor(0)?,
+        &rotary,
+        StaticKvCache::new(2, dims, DType::F32, &dev).map_err(c)?,
+    )?;
+    // Two sequences: 40 positions, then a reset (a new request) and 12 more from position 0.
+    for (sequence, len) in [(0, 40u32), (1, 12)] {
+        if sequence > 0 {
+            graph.state_mut().cache.reset().map_err(c)?;
+            eager_cache.reset().map_err(c)?;
+        }
+        let (mut grown_k, mut grown_v): (Option<Tensor>, Option<Tensor>) = (None, None);
+        for p in 0..len {
+            let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+            let pos = u32_tensor(p)?;
+            let eager = cached_attention(&dev, &q, &k, &v, &pos, &rotary, &mut eager_cache);
+            let eager = host(&eager.map_err(c)?)?;
+            let ours = host(graph.replay(&q, &k, &v, &pos)?.result)?;
+            let diff = first_mismatch(&eager, &ours);
+            assert!(
+                diff.is_none(),
+                "sequence {sequence}, position {p}: graph != eager: {diff:?}"
+            );
+            // The reference: rotated keys grown by concatenation, attention without a mask.
+            let at = eager_cache.at(&pos, 1).map_err(c)?;
+            let (qr, kr) = (
+                rotary.apply(&q, &at).map_err(c)?,
+                rotary.apply(&k, &at).map_err(c)?,
+            );
+            let grow = |g: Option<Tensor>, t: &Tensor| match g {
+                None => Ok(t.clone()),
+                Some(g) => Tensor::cat(&[&g, t], 2),
+            };
+            let gk = grow(grown_k.take(), &kr).map_err(c)?;
+            let gv = grow(grown_v.take(), &v).map_err(c)?;
+            let want = Tensor::cat(
+                &[
+                    grown_attention(&qr, &gk, &gv).map_err(c)?,
+                    grown_attention(&qr, &gv, &gk).map_err(c)?,
+                ],
+                0,
+            );
+            let want = host(&want.map_err(c)?)?;
+            let err = workloads::check::max_abs_diff(&want, &ours);
+            assert!(
+                err <= 1e-5,
+                "sequence {sequence}, position {p}: {err} from the grown cache"
+            );
+            // What the graph's cache holds so far is the grown cache, bit for bit.
+            let cache = graph.state_mut().cache;
+            let written = |t: &Tensor| host(&t.narrow(2, 0, p as usize + 1).map_err(c)?);
+            assert_eq!(
+                written(cache.keys(0).map_err(c)?)?,
+                host(&gk)?,
+                "layer 0 keys, {p}"
+            );
+            assert_eq!(
+                written(cache.values(0).map_err(c)?)?,
+                host(&gv)?,
+                "layer 0 values"
+            );
+            assert_eq!(
+                written(cache.keys(1).map_err(c)?)?,
+                host(&gv)?,
+                "layer 1 keys"
+            );
+            assert_eq!(
+                written(cache.values(1).map_err(c)?)?,
+                host(&gk)?,
+                "layer 1 values"
+            );
+            (grown_k, grown_v) = (Some(gk), Some(gv));
+        }
+    }
+    Ok(())
+}
+
+/// A body that builds a host tensor on the device in every call, as models that make their
+/// causal mask on the host do: `len` f32 values.
+#[cuda_graph(warmup = 1, verify = "never")]
+fn host_mask(dev: &Device, x: &Tensor, #[state] len: &usize) -> candle::Result<Tensor> {
+    let mask: Vec<f32> = (0..*len).map(|i| (i % 7) as f32).collect();
+    let mask = Tensor::from_vec(mask, *len, dev)?;
+    x.broadcast_mul(&mask.sum_all()?)
+}
+
+#[gpu_test]
+fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("uploads_above_candles_cap_are_a_typed_error");
+    let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+    // 1024 f32 are 4096 bytes, what candle's cache takes: captured, and replays equal eager.
+    let mut graph = HostMaskGraph::capture(&rt, &x, 1024usize)?;
+    for _ in 0..3 {
+        let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+        let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
+        assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    }
+    // 1025 are above it: refused, naming the limit, and the runtime stays usable.
+    let err = HostMaskGraph::capture(&rt, &x, 1025usize).unwrap_err();
+    eprintln!("refused: {err}");
+    fn above_cap(e: &GraphError) -> bool {
+        match e {
+            GraphError::HostUploadInCapture { above_cap, .. } => *above_cap,
+            GraphError::Body { source, .. } => above_cap(source),
+            _ => false,
+        }
+    }
+    assert!(above_cap(&err), "{err:?}");
+    assert!(err.to_string().contains("4096 bytes"), "{err}");
+    assert!(
+        !err.to_string().contains('\n'),
+        "a backtrace in the text: {err}"
+    );
+    let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
+    let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
+    assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    Ok(())
+}
+
+/// A prefill of `seq` tokens into one layer of a [`StaticKvCache`] at the position held in
+/// `pos`, attending with the causal-mask rows of those positions.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn prefill(
+    dev: &Device,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: &Tensor,
+    #[state] cache: &mut StaticKvCache,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    let at = cache.at(pos, q.dim(2)?)?;
+    let (ck, cv) = cache.write(0, &at, k, v)?;
+    let att = q.matmul(&ck.t()?)?.broadcast_add(at.mask())?;
+    candle_nn::ops::softmax_last_dim(&att)?.matmul(&cv)
+}
+
+#[gpu_test]
+fn static_kv_cache_prefills_consecutive_positions_as_a_graph(
+    _rt: Runtime,
+) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("static_kv_cache_prefills_consecutive_positions");
+    let (heads, seq, max_len, hd) = (2, 8, 32, 16);
+    let random = |rng: &mut rand::rngs::SmallRng| {
+        Tensor::from_vec(random_vec(rng, heads * seq * hd), (1, heads, seq, hd), &dev).map_err(c)
+    };
+    let pos = |p: u32| Tensor::from_vec(vec![p], 1, &dev).map_err(c);
+    let new_cache = || StaticKvCache::new(1, (1, heads, max_len, hd), DType::F32, &dev).map_err(c);
+    let mut eager_cache = new_cache()?;
+    let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+    let mut graph = PrefillGraph::capture(&rt, &q, &k, &v, &pos(0)?, new_cache()?)?;
+    let mut grown: Option<Tensor> = None;
+    for (step, p) in [0u32, 8, 16, 24].into_iter().enumerate() {
+        let (q, k, v) = (random(&mut rng)?, random(&mut rng)?, random(&mut rng)?);
+        let eager = host(&prefill(&dev, &q, &k, &v, &pos(p)?, &mut eager_cache).map_err(c)?)?;
+        let ours = host(graph.replay(&q, &k, &v, &pos(p)?)?.result)?;
+        let diff = first_mismatch(&eager, &ours);
+        assert!(
+            diff.is_none(),
+            "prefill {step} at {p}: graph != eager: {diff:?}"
+        );
+        let g = match grown.take() {
+            None => k.clone(),
+            Some(g) => Tensor::cat(&[&g, &k], 2).map_err(c)?,
+        };
+        let cache = graph.state_mut().cache;
+        let written = cache.keys(0).map_err(c)?.narrow(2, 0, p as usize + seq);
+        assert_eq!(
+            host(&written.map_err(c)?)?,
+            host(&g)?,
+            "keys after prefill {step}"
+        );
+        grown = Some(g);
+    }
+    Ok(())
+}
+
+/// candle-transformers' Llama over a window of tokens, held as it is: the model and its
+/// `Cache` (rotary tables, masks) in `ModelState`s; `forward` takes the cache as `&mut`.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn llama_window(
+    dev: &Device,
+    tokens: &Tensor,
+    #[state] model: &ModelState<llama::Llama>,
+    #[state] cache: &mut ModelState<llama::Cache>,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    model.model().forward(tokens, 0, cache.model_mut())
+}
+
+#[gpu_test]
+fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), GraphError> {
+    let _serial = one_at_a_time();
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("a_foreign_model_is_state_through_model_state");
+    let cfg = llama::Config {
+        hidden_size: 64,
+        intermediate_size: 128,
+        vocab_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 64,
+        tie_word_embeddings: false,
+    };
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let model = llama::Llama::load(vb, &cfg).map_err(c)?;
+    let held = ModelState::from_varmap(model, &varmap);
+    assert_eq!(
+        held.reads().len(),
+        3 + 2 * 9,
+        "embeddings, final norm, head, and 9 per layer"
+    );
+    let new_cache = || llama::Cache::new(false, DType::F32, &cfg, &dev).map_err(c);
+    let window = 16;
+    let tokens = |rng: &mut rand::rngs::SmallRng| {
+        let ids: Vec<u32> = (0..window)
+            .map(|_| rand::Rng::random_range(rng, 0..cfg.vocab_size as u32))
+            .collect();
+        Tensor::from_vec(ids, (1, window), &dev).map_err(c)
+    };
+    let mut graph = LlamaWindowGraph::capture(
+        &rt,
+        &tokens(&mut rng)?,
+        &held,
+        ModelState::new(new_cache()?, []),
+    )?;
+    // The weights are read, not written: nothing was snapshotted for the `&mut` cache.
+    assert_eq!(graph.info().state_snapshot_bytes, 0, "{graph}");
+    let mut eager_cache = new_cache()?;
+    for replay in 0..4 {
+        let x = tokens(&mut rng)?;
+        let eager = host(&held.model().forward(&x, 0, &mut eager_cache).map_err(c)?)?;
+        let ours = host(graph.replay(&x)?.result)?;
+        let diff = first_mismatch(&eager, &ours);
+        assert!(
+            diff.is_none(),
+            "replay {replay}: graph != candle-transformers eager: {diff:?}"
+        );
+    }
+    // Between replays the cache is lent as `&Cache`: it can be read, not replaced.
+    let lent: &llama::Cache = graph.state_mut().cache;
+    assert!(!lent.use_kv_cache);
+    let x = tokens(&mut rng)?;
+    graph.verify(&x, Tolerance::BITWISE)?.into_result()?;
+    Ok(())
 }
 
 /// One candle test at a time: a capture on candle's stream is invalidated (CUDA error 901)
@@ -198,6 +519,12 @@ fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<()
     let err = GrowHiddenCacheGraph::capture(&rt, &x, &hidden).unwrap_err();
     eprintln!("refused: {err}");
     assert!(matches!(err, GraphError::FreedInCapture { .. }), "{err:?}");
+    // The message names both common causes and their fixes.
+    assert!(err.to_string().contains("scatter_set"), "{err}");
+    assert!(
+        err.to_string().contains("clear it after the forward"),
+        "{err}"
+    );
     // The hidden cache now holds a tensor allocated inside the failed capture: its address was
     // never the program's, so it is not freed (a leak of one test tensor). A body whose shapes
     // change between runs is refused before that, as a host copy recorded into the graph.

@@ -509,7 +509,11 @@ fn check_param_type(ident: &Ident, role: Role, ty: &Type, cx: &mut Ctxt) -> Opti
                     "the type of `{ident}` borrows (it has a lifetime): a graph keeps its buffers for as long as it \
                      lives, so inputs, outputs and state must be owned buffer types such as `CudaSlice<f32>`, \
                      not views. A `&CudaSlice<T>` input already accepts a `CudaView<T>` (or host data) in \
-                     `capture` and `replay`, copying it into the graph's buffer: declare `{ident}: &CudaSlice<T>`"
+                     `capture` and `replay`, copying it into the graph's buffer: declare `{ident}: &CudaSlice<T>`. \
+                     For a model, hold a type that owns what it uses, whose lifetimes are all `'static` \
+                     (`Func<'static>`, `Box<dyn Module>`; a model of another crate in \
+                     `graph_runtime::candle::ModelState<M>`), and give the graph the model itself (owned, \
+                     borrowed for the graph's life, or in an `Arc`)"
                 ),
             );
             return None;
@@ -590,11 +594,17 @@ fn host_element(ty: &Type) -> Option<String> {
 fn first_lifetime(ty: &Type) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
+        // `'static` borrows nothing a graph could outlive: `Func<'static>`, `Box<dyn Module +
+        // 'static>` and `&'static T` are owned for the graph's purposes.
         fn visit_lifetime(&mut self, l: &'ast syn::Lifetime) {
-            self.0.get_or_insert(l.span());
+            if l.ident != "static" {
+                self.0.get_or_insert(l.span());
+            }
         }
         fn visit_type_reference(&mut self, r: &'ast syn::TypeReference) {
-            self.0.get_or_insert(r.and_token.span());
+            if r.lifetime.as_ref().is_none_or(|l| l.ident != "static") {
+                self.0.get_or_insert(r.and_token.span());
+            }
             syn::visit::visit_type_reference(self, r);
         }
     }

@@ -40,6 +40,7 @@
 //! | `x: &Tensor` | a static tensor shaped like the example given to `capture`; `replay` checks dtype and dims and copies the new tensor in (a contiguous tensor on the same stream through the graph's own first node) |
 //! | `-> Result<Tensor>` | the returned tensor is copied into a static tensor inside the graph, then dropped; `replay(..)?.result` lends it out |
 //! | `#[state] m: &Model` | read in place; `#[derive(DeviceState)]` on your model works for fields that are tensors, `Linear`, `Embedding`, `LayerNorm`, `RmsNorm`, and `Vec`s or `Option`s of them |
+//! | `#[state] m: &ModelState<M>` | a model of another crate (candle-transformers') with the tensors it reads, from its `VarMap`: checked by address before every replay, lent back only as `&M` (see [`ModelState`] for the contract) |
 //! | every op's output | a stream-ordered allocation, recorded as a graph allocation node: a temporary at a fixed address, freed inside the graph |
 //! | candle's cuBLAS calls | recorded like any other kernel (the warmup runs make cuBLAS pick its algorithms) |
 //!
@@ -57,7 +58,9 @@
 //!   live with (CUDA error 905): the capture is refused with [`GraphError::EventTracking`],
 //!   saying to call `unsafe { cuda_device.disable_event_tracking() }` before creating tensors.
 //! * **Errors.** A candle error that carries a CUDA error (a capture invalidated by a host
-//!   read, say) becomes the same typed [`GraphError`] a cudarc body gets.
+//!   read, say) becomes the same typed [`GraphError`] a cudarc body gets. Any other candle
+//!   error keeps its text without the backtrace candle puts into it under
+//!   `RUST_BACKTRACE=1` (the backtrace is logged through `tracing` at debug level).
 //!
 //! # What cannot work, and what you get instead
 //! * **A host read in the body** (`to_scalar`, `to_vec1`, `to_device(&Device::Cpu)`, …) is a
@@ -65,7 +68,10 @@
 //! * **A tensor made before the capture and freed inside it** (a model that replaces its KV
 //!   cache with `Tensor::cat` on every call): CUDA cannot record the free of memory the graph
 //!   did not allocate. The capture fails with [`GraphError::FreedInCapture`]; keep such tensors
-//!   at fixed addresses and write into them in place (`slice_set`, `scatter_set`).
+//!   at fixed addresses and write into them in place (`slice_set`, `scatter_set`,
+//!   [`StaticKvCache`]). A cache cleared or replaced at the start of the body
+//!   (`clear_kv_cache()` before the forward) fails the same way, since it drops what the
+//!   previous call left: clear it after the forward instead.
 //! * **A tensor kept past the capture** (stored into `&mut` state): its memory is a graph
 //!   temporary, freed by the next replay. When the state is a `DeviceState`, the replaced
 //!   tensor is found after the capture and refused as [`GraphError::StateMoved`].
@@ -73,9 +79,25 @@
 //!   H100: two threads, each capturing on its own `Device::new_cuda(0)`, invalidate each
 //!   other's capture (CUDA error 901, [`GraphError::CaptureInvalidated`]). Capture candle
 //!   graphs while no other thread of the process uses that device (at start-up, say).
+//! * **Uploads above candle's cap.** candle caches only uploads of at most 4096 bytes
+//!   (`CUDA_GRAPH_HTOD_CACHE_MAX_BYTES`, candle-core 0.11), so a body that builds a larger
+//!   host tensor on the device in every call (T5's relative-position buckets, Qwen2's and
+//!   Phi's causal masks above 32 to 64 tokens) cannot be captured: candle refuses the upload
+//!   and the capture fails with [`GraphError::HostUploadInCapture`], which names the limit and,
+//!   with `RUST_BACKTRACE=1`, the call (`Tensor::from_slice` called from the model's
+//!   function). Ways out: in code of your own, make such a tensor once before the capture and
+//!   hold it as `#[state]` (it depends on shapes only), or keep each upload at most 4096
+//!   bytes. For a model you cannot change, build candle-core with a larger cache:
+//!   `bash scripts/candle-upload-cap.sh vendor/candle-core` copies candle-core from cargo's
+//!   registry with the limit raised (16 MiB by default) and prints the `[patch.crates-io]`
+//!   lines. The cache is consulted only while a warmup or a capture runs, so eager candle work
+//!   and replays are unchanged; each distinct upload of a warmup stays cached on the device for
+//!   the thread's life.
 //! * **Shapes and positions are frozen** at capture: one graph serves one set of shapes. Keep
 //!   positions in device tensors (select rows with `index_select(pos)`, write with
 //!   `scatter_set`) so that one graph serves every position (`13-candle-decoder`).
+//!   [`StaticKvCache`] and [`RotaryTables`] do that for a Llama-style decoder
+//!   (`16-candle-llama-decode`).
 
 use std::sync::Arc;
 
@@ -87,6 +109,11 @@ use cudarc::driver::CudaStream;
 pub use candle_core;
 /// The candle-nn crate this module was built with.
 pub use candle_nn;
+
+mod kv_cache;
+mod model_state;
+pub use kv_cache::{greedy_next, CachePosition, RotaryTables, StaticKvCache};
+pub use model_state::ModelState;
 
 use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
 use crate::error::GraphError;

@@ -12,6 +12,8 @@
 //! a graph.
 
 mod body;
+#[cfg(feature = "candle")]
+mod candle;
 #[cfg(feature = "nccl")]
 mod collective;
 mod convert;

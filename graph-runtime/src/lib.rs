@@ -107,8 +107,9 @@
 //! 8. `09-user-rng-kernel`: your own kernel drawing the library's random numbers;
 //! 9. `10-tensor-parallel-mlp` and `11-data-parallel-train` (feature `nccl`, two GPUs):
 //!    NCCL collectives captured on every rank;
-//! 10. `12-candle-mlp` and `13-candle-decoder` (feature `candle`): candle code as a graph,
-//!     against candle eager;
+//! 10. `12-candle-mlp`, `13-candle-decoder` and `16-candle-llama-decode` (feature
+//!     `candle`): candle code as a graph, against candle eager (16: against
+//!     candle-transformers' own Llama);
 //! 11. `14-decode-loop` and `15-jacobi-solve`: loops that stop on device data inside one
 //!     graph launch (`graph_while`): decoding until the end token, iterating until the
 //!     residual is small.

@@ -162,11 +162,14 @@ impl Runtime {
     /// that stream, and buffers made before the runtime existed are used as they are.
     ///
     /// The stream must not be the legacy default stream or the per-thread default stream:
-    /// CUDA cannot capture them ([`GraphError::DefaultStream`]). The context's event
-    /// tracking may stay on as long as the context has this one stream (cudarc then records
-    /// no waits); once it has several, a capture is refused with
-    /// [`GraphError::EventTracking`] instead of failing with CUDA error 905, and so is a
-    /// [`Runtime::fork`] that would create a side stream.
+    /// CUDA cannot capture them ([`GraphError::DefaultStream`]). cudarc's event tracking
+    /// must be off on the context whenever it has a stream made with `ctx.new_stream()`,
+    /// this one included: cudarc counts any such stream beside the context's default stream
+    /// as several streams and then records and waits on events for every buffer, which a
+    /// capture refuses. So a capture on such a stream with tracking on is refused with
+    /// [`GraphError::EventTracking`] (instead of failing with CUDA error 905), and so is a
+    /// [`Runtime::fork`] that would create a side stream; turn tracking off
+    /// (`unsafe { ctx.disable_event_tracking() }`) before allocating.
     pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self, GraphError> {
         let raw = stream.cu_stream() as usize;
         if raw == 0 || raw == 0x2 {

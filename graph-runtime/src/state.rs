@@ -59,6 +59,11 @@ pub use impls::PinnedLend;
 ///
 /// Implement it with `#[derive(DeviceState)]` on a struct whose fields implement it;
 /// `#[device_state(skip)]` leaves out a field that holds no device memory the graph uses.
+/// Skipping gives up every guarantee for that field: its addresses are neither recorded nor
+/// checked, it is not snapshotted around the warmup nor compared by `verify`, and
+/// `state_mut()` lends it like the rest of the struct, so it can be replaced and the graph
+/// then replays with the old addresses. A model of another crate that holds device memory
+/// belongs in `graph_runtime::candle::ModelState` (feature `candle`), not in a skipped field.
 ///
 /// # Safety
 /// The runtime writes to the regions an implementation reports (it restores them after the
@@ -329,8 +334,8 @@ impl AddressBook {
             Some((i, now)) => match expected.get(i) {
                 Some(was) if was.is_handle() || now.is_handle() => format!(
                     "entry {} of {} is a CUDA handle (function, stream, context, event or \
-                     communicator) that was {:#x} and is now {:#x}: the graph still uses the \
-                     old one",
+                     communicator) or a tensor a `ModelState` reads, that was {:#x} and is now \
+                     {:#x}: the graph still uses the old one",
                     i + 1,
                     expected.len(),
                     was.ptr,

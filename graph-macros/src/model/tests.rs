@@ -217,6 +217,40 @@ fn parameter_mistakes() {
 }
 
 #[test]
+fn static_lifetimes_are_owned_and_other_lifetimes_say_what_to_do_for_a_model() {
+    for param in [
+        quote!(#[state] net: &Func<'static>),
+        quote!(#[state] net: &mut ModelState<Func<'static>>),
+        quote!(#[state] net: &Box<dyn Module + 'static>),
+        quote!(#[state] names: &Vec<&'static str>),
+    ] {
+        let (model, errors) = analyze_str(quote!(fn f(rt: &Runtime, #param) {}), None);
+        assert!(errors.is_empty(), "{param}: {errors:#?}");
+        assert_eq!(model.params.len(), 1, "{param}");
+    }
+    let (_, errors) = analyze_str(
+        quote!(
+            fn f(rt: &Runtime, #[state] net: &Func<'a>) {}
+        ),
+        None,
+    );
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("borrows (it has a lifetime)"),
+        "{}",
+        errors[0]
+    );
+    assert!(errors[0].contains("ModelState"), "{}", errors[0]);
+    let (_, errors) = analyze_str(
+        quote!(
+            fn f(rt: &Runtime, #[state] w: &Vec<&CudaSlice<f32>>) {}
+        ),
+        None,
+    );
+    assert_eq!(errors.len(), 1, "an elided reference borrows: {errors:#?}");
+}
+
+#[test]
 fn every_parameter_mistake_is_reported() {
     let (model, errors) = analyze_str(
         quote!(

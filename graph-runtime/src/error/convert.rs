@@ -170,12 +170,12 @@ pub(super) fn into_graph_error(e: BoxError) -> GraphError {
 }
 
 /// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
-/// body's would be, or the candle error itself as [`GraphError::User`].
+/// body's would be, or candle's own error in the user's terms (`error/candle.rs`).
 #[cfg(feature = "candle")]
 pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
     match cuda_error_of(&e) {
         Some(typed) => typed,
-        None => GraphError::User(Box::new(e)),
+        None => super::candle::from_candle_own(e),
     }
 }
 

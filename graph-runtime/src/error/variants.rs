@@ -60,8 +60,9 @@ pub enum GraphError {
         "{during}: cudarc's event tracking is on for this context, and with more than one stream it makes \
          every buffer wait on events recorded before the capture, which a capture refuses (CUDA error 905). \
          Fix: turn it off before allocating (`unsafe {{ ctx.disable_event_tracking() }}`, after which you \
-         order your own streams with `stream.join(&other)`), or capture on the one stream your code \
-         already uses with `Runtime::from_stream(stream)` and do not create other streams on the context"
+         order your own streams with `stream.join(&other)`). Capturing on the stream you already use does not \
+         avoid it when that stream was made with `ctx.new_stream()`: cudarc counts such a stream beside the \
+         context's default stream as several streams and tracks events on every buffer"
     )]
     EventTracking {
         /// What was about to happen.
@@ -408,14 +409,31 @@ pub enum GraphError {
     #[error(
         "capturing `{graph}` failed with CUDA_ERROR_INVALID_VALUE, which is what freeing memory inside a \
          capture gives when the memory was allocated before it: a tensor made before `capture` was dropped or \
-         replaced in the body (a KV cache grown with `Tensor::cat` and stored back, say). CUDA can only record \
-         frees of memory the graph itself allocated. Fix: keep such tensors at fixed addresses for the \
-         graph's life and write into them in place (`slice_set`, `scatter_set`), with positions held in a \
-         device tensor"
+         replaced in the body. CUDA can only record frees of memory the graph itself allocated. Two causes are \
+         common. (1) A KV cache grown with `Tensor::cat` and stored back: keep such tensors at fixed addresses \
+         for the graph's life and write into them in place (`slice_set`, `scatter_set`), with positions held \
+         in a device tensor (`graph_runtime::candle::StaticKvCache` does this for decoders). (2) A cache cleared \
+         or replaced at the start of the body (`model.clear_kv_cache()`, a fresh cache assigned before the \
+         forward): that drops tensors the previous call left. Fix: clear it after the forward instead, so \
+         the tensors the body drops are the ones it made itself, or zero a static cache in place \
+         (`StaticKvCache::reset`)"
     )]
     FreedInCapture {
         /// The annotated function.
         graph: &'static str,
+    },
+
+    /// A candle body uploads host data inside the capture that candle cannot serve from the
+    /// uploads of the warmup runs: more than candle's cache holds (4096 bytes per upload in
+    /// candle-core 0.11), or other bytes than the warmup uploaded.
+    #[error("{}", host_upload_text(*above_cap, op))]
+    HostUploadInCapture {
+        /// The call that uploaded, as far as it is known (named from candle's backtrace when
+        /// `RUST_BACKTRACE=1`).
+        op: String,
+        /// Whether the upload was larger than candle's cache takes (otherwise its bytes
+        /// differed from every upload of the warmup runs).
+        above_cap: bool,
     },
 
     /// Capturing one bucket of a bucket family failed.
@@ -633,6 +651,7 @@ impl GraphError {
             GraphError::ResultShape { .. } => "ResultShape",
             GraphError::NoCandleDevice => "NoCandleDevice",
             GraphError::FreedInCapture { .. } => "FreedInCapture",
+            GraphError::HostUploadInCapture { .. } => "HostUploadInCapture",
             GraphError::Bucket { .. } => "Bucket",
             GraphError::BatchAboveBuckets { .. } => "BatchAboveBuckets",
             GraphError::NestedCapture { .. } => "NestedCapture",
@@ -710,5 +729,29 @@ impl std::fmt::Display for When {
             When::Capture => f.write_str("while the body was captured"),
             When::Replay => f.write_str("between the capture and this replay"),
         }
+    }
+}
+
+/// [`GraphError::HostUploadInCapture`]'s text.
+fn host_upload_text(above_cap: bool, op: &str) -> String {
+    if above_cap {
+        format!(
+            "the body uploads more than 4096 bytes of host data to the device inside the capture ({op}). candle \
+             serves an upload inside a capture from a per-thread cache of what the warmup runs uploaded, and it \
+             caches only uploads of at most 4096 bytes (`CUDA_GRAPH_HTOD_CACHE_MAX_BYTES`, candle-core 0.11); a \
+             larger one would be recorded as a copy from host memory that is freed before any replay, so candle \
+             refuses it. Models that build a mask or position buckets on the host in every forward meet this above \
+             32 to 64 tokens. Fix: make such a tensor once before the capture and hold it as `#[state]` (it \
+             depends on shapes only), or keep each upload at most 4096 bytes (a 32×32 f32 mask is 4096 bytes); \
+             for a model you cannot change, see \"Uploads above candle's cap\" in the `graph_runtime::candle` docs"
+        )
+    } else {
+        format!(
+            "the body uploads host data inside the capture whose bytes differ from every upload of the warmup \
+             runs ({op}): candle can only serve an upload inside a capture from the warmup's uploads of the same \
+             bytes, and a recorded copy would replay the capture's values forever. Fix: keep what changes between \
+             calls (positions, lengths, token ids) in device tensors given to the graph as inputs, not in host \
+             data made in the body"
+        )
     }
 }
