@@ -66,6 +66,19 @@ extern "C" __global__ void count_only_guarded(unsigned int *count, GraphConditio
     if (graph_condition_active(go)) *count += 1u;
 }
 
+// The ring form of an unrolled loop: dst = 0.5 src with no guard (a step after the last one
+// writes scratch and a ring position the result is not at).
+extern "C" __global__ void halve_into(const float *src, float *dst, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = 0.5f * src[i];
+}
+
+// After the ring loop: y = ring position iters[0] % k (0: y itself, p: ring[(p - 1) n ..]).
+extern "C" __global__ void ring_take(float *y, const float *ring, const unsigned int *iters, int n, unsigned int k) {
+    unsigned int p = iters[0] % k;
+    if (p == 0u) return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = ring[(p - 1u) * n + i];
+}
+
 // y = a x + b.
 extern "C" __global__ void affine(const float *x, float *y, int n, float a, float b) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = a * x[i] + b;
@@ -885,6 +898,136 @@ fn unrolled_while_loop_matches_eager_and_the_plain_loop(rt: Runtime) -> Result<(
             assert_eq!(s.clone_dtoh(&ei)?[0], hi, "{at}: iterations, eager");
             assert_eq!(gy, hy, "{at}: unrolled graph vs host, bitwise");
             assert_eq!(gy, py, "{at}: unrolled vs plain graph, bitwise");
+            assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host, bitwise");
+            trips.push(hi);
+        }
+        assert!(
+            trips.iter().any(|t| t % unroll != 0),
+            "unroll {unroll}: a trip count not a multiple of it: {trips:?}"
+        );
+        let report = graph.verify(&input(&mut rng), Tolerance::BITWISE)?;
+        assert!(report.is_ok(), "unroll {unroll}: {report}");
+    }
+    Ok(())
+}
+
+/// `halve_until_small` unrolled in the ring form: step c halves y from ring position c % k
+/// into (c + 1) % k (k = `unroll`; position 0 is `y`, the others a temporary) with a kernel
+/// (into a scratch buffer) and a device copy that do not read the condition; only the count
+/// and the library's setter are guarded.
+/// The steps after the last one write positions the result is not at; after the loop,
+/// `ring_take` copies the result into `y`.
+#[cuda_graph(warmup = 2, check_determinism)]
+fn halve_ring(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    iters: &mut CudaSlice<u32>,
+    #[constant] bound: u32,
+    #[constant] unroll: u32,
+) -> Result<(), GraphError> {
+    let s = rt.stream();
+    let halve = rt.function(SRC, "halve_into")?;
+    let count = rt.function(SRC, "count_only_guarded")?;
+    let take = rt.function(SRC, "ring_take")?;
+    let n = x.len();
+    let k = unroll as usize;
+    s.memcpy_dtod(x, &mut *y)?;
+    s.memset_zeros(&mut *iters)?;
+    let mut ring = s.alloc_zeros::<f32>(n * (k - 1).max(1))?;
+    let mut tmp = s.alloc_zeros::<f32>(n)?;
+    let go = rt.condition(false)?;
+    go.set_from(rt, &*y, Compare::Gt, 1.0)?;
+    let mut step = 0usize;
+    let ni = n as i32;
+    rt.graph_while_unrolled(&go, Some(bound), unroll, |rt| {
+        let (from, to) = (step % k, (step + 1) % k);
+        step += 1;
+        let arg = go.kernel_arg(rt);
+        let src = if from == 0 {
+            y.slice(..)
+        } else {
+            ring.slice((from - 1) * n..from * n)
+        };
+        // SAFETY: `halve_into` reads `n` floats at one ring position (y or a block of `ring`,
+        // (k - 1) n floats) and writes `n` of `tmp`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&halve)
+                .arg(&src)
+                .arg(&mut tmp)
+                .arg(&ni)
+                .launch(grid(n))
+        }?;
+        // A device copy (no guard possible) into the next position.
+        if to == 0 {
+            rt.stream().memcpy_dtod(&tmp, &mut *y)?;
+        } else {
+            rt.stream()
+                .memcpy_dtod(&tmp, &mut ring.slice_mut((to - 1) * n..to * n))?;
+        }
+        // SAFETY: `count_only_guarded` updates one word of `iters` and reads `go`.
+        unsafe {
+            rt.stream()
+                .launch_builder(&count)
+                .arg(&mut *iters)
+                .arg(&arg)
+                .launch(one())?;
+        }
+        let now = if to == 0 {
+            y.slice(..)
+        } else {
+            ring.slice((to - 1) * n..to * n)
+        };
+        go.set_from(rt, &now, Compare::Gt, 1.0)
+    })?;
+    let k32 = unroll;
+    // SAFETY: `ring_take` reads one word of `iters` and copies `n` floats of a block of
+    // `ring` into `y`.
+    unsafe {
+        s.launch_builder(&take)
+            .arg(&mut *y)
+            .arg(&ring)
+            .arg(&*iters)
+            .arg(&ni)
+            .arg(&k32)
+            .launch(grid(n))
+    }?;
+    Ok(())
+}
+
+#[gpu_test]
+fn unrolled_ring_loop_with_unguarded_kernels_matches_eager_and_the_host(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("unrolled_ring_loop_with_unguarded_kernels_matches_eager_and_the_host");
+    let n = 1000;
+    let s = rt.stream().clone();
+    let input = |rng: &mut rand::rngs::SmallRng| {
+        let mut x = random_vec(rng, n);
+        // 0 to ~17 iterations: x[0] in (0.05, 1e5).
+        x[0] = rng.random_range(-3.0f32..11.5).exp();
+        x
+    };
+    let (mut ey, mut ei) = (s.alloc_zeros::<f32>(n)?, s.alloc_zeros::<u32>(1)?);
+    for (unroll, bound) in [(3u32, 1000u32), (4, 1000), (8, 1000), (4, 5)] {
+        let mut graph = HalveRingGraph::capture(&rt, &input(&mut rng), n, 1, bound, unroll)?;
+        let mut trips = Vec::new();
+        for replay in 0..8 {
+            let x = input(&mut rng);
+            let out = graph.replay(&x)?;
+            let (gy, gi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
+            halve_ring(&rt, &s.clone_htod(&x)?, &mut ey, &mut ei, bound, unroll)?;
+            // The host loop, stopped by the bound as well.
+            let (mut hy, mut hi) = (x.clone(), 0u32);
+            while hy[0] > 1.0 && hi < bound {
+                hy.iter_mut().for_each(|v| *v *= 0.5);
+                hi += 1;
+            }
+            let at = format!("unroll {unroll}, bound {bound}, replay {replay}, {hi} iterations");
+            assert_eq!(gi, hi, "{at}: iterations, graph vs host");
+            assert_eq!(s.clone_dtoh(&ei)?[0], hi, "{at}: iterations, eager");
+            assert_eq!(gy, hy, "{at}: graph vs host, bitwise");
             assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host, bitwise");
             trips.push(hi);
         }

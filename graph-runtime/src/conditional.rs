@@ -124,9 +124,10 @@
 //! loop counts a step in its `set` / `set_from` call, or with a one-thread kernel after a
 //! step whose condition a kernel of yours sets.
 //!
-//! Inside a step, `graph_condition_active` reads the flag from memory (one round trip to
-//! L2). For kernels of a few µs, read it first and test it just before the kernel's first
-//! store, so that the read overlaps the kernel's own loads, and set the condition with
+//! Inside a step, `graph_condition_active` reads the flag from memory (one 16-byte load, a
+//! round trip to L2). For kernels of a few µs, read it first and test it just before the
+//! kernel's first store, so that the read overlaps the kernel's own loads, read it only in
+//! the threads that store when few do, and set the condition with
 //! `graph_condition_set_active`, which does not read it again:
 //!
 //! ```text
@@ -137,16 +138,32 @@
 //! if (k == 0) graph_condition_set_active(go, v > tol);
 //! ```
 //!
+//! **Kernels with no guard: a ring of buffers.** A kernel whose only effect is a buffer that
+//! the next step reads needs no guard at all when the steps move that buffer around a ring
+//! of `k` positions (`k` the unroll factor): step `c` reads position `c % k` and writes
+//! position `(c + 1) % k`. The steps after the last one then write scratch and the positions
+//! after the result's, never the result's own (at most `k − 1` of them run). Only the kernels
+//! with other effects read the condition (a counter of steps, the condition's setter), and
+//! after the loop one kernel copies position `steps % k` to where the result belongs. The
+//! closure is called once per step and in order (eagerly once per iteration of the host
+//! loop, captured `k` times per recording of the body, from step 0), so a counter in the
+//! closure gives `c`. The results are bitwise those of `graph_while`; the cost is `k − 1`
+//! more buffers. `examples/15-jacobi-solve.rs` (`--form ring`) and `tests/conditional.rs`
+//! (`halve_ring`) do this.
+//!
 //! # Costs
 //! One WHILE iteration costs the body's own GPU time plus the relaunch of the body graph on
 //! the device, with no host involvement. On an H200 with driver 580
-//! (`examples/14-decode-loop.rs`): a 13-kernel decode step of 29.4 µs takes 33.8 µs per
-//! iteration (+14.7%), and 31.0 µs (+5.3%) with [`Runtime::graph_while_unrolled`] at 8 steps
-//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (5.68 µs) takes
-//! 10.0 µs with `graph_while`; unrolled by 16, 7.33 µs with kernels that return at once when
-//! the condition is cleared and 6.54 µs (+15%) with kernels that read it first and test it
-//! before their first store (by 32: +14%). Kernels that did not test it at all would take
-//! 5.85 µs (+3%): the rest is the condition's read, about 0.23 µs per kernel. A `max_iterations` bound adds a one-thread
+//! (`examples/14-decode-loop.rs`): a 13-kernel decode step of 29.4 µs takes 33.6 µs per
+//! iteration (+14.3%), and 30.7 µs (+4.6%) with [`Runtime::graph_while_unrolled`] at 8 steps
+//! per iteration; `examples/15-jacobi-solve.rs`'s iteration of 3 small kernels (6.09 µs in the
+//! same process) takes 10.3 µs with `graph_while` (+70%); unrolled by 16 with every kernel
+//! reading the condition first and testing it before its first store, 6.45 µs (+6.0%; by
+//! 32: +3.1%); in the ring form, where only the residual kernel reads it (in one thread),
+//! 6.30 µs (+3.5%; by 32: 6.17 µs, +0.9%). Kernels that did not test it at all (wrong past
+//! the last step: a floor) take 6.28 µs by 16 (+3.0%). (Before, with the flag read as three
+//! 4-byte loads and by every thread of the residual kernel, the read-first form cost +15% by
+//! 16.) A `max_iterations` bound adds a one-thread
 //! kernel per iteration to `graph_while` (about 0.6 µs) and nothing to
 //! `graph_while_unrolled`; so does [`Condition::set_from`], where setting the condition from
 //! a kernel of yours costs nothing. An IF node costs about as much as a WHILE iteration. One
@@ -199,7 +216,8 @@ extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphC
 // Condition::kernel_arg: the graph's conditional handle while captured (flag == nullptr), a
 // flag in device memory when the body runs eagerly (handle == 0), and inside step j of a
 // graph_while_unrolled iteration the flag with handle == GRAPH_CONDITION_NONE - 1 - j; the
-// flag's words are then [condition, steps before this iteration, bound]. ConditionArg::always:
+// flag's words (16 bytes, 16-byte aligned) are then [condition, steps before this iteration,
+// bound, unused]. ConditionArg::always:
 // handle == GRAPH_CONDITION_NONE, no flag.
 struct GraphCondition {
     unsigned long long handle;
@@ -209,19 +227,15 @@ struct GraphCondition {
 #define GRAPH_CONDITION_MAX_STEPS 4096ull
 // Whether the loop is still going: false only inside a step of graph_while_unrolled that comes
 // after the step that cleared the condition (or past the loop's bound); a kernel of such a
-// step returns at once. True everywhere else. In a step it reads the flag's three words, all
-// at once, from L2 (written by earlier kernels): call it first in the kernel and test the result
-// before the kernel's first store, so that the read overlaps the kernel's own loads.
-__device__ __forceinline__ unsigned int graph_condition_word_(const unsigned int *p) {
-    unsigned int v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
+// step returns at once. True everywhere else. In a step it reads the flag's words with one
+// 16-byte load from L2 (written by earlier kernels; one request per warp): call it first in the
+// kernel and test the result before the kernel's first store, so that the read overlaps the
+// kernel's own loads. A kernel whose result only one thread writes reads it in that thread.
 __device__ __forceinline__ bool graph_condition_active(GraphCondition c) {
     if (c.flag == nullptr || c.handle < GRAPH_CONDITION_NONE - GRAPH_CONDITION_MAX_STEPS) return true;
-    unsigned int on = graph_condition_word_(c.flag);
-    unsigned int before = graph_condition_word_(c.flag + 1);
-    unsigned int bound = graph_condition_word_(c.flag + 2);
+    unsigned int on, before, bound, spare;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(on), "=r"(before), "=r"(bound), "=r"(spare) : "l"(c.flag));
     unsigned int j = (unsigned int)(GRAPH_CONDITION_NONE - 1ull - c.handle);
     return (on != 0u) & (before + j < bound);
 }
@@ -377,14 +391,15 @@ impl ConditionValue for u32 {
 /// The value a [`Runtime::graph_while`] or [`Runtime::graph_if`] tests, set on the device.
 ///
 /// Made by [`Runtime::condition`] inside a `#[cuda_graph]` body (or in any eager code). It
-/// owns 12 bytes of device memory (the eager flag, the loop counter and bound; a graph allocation
+/// owns 16 bytes of device memory (the eager flag, the loop counter and bound, one spare word; a graph allocation
 /// node while captured) and, while captured, the graph's conditional handle. Set it with
 /// [`Condition::set`], [`Condition::set_from`], or from a kernel of yours through
 /// [`Condition::kernel_arg`]. One construct tests it: CUDA ties a conditional handle to one
 /// conditional node, so a second `graph_while` / `graph_if` / `graph_if_else` call site
 /// testing the same condition is [`GraphError::ConditionMisuse`].
 pub struct Condition {
-    /// `[flag, iteration count, bound]` (the bound for `graph_while_unrolled`).
+    /// `[flag, iteration count, bound, spare]` (the bound for `graph_while_unrolled`; four
+    /// words so that the device API reads them with one 16-byte load).
     mem: CudaSlice<u32>,
     /// The graph's conditional handle while captured; `None` eagerly.
     handle: Option<u64>,

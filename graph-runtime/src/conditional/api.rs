@@ -12,7 +12,7 @@ impl Runtime {
     /// [`Runtime::graph_if`] and [`Runtime::graph_if_else`].
     ///
     /// Eagerly it is a flag in device memory; inside a captured body it is a conditional
-    /// handle of the graph being captured (and its 12 bytes are a graph allocation). Either
+    /// handle of the graph being captured (and its 16 bytes are a graph allocation). Either
     /// way a kernel sets it to `initial` in stream order.
     ///
     /// # Errors
@@ -32,7 +32,7 @@ impl Runtime {
                  Fix: create it at the top of the function and re-arm it inside with `cond.set(rt, true)`",
             ));
         }
-        let mem = self.stream().alloc_zeros::<u32>(3)?;
+        let mem = self.stream().alloc_zeros::<u32>(4)?;
         let condition = match phase::phase() {
             Phase::Capture { graph } => {
                 let root = with_record(|r| (r.root, r.id)).ok_or_else(|| {
@@ -295,7 +295,7 @@ impl Runtime {
         if bound.is_some() {
             // The iteration count starts at 0 each time the loop node is reached (a memset
             // node, allowed inside a body as well).
-            // SAFETY: the count is the second word of the condition's 12 bytes, alive until
+            // SAFETY: the count is the second word of the condition's 16 bytes, alive until
             // the condition drops, after this in stream order.
             unsafe { driver::fill_bytes(cond.count_ptr(self), 0, 4, stream) }?;
         }

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! with `cg_unroll_begin` before the node. While the steps are recorded, the condition lives
-//! in its flag in device memory (as eagerly), whose three words are the condition, the steps
+//! in its flag in device memory (as eagerly), whose first three words are the condition, the steps
 //! before this iteration and the bound, and [`Condition::kernel_arg`] hands out the flag
 //! marked with the step's index in the iteration: `graph_condition_active` is false in a step
 //! after the one that cleared the condition or past the bound, and `graph_condition_set`
@@ -73,7 +73,11 @@ impl Runtime {
     /// nothing when `graph_condition_active` is false. For kernels of a few µs, read it first
     /// and test it just before the first store (its read then overlaps the kernel's loads;
     /// see the module docs). Kernels that cannot check it (a cuBLAS
-    /// call) are fine when running them again changes nothing the loop reads. Set the
+    /// call) are fine when running them again changes nothing the loop reads; kernels whose
+    /// only effect is a buffer the next step reads need no check when the steps move that
+    /// buffer around a ring of `unroll` positions (the module docs' ring form: `body` is
+    /// called once per step, in order, eagerly once per host-loop iteration and captured
+    /// `unroll` times per recording from step 0, so a counter in it names the position). Set the
     /// condition last in the step (a kernel after the setter sees the new value). Iteration
     /// counts need not be multiples of `unroll`; `max_iterations` counts steps, as for
     /// `graph_while`, and no library kernel runs per step: setting the condition from a
