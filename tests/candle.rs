@@ -62,14 +62,6 @@ fn grow_hidden_cache(dev: &Device, x: &Tensor, #[state] m: &HiddenCache) -> cand
     cache.sum_keepdim(0)
 }
 
-/// One candle test at a time: a capture on candle's stream is invalidated (CUDA error 901)
-/// when another thread of the process runs candle work on the same device meanwhile (see
-/// `graph_runtime::candle`, "What cannot work").
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// candle's device on CUDA 0 and a runtime on its stream.
 fn candle_runtime() -> Result<(Device, Runtime), GraphError> {
     let dev = Device::new_cuda(0).map_err(|e| GraphError::User(Box::new(e)))?;
@@ -87,7 +79,6 @@ fn host(t: &Tensor) -> Result<Vec<f32>, GraphError> {
 
 #[gpu_test]
 fn mlp_graph_equals_candle_eager(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("mlp_graph_equals_candle_eager");
     let (layers, dim) = (6, 256);
@@ -122,7 +113,6 @@ fn mlp_graph_equals_candle_eager(_rt: Runtime) -> Result<(), GraphError> {
 
 #[gpu_test]
 fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("decoder_graph_serves_every_position");
     let cfg = DecoderConfig {
@@ -166,7 +156,6 @@ fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
 
 #[gpu_test]
 fn replacing_a_pre_capture_tensor_is_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let x = Tensor::ones((1, 8), DType::F32, &dev).map_err(c)?;
     let mut cache = [Tensor::zeros((4, 8), DType::F32, &dev).map_err(c)?];
@@ -189,7 +178,6 @@ fn replacing_a_pre_capture_tensor_is_a_typed_error(_rt: Runtime) -> Result<(), G
 
 #[gpu_test]
 fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let x = Tensor::ones((1, 8), DType::F32, &dev).map_err(c)?;
     let hidden = HiddenCache {
@@ -212,7 +200,6 @@ fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<()
 
 #[gpu_test]
 fn wrong_input_shape_and_plain_runtime_are_typed_errors(rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, crt) = candle_runtime()?;
     let mlp = Mlp::new(&dev, 2, 16).map_err(c)?;
     let x = Tensor::zeros((1, 16), DType::F32, &dev).map_err(c)?;
@@ -237,7 +224,6 @@ fn wrong_input_shape_and_plain_runtime_are_typed_errors(rt: Runtime) -> Result<(
 
 #[gpu_test]
 fn event_tracking_device_is_refused_with_the_fix(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let dev = Device::new_cuda_with_stream(0).map_err(c)?;
     let rt = Runtime::from_candle(&dev)?;
     let mlp = Mlp::new(&dev, 2, 16).map_err(c)?;
