@@ -62,6 +62,10 @@ fn memory_report_counts_temporaries_and_static_buffers(rt: Runtime) -> Result<()
     );
     assert!(info.temp_bytes >= 8 * MIB, "the 8 MiB temporary: {info:?}");
     assert_eq!((info.kinds.allocs, info.kinds.frees), (1, 1), "{info:?}");
+    assert_eq!(
+        info.exec_bytes, None,
+        "the executable's memory is measured only when asked: {info:?}"
+    );
     let pool = rt.graph_memory()?;
     assert!(
         pool.used >= 8 * MIB,
@@ -346,6 +350,7 @@ fn memory_figures_match_the_device(rt: Runtime) -> Result<(), GraphError> {
     let mut rng = fresh_rng(test);
     let s = rt.stream().clone();
     let n = 8 * MIB; // floats: 32 MiB per buffer
+    rt.set_measure_executable_memory(true);
     let temp_mib = 96;
     // Load the kernels (module memory) before any baseline.
     {

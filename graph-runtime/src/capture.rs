@@ -372,7 +372,7 @@ pub fn capture(
         pool_added_bytes: 0,
         pool_shared_bytes: 0,
         pool_reserved_bytes: 0,
-        exec_bytes: 0,
+        exec_bytes: None,
         static_bytes,
         // Counted by `Graph::instantiate`, which reads the edges only when this is not 0.
         early_edges: early_launches.count(),
@@ -393,7 +393,7 @@ pub fn capture(
         nodes = built.info().nodes(),
         temp_bytes = built.info().temp_bytes,
         pool_added_bytes = built.info().pool_added_bytes,
-        exec_bytes = built.info().exec_bytes,
+        exec_bytes = ?built.info().exec_bytes,
         static_bytes,
         state_snapshot_bytes,
         early_edges = built.info().early_edges,

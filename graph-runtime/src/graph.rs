@@ -66,10 +66,12 @@ pub struct GraphInfo {
     pub pool_reserved_bytes: usize,
     /// Device memory of the executable graph itself (its nodes, kernel parameters, the
     /// driver's bookkeeping): the fall in the device's free memory (`cuMemGetInfo`) over
-    /// instantiate and upload, less `pool_added_bytes`. The driver hands memory out in
-    /// pages of 2 MiB, so a small graph reads 0 or one page. A device-wide reading, like
-    /// `pool_added_bytes`.
-    pub exec_bytes: usize,
+    /// instantiate and upload, less `pool_added_bytes`. Measured only on a runtime that
+    /// asks for it ([`Runtime::set_measure_executable_memory`](crate::Runtime::set_measure_executable_memory):
+    /// the driver has no figure for it, and the two readings cost about 10 µs a capture);
+    /// `None` otherwise. The driver hands memory out in pages of 2 MiB, so a small graph
+    /// reads 0 or one page. A device-wide reading, like `pool_added_bytes`.
+    pub exec_bytes: Option<usize>,
     /// Bytes of the static input and output buffers the graph type owns.
     pub static_bytes: usize,
     /// Programmatic edges: dependencies that let a kernel start while the one before it
@@ -94,8 +96,10 @@ impl GraphInfo {
     /// The figure for a capture at the current pool: a graph captured after a larger one of
     /// the same runtime adds little or nothing to the pool. For the most a graph can cost
     /// on its own, capture it first (or alone: see "Sizing memory" in the crate docs).
+    ///
+    /// `exec_bytes` counts only where it was measured (see its docs).
     pub fn device_bytes(&self) -> usize {
-        self.static_bytes + self.pool_added_bytes + self.exec_bytes
+        self.static_bytes + self.pool_added_bytes + self.exec_bytes.unwrap_or(0)
     }
 }
 
@@ -434,7 +438,8 @@ impl std::fmt::Display for Graph {
             crate::error::bytes(i.pool_added_bytes),
             crate::error::bytes(i.pool_shared_bytes),
             crate::error::bytes(i.static_bytes),
-            crate::error::bytes(i.exec_bytes),
+            i.exec_bytes
+                .map_or_else(|| "not measured".to_owned(), crate::error::bytes),
             crate::error::bytes(i.state_snapshot_bytes)
         )?;
         write!(
@@ -522,23 +527,31 @@ fn refuse_temporaries_that_cannot_fit(
     rt: &Runtime,
     info: &GraphInfo,
 ) -> Result<MemoryReading, GraphError> {
-    // The stream is idle but for the frees of the warmup's snapshot and temporaries: wait for
-    // them, so that the stream-ordered allocator gives their memory back now and not in the
-    // middle of the graph's readings.
-    rt.stream().synchronize()?;
-    let (free, _total) = rt.mem_info()?;
+    let measure = rt.measures_executable_memory();
     if info.temp_bytes == 0 {
+        // No synchronize before or after: the stream-ordered allocator gives back what the
+        // warmup freed only at one, so the two readings see the same state of it.
         return Ok(MemoryReading {
-            free,
+            free: measure
+                .then(|| rt.mem_info())
+                .transpose()?
+                .map(|(free, _)| free),
             pool_reserved: None,
         });
     }
-    let pool = rt.graph_memory()?;
-    let available = free.saturating_add(pool.reserved);
+    if measure {
+        // The stream is idle but for the restore of the warmup's snapshot and its frees:
+        // wait for them, so that the stream-ordered allocator gives their memory back now
+        // and not at the synchronize after the upload, between the two readings.
+        rt.stream().synchronize()?;
+    }
+    let (free, _total) = rt.mem_info()?;
+    let reserved = rt.graph_pool_reserved()?;
+    let available = free.saturating_add(reserved);
     if info.temp_bytes <= available {
         return Ok(MemoryReading {
-            free,
-            pool_reserved: Some(pool.reserved),
+            free: measure.then_some(free),
+            pool_reserved: Some(reserved),
         });
     }
     Err(GraphError::OutOfMemory {
@@ -548,7 +561,7 @@ fn refuse_temporaries_that_cannot_fit(
              was refused before the driver mapped anything",
             info.name,
             crate::error::bytes(free),
-            crate::error::bytes(pool.reserved)
+            crate::error::bytes(reserved)
         ),
         requested_bytes: Some(info.temp_bytes),
         free_bytes: Some(free),
@@ -563,34 +576,36 @@ struct Inspected {
     early_edges: usize,
 }
 
-/// The device's free memory and the graph pool's reserved bytes (read only when the graph
-/// has temporaries), before a graph is instantiated.
+/// The device's free memory (read only when the runtime measures executable memory) and
+/// the graph pool's reserved bytes (read only when the graph has temporaries), before a
+/// graph is instantiated.
 #[derive(Debug, Default, Clone, Copy)]
 struct MemoryReading {
-    free: usize,
+    free: Option<usize>,
     pool_reserved: Option<usize>,
 }
 
 impl GraphInfo {
     /// Fills the pool and executable-graph figures from readings after the upload, against
     /// `before`. A graph with temporaries waits for its upload first (the pool maps their
-    /// memory in the upload's stream order). A reading that fails leaves its figures at 0:
-    /// the graph itself is fine.
+    /// memory in the upload's stream order). A reading that fails leaves its figures at 0
+    /// (or `None`): the graph itself is fine.
     fn read_footprint(&mut self, rt: &Runtime, before: MemoryReading) {
         if let Some(pool_before) = before.pool_reserved {
             let ctx = rt.context();
             ctx.record_err(rt.stream().synchronize());
-            if let Ok(pool) = rt.graph_memory() {
-                self.pool_reserved_bytes = pool.reserved;
-                self.pool_added_bytes = pool.reserved.saturating_sub(pool_before);
+            if let Ok(reserved) = rt.graph_pool_reserved() {
+                self.pool_reserved_bytes = reserved;
+                self.pool_added_bytes = reserved.saturating_sub(pool_before);
                 self.pool_shared_bytes = self.temp_bytes.saturating_sub(self.pool_added_bytes);
             }
         }
-        if let Ok((free, _)) = rt.mem_info() {
-            self.exec_bytes = before
-                .free
-                .saturating_sub(free)
-                .saturating_sub(self.pool_added_bytes);
+        if let (Some(free_before), Ok((free, _))) = (before.free, rt.mem_info()) {
+            self.exec_bytes = Some(
+                free_before
+                    .saturating_sub(free)
+                    .saturating_sub(self.pool_added_bytes),
+            );
         }
     }
 }

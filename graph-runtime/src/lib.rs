@@ -176,7 +176,8 @@
 //! A graph holds three kinds of memory, all reported in [`GraphInfo`]: its static inputs and
 //! outputs (`static_bytes`, allocated at capture, freed with the graph), the temporaries its
 //! body allocates (graph allocation nodes in the runtime's graph memory pool), and the
-//! executable graph itself (`exec_bytes`); the state it borrows is yours. Replays allocate
+//! executable graph itself (`exec_bytes`, measured when the runtime is asked to with
+//! [`Runtime::set_measure_executable_memory`]); the state it borrows is yours. Replays allocate
 //! nothing. Out of memory during a capture is [`GraphError::OutOfMemory`], naming the graph,
 //! what it was allocating and the free memory, and the runtime stays usable.
 //!
@@ -202,14 +203,19 @@
 //! cache in place), read their figures, drop them, and capture for real:
 //!
 //! ```ignore
+//! rt.set_measure_executable_memory(true); // exec_bytes too, for about 10 µs a capture
 //! let probes = [DecodeGraph::capture(&rt, &tokens_1, &small_cache)?,
 //!               DecodeGraph::capture(&rt, &tokens_8, &small_cache)?];
 //! // Graphs of one runtime share the pool: the largest `temp_bytes` is what all of them need,
 //! // the static buffers and executables add up.
 //! let pool = probes.iter().map(|g| g.info().temp_bytes).max().unwrap_or(0);
-//! let own: usize = probes.iter().map(|g| g.info().static_bytes + g.info().exec_bytes).sum();
+//! let own: usize = probes
+//!     .iter()
+//!     .map(|g| g.info().static_bytes + g.info().exec_bytes.unwrap_or(0))
+//!     .sum();
 //! let snapshot = probes.iter().map(|g| g.info().state_snapshot_bytes).max().unwrap_or(0);
 //! drop(probes); // dropping a graph gives its pool memory back (`Runtime::trim_graph_memory`)
+//! rt.set_measure_executable_memory(false);
 //! let (free, _) = rt.mem_info()?;
 //! let for_cache = free - pool - own - snapshot - headroom;
 //! ```

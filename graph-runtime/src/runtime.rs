@@ -5,6 +5,7 @@
 //! capturing stream, `runtime/probe.rs` the library probes.
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::cublas::CudaBlas;
@@ -88,6 +89,8 @@ struct Inner {
     ctx: Arc<CudaContext>,
     compute_capability: (i32, i32),
     multiprocessors: u32,
+    /// Whether captures measure their executable graph's memory (`GraphInfo::exec_bytes`).
+    measure_exec: AtomicBool,
     /// The candle device whose stream this runtime uses (`Runtime::from_candle`).
     #[cfg(feature = "candle")]
     candle: Option<candle_core::Device>,
@@ -286,6 +289,7 @@ impl Runtime {
             ctx,
             compute_capability,
             multiprocessors,
+            measure_exec: AtomicBool::new(false),
             #[cfg(feature = "candle")]
             candle,
         });
@@ -494,6 +498,32 @@ impl Runtime {
             reserved: read(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
             reserved_high: read(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
         })
+    }
+
+    /// Whether the graphs captured from now on measure their executable graph's own device
+    /// memory ([`GraphInfo::exec_bytes`](crate::GraphInfo::exec_bytes)), for every handle of
+    /// this runtime. Off by default: the driver has no figure for it, so each capture reads
+    /// the device's free memory before and after (`cuMemGetInfo`, about 5–10 µs each), and a
+    /// capture of a graph with temporaries also waits for its stream before the first
+    /// reading. Turn it on for probes that size memory (see "Sizing memory" in the crate
+    /// docs).
+    pub fn set_measure_executable_memory(&self, on: bool) {
+        self.inner.measure_exec.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn measures_executable_memory(&self) -> bool {
+        self.inner.measure_exec.load(Ordering::Relaxed)
+    }
+
+    /// What the device's graph memory pool holds now (`reserved` of [`Runtime::graph_memory`],
+    /// one driver call).
+    pub(crate) fn graph_pool_reserved(&self) -> Result<usize, GraphError> {
+        use cudarc::driver::sys::CUgraphMem_attribute as A;
+        let device = self.inner.ctx.cu_device();
+        Ok(
+            driver::graph_mem_attribute(device, A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?
+                as usize,
+        )
     }
 
     /// Resets the high-water marks of [`Runtime::graph_memory`] to the current values.
