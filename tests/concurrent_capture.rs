@@ -101,14 +101,17 @@ fn accumulate(
 }
 
 /// What one thread does: its own runtime on device 0, `rounds` rounds of capturing a
-/// `layers` graph and an `accumulate` graph, each replayed on fresh inputs and compared with
-/// eager calls of the same function, bitwise (the same kernels in the same order).
-/// With `after_capture`, every thread waits there once it has captured, so that in
-/// global mode no thread replays while another records.
+/// `layers` graph and (with `global`) an `accumulate` graph captured in global mode, each
+/// replayed on fresh inputs and compared with eager calls of the same function, bitwise (the
+/// same kernels in the same order). With `after_capture`, every thread waits there once it
+/// has captured: global mode makes CUDA fail the synchronising calls of every other thread
+/// while a capture records, by design, so global-mode graphs are captured while the other
+/// threads only capture.
 fn worker(
     thread: usize,
     start: &Barrier,
     after_capture: Option<&Barrier>,
+    global: bool,
 ) -> Result<String, GraphError> {
     // Every barrier is reached also when a step before it failed, so that one thread's
     // error never leaves the others waiting.
@@ -124,11 +127,19 @@ fn worker(
             .iter()
             .map(|v| s.clone_htod(v))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((rt, s, rng, n, w, b, starts, accs))
+        let eager_accs = starts
+            .iter()
+            .map(|v| s.clone_htod(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let x0s = (0..3)
+            .map(|_| s.clone_htod(&random_vec(&mut rng, n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        s.synchronize()?;
+        Ok((rt, s, rng, n, w, b, x0s, accs, eager_accs))
     })();
     // Every thread is ready before any captures.
     start.wait();
-    let (rt, s, mut rng, n, w, b, starts, mut accs) = match prepared {
+    let (rt, s, mut rng, n, w, b, x0s, mut accs, eager_accs) = match prepared {
         Ok(p) => p,
         Err(e) => {
             if let Some(barrier) = after_capture {
@@ -137,17 +148,22 @@ fn worker(
             return Err(e);
         }
     };
+    // While capturing, a thread makes no CUDA call of its own outside `capture` (its
+    // buffers are ready), so that in global mode nothing but the captures themselves meets.
     let mut graphs = Vec::new();
     let mut captured = Ok(());
-    for (round, acc) in accs.iter_mut().enumerate() {
+    for (round, (acc, acc_eager)) in accs.iter_mut().zip(eager_accs).enumerate() {
         let depth = 1 + (thread + round) % 4;
         let k = round as f32 + 0.5;
+        let x0 = &x0s[round];
         let step = (|| -> Result<_, GraphError> {
-            let x0 = s.clone_htod(&random_vec(&mut rng, n))?;
-            let layers = LayersGraph::capture(&rt, &x0, &w, &b, n, depth)?;
-            let acc_eager = s.clone_htod(&starts[round])?;
+            let layers = LayersGraph::capture(&rt, x0, &w, &b, n, depth)?;
             // The graph borrows `acc`; it is compared through `state_mut()`.
-            let accumulate = AccumulateGraph::capture(&rt, &x0, acc, n, k)?;
+            let accumulate = if global {
+                Some(AccumulateGraph::capture(&rt, x0, acc, n, k)?)
+            } else {
+                None
+            };
             Ok((depth, layers, accumulate, acc_eager, k))
         })();
         match step {
@@ -175,21 +191,26 @@ fn worker(
                 s.clone_dtoh(&eager)?,
                 "thread {thread}, round {round}, replay {replay}: `layers` differs from eager"
             );
-            let ours = s.clone_dtoh(accumulate.replay(&xd)?.y)?;
-            let mut eager = s.alloc_zeros::<f32>(n)?;
-            self::accumulate(&rt, &xd, acc_eager, &mut eager, *k)?;
-            assert_eq!(
-                ours,
-                s.clone_dtoh(&eager)?,
-                "thread {thread}, round {round}, replay {replay}: `accumulate` differs from eager"
-            );
-            replays += 2;
+            if let Some(accumulate) = accumulate.as_mut() {
+                let ours = s.clone_dtoh(accumulate.replay(&xd)?.y)?;
+                let mut eager = s.alloc_zeros::<f32>(n)?;
+                self::accumulate(&rt, &xd, acc_eager, &mut eager, *k)?;
+                assert_eq!(
+                    ours,
+                    s.clone_dtoh(&eager)?,
+                    "thread {thread}, round {round}, replay {replay}: `accumulate` differs from eager"
+                );
+                replays += 1;
+            }
+            replays += 1;
         }
-        assert_eq!(
-            s.clone_dtoh(&accumulate.state_mut().acc)?,
-            s.clone_dtoh(acc_eager)?,
-            "thread {thread}, round {round}: the accumulator"
-        );
+        if let Some(accumulate) = accumulate.as_mut() {
+            assert_eq!(
+                s.clone_dtoh(&accumulate.state_mut().acc)?,
+                s.clone_dtoh(acc_eager)?,
+                "thread {thread}, round {round}: the accumulator"
+            );
+        }
     }
     drop(graphs);
     drop(accs);
@@ -199,7 +220,7 @@ fn worker(
 }
 
 /// Runs `worker` on four threads at once and fails with every thread's error.
-fn four_threads(test: &str, capture_only_first: bool) -> Result<(), GraphError> {
+fn four_threads(test: &str, global: bool) -> Result<(), GraphError> {
     let start = Barrier::new(THREADS);
     let after = Barrier::new(THREADS);
     let results: Vec<Result<String, String>> = std::thread::scope(|scope| {
@@ -207,7 +228,7 @@ fn four_threads(test: &str, capture_only_first: bool) -> Result<(), GraphError> 
             .map(|t| {
                 let (start, after) = (&start, &after);
                 scope.spawn(move || {
-                    worker(t, start, capture_only_first.then_some(after)).map_err(|e| e.to_string())
+                    worker(t, start, global.then_some(after), global).map_err(|e| e.to_string())
                 })
             })
             .collect();
@@ -240,16 +261,17 @@ fn four_threads(test: &str, capture_only_first: bool) -> Result<(), GraphError> 
     Ok(())
 }
 
-/// Four threads capture at once (each capture's warmup synchronises and allocates while the
-/// others want to record), then, once all have captured, replay and compare.
+/// Four threads capture at once, half the graphs in global mode (each capture's warmup
+/// synchronises and allocates while the others want to record: without the runtime's lock
+/// this is CUDA error 901), then, once all have captured, replay and compare.
 #[gpu_test]
 fn four_threads_capture_at_once_on_one_device(_rt: Runtime) -> Result<(), GraphError> {
     four_threads("four_threads_capture_at_once_on_one_device", true)
 }
 
-/// Four threads capture, replay and run eagerly at once, as a server with a model per thread
-/// does: while one thread records, the others replay, copy and run eager work on their own
-/// streams.
+/// Four threads capture (thread-local mode, the default), replay and run eagerly at once,
+/// as a server with a model per thread does: while one thread records, the others replay,
+/// copy and run eager work on their own streams.
 #[gpu_test]
 fn four_threads_capture_and_replay_at_once(_rt: Runtime) -> Result<(), GraphError> {
     four_threads("four_threads_capture_and_replay_at_once", false)
