@@ -234,6 +234,71 @@ fn event_tracking_device_is_refused_with_the_fix(_rt: Runtime) -> Result<(), Gra
     Ok(())
 }
 
+/// Four threads, each with its own `Device::new_cuda(0)` and runtime, capture candle MLPs at
+/// the same moment: the runtime's capture lock for the device makes them take turns (before
+/// it, two such threads invalidated each other's capture, CUDA error 901). Once all have
+/// captured, each replays its graph on fresh inputs against candle eager, all threads at once.
+#[gpu_test]
+fn four_threads_capture_candle_graphs_at_once(_rt: Runtime) -> Result<(), GraphError> {
+    const THREADS: usize = 4;
+    let start = std::sync::Barrier::new(THREADS);
+    let captured = std::sync::Barrier::new(THREADS);
+    let worker = |thread: usize| -> Result<String, GraphError> {
+        // Everything a thread needs exists before any thread captures; every barrier is
+        // reached also after an error, so that no thread waits for one that failed.
+        let prepared = (|| -> Result<_, GraphError> {
+            let (dev, rt) = candle_runtime()?;
+            let mut rng = fresh_rng(&format!("four_threads_capture_candle_{thread}"));
+            let (layers, dim) = (3 + thread, 128 + 32 * thread);
+            let mlp = Mlp::new(&dev, layers, dim).map_err(c)?;
+            let x0 = Tensor::from_vec(random_vec(&mut rng, dim), (1, dim), &dev).map_err(c)?;
+            dev.synchronize().map_err(c)?;
+            Ok((dev, rt, rng, dim, mlp, x0))
+        })();
+        start.wait();
+        let (dev, rt, mut rng, dim, mlp, x0) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                captured.wait();
+                return Err(e);
+            }
+        };
+        let graph = MlpForwardGraph::capture(&rt, &x0, &mlp);
+        captured.wait();
+        let mut graph = graph?;
+        for replay in 0..4 {
+            let x = Tensor::from_vec(random_vec(&mut rng, dim), (1, dim), &dev).map_err(c)?;
+            let eager = host(&mlp.forward(&x).map_err(c)?)?;
+            let ours = host(graph.replay(&x)?.result)?;
+            if let Some(diff) = first_mismatch(&eager, &ours) {
+                return Err(GraphError::User(
+                    format!("thread {thread}, replay {replay}: graph differs from candle eager: {diff:?}")
+                        .into(),
+                ));
+            }
+        }
+        Ok(format!("thread {thread}: 4 replays equal to candle eager"))
+    };
+    let results: Vec<Result<String, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let worker = &worker;
+                scope.spawn(move || worker(t).map_err(|e| e.to_string()))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".to_owned())))
+            .collect()
+    });
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    for r in results.iter().flatten() {
+        eprintln!("four_threads_capture_candle_graphs_at_once: {r}");
+    }
+    assert!(failed.is_empty(), "threads failed: {failed:#?}");
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     workloads::testing::run_tests()
 }

@@ -527,10 +527,11 @@ fn refuse_temporaries_that_cannot_fit(
     rt: &Runtime,
     info: &GraphInfo,
 ) -> Result<MemoryReading, GraphError> {
+    // No synchronize between this reading and the one after the upload: the stream-ordered
+    // allocator gives back what the warmup freed (its snapshot, its temporaries) only at
+    // one, so both readings see the same state of it.
     let measure = rt.measures_executable_memory();
     if info.temp_bytes == 0 {
-        // No synchronize before or after: the stream-ordered allocator gives back what the
-        // warmup freed only at one, so the two readings see the same state of it.
         return Ok(MemoryReading {
             free: measure
                 .then(|| rt.mem_info())
@@ -538,12 +539,6 @@ fn refuse_temporaries_that_cannot_fit(
                 .map(|(free, _)| free),
             pool_reserved: None,
         });
-    }
-    if measure {
-        // The stream is idle but for the restore of the warmup's snapshot and its frees:
-        // wait for them, so that the stream-ordered allocator gives their memory back now
-        // and not at the synchronize after the upload, between the two readings.
-        rt.stream().synchronize()?;
     }
     let (free, _total) = rt.mem_info()?;
     let reserved = rt.graph_pool_reserved()?;
@@ -587,13 +582,11 @@ struct MemoryReading {
 
 impl GraphInfo {
     /// Fills the pool and executable-graph figures from readings after the upload, against
-    /// `before`. A graph with temporaries waits for its upload first (the pool maps their
-    /// memory in the upload's stream order). A reading that fails leaves its figures at 0
-    /// (or `None`): the graph itself is fine.
+    /// `before`. The upload call maps the temporaries' memory before it returns (an
+    /// out-of-memory failure is its error), so no synchronize is needed. A reading that
+    /// fails leaves its figures at 0 (or `None`): the graph itself is fine.
     fn read_footprint(&mut self, rt: &Runtime, before: MemoryReading) {
         if let Some(pool_before) = before.pool_reserved {
-            let ctx = rt.context();
-            ctx.record_err(rt.stream().synchronize());
             if let Ok(reserved) = rt.graph_pool_reserved() {
                 self.pool_reserved_bytes = reserved;
                 self.pool_added_bytes = reserved.saturating_sub(pool_before);

@@ -503,10 +503,9 @@ impl Runtime {
     /// Whether the graphs captured from now on measure their executable graph's own device
     /// memory ([`GraphInfo::exec_bytes`](crate::GraphInfo::exec_bytes)), for every handle of
     /// this runtime. Off by default: the driver has no figure for it, so each capture reads
-    /// the device's free memory before and after (`cuMemGetInfo`, about 5–10 µs each), and a
-    /// capture of a graph with temporaries also waits for its stream before the first
-    /// reading. Turn it on for probes that size memory (see "Sizing memory" in the crate
-    /// docs).
+    /// the device's free memory before and after instantiating (`cuMemGetInfo`, about
+    /// 5–10 µs each). Turn it on for probes that size memory (see "Sizing memory" in the
+    /// crate docs).
     pub fn set_measure_executable_memory(&self, on: bool) {
         self.inner.measure_exec.store(on, Ordering::Relaxed);
     }
