@@ -103,7 +103,6 @@ fn grown_attention(q: &Tensor, keys: &Tensor, values: &Tensor) -> candle::Result
 fn static_kv_cache_matches_a_grown_cache_eager_and_as_a_graph(
     _rt: Runtime,
 ) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("static_kv_cache_matches_a_grown_cache");
     let (batch, heads, max_len, hd) = (2, 3, 48, 16);
@@ -212,7 +211,6 @@ fn host_mask(dev: &Device, x: &Tensor, #[state] len: &usize) -> candle::Result<T
 
 #[gpu_test]
 fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("uploads_above_candles_cap_are_a_typed_error");
     let x = Tensor::from_vec(random_vec(&mut rng, 16), 16, &dev).map_err(c)?;
@@ -267,7 +265,6 @@ fn prefill(
 fn static_kv_cache_prefills_consecutive_positions_as_a_graph(
     _rt: Runtime,
 ) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("static_kv_cache_prefills_consecutive_positions");
     let (heads, seq, max_len, hd) = (2, 8, 32, 16);
@@ -320,7 +317,6 @@ fn llama_window(
 
 #[gpu_test]
 fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("a_foreign_model_is_state_through_model_state");
     let cfg = llama::Config {
@@ -383,14 +379,6 @@ fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), Grap
     Ok(())
 }
 
-/// One candle test at a time: a capture on candle's stream is invalidated (CUDA error 901)
-/// when another thread of the process runs candle work on the same device meanwhile (see
-/// `graph_runtime::candle`, "What cannot work").
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// candle's device on CUDA 0 and a runtime on its stream.
 fn candle_runtime() -> Result<(Device, Runtime), GraphError> {
     let dev = Device::new_cuda(0).map_err(|e| GraphError::User(Box::new(e)))?;
@@ -408,7 +396,6 @@ fn host(t: &Tensor) -> Result<Vec<f32>, GraphError> {
 
 #[gpu_test]
 fn mlp_graph_equals_candle_eager(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("mlp_graph_equals_candle_eager");
     let (layers, dim) = (6, 256);
@@ -443,7 +430,6 @@ fn mlp_graph_equals_candle_eager(_rt: Runtime) -> Result<(), GraphError> {
 
 #[gpu_test]
 fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let mut rng = fresh_rng("decoder_graph_serves_every_position");
     let cfg = DecoderConfig {
@@ -487,7 +473,6 @@ fn decoder_graph_serves_every_position(_rt: Runtime) -> Result<(), GraphError> {
 
 #[gpu_test]
 fn replacing_a_pre_capture_tensor_is_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let x = Tensor::ones((1, 8), DType::F32, &dev).map_err(c)?;
     let mut cache = [Tensor::zeros((4, 8), DType::F32, &dev).map_err(c)?];
@@ -510,7 +495,6 @@ fn replacing_a_pre_capture_tensor_is_a_typed_error(_rt: Runtime) -> Result<(), G
 
 #[gpu_test]
 fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, rt) = candle_runtime()?;
     let x = Tensor::ones((1, 8), DType::F32, &dev).map_err(c)?;
     let hidden = HiddenCache {
@@ -539,7 +523,6 @@ fn untracked_tensor_freed_in_capture_is_a_typed_error(_rt: Runtime) -> Result<()
 
 #[gpu_test]
 fn wrong_input_shape_and_plain_runtime_are_typed_errors(rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let (dev, crt) = candle_runtime()?;
     let mlp = Mlp::new(&dev, 2, 16).map_err(c)?;
     let x = Tensor::zeros((1, 16), DType::F32, &dev).map_err(c)?;
@@ -564,7 +547,6 @@ fn wrong_input_shape_and_plain_runtime_are_typed_errors(rt: Runtime) -> Result<(
 
 #[gpu_test]
 fn event_tracking_device_is_refused_with_the_fix(_rt: Runtime) -> Result<(), GraphError> {
-    let _serial = one_at_a_time();
     let dev = Device::new_cuda_with_stream(0).map_err(c)?;
     let rt = Runtime::from_candle(&dev)?;
     let mlp = Mlp::new(&dev, 2, 16).map_err(c)?;
@@ -572,6 +554,71 @@ fn event_tracking_device_is_refused_with_the_fix(_rt: Runtime) -> Result<(), Gra
     let err = MlpForwardGraph::capture(&rt, &x, &mlp).unwrap_err();
     assert!(matches!(err, GraphError::EventTracking { .. }), "{err:?}");
     assert!(err.to_string().contains("disable_event_tracking"), "{err}");
+    Ok(())
+}
+
+/// Four threads, each with its own `Device::new_cuda(0)` and runtime, capture candle MLPs at
+/// the same moment: the runtime's capture lock for the device makes them take turns (before
+/// it, two such threads invalidated each other's capture, CUDA error 901). Once all have
+/// captured, each replays its graph on fresh inputs against candle eager, all threads at once.
+#[gpu_test]
+fn four_threads_capture_candle_graphs_at_once(_rt: Runtime) -> Result<(), GraphError> {
+    const THREADS: usize = 4;
+    let start = std::sync::Barrier::new(THREADS);
+    let captured = std::sync::Barrier::new(THREADS);
+    let worker = |thread: usize| -> Result<String, GraphError> {
+        // Everything a thread needs exists before any thread captures; every barrier is
+        // reached also after an error, so that no thread waits for one that failed.
+        let prepared = (|| -> Result<_, GraphError> {
+            let (dev, rt) = candle_runtime()?;
+            let mut rng = fresh_rng(&format!("four_threads_capture_candle_{thread}"));
+            let (layers, dim) = (3 + thread, 128 + 32 * thread);
+            let mlp = Mlp::new(&dev, layers, dim).map_err(c)?;
+            let x0 = Tensor::from_vec(random_vec(&mut rng, dim), (1, dim), &dev).map_err(c)?;
+            dev.synchronize().map_err(c)?;
+            Ok((dev, rt, rng, dim, mlp, x0))
+        })();
+        start.wait();
+        let (dev, rt, mut rng, dim, mlp, x0) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                captured.wait();
+                return Err(e);
+            }
+        };
+        let graph = MlpForwardGraph::capture(&rt, &x0, &mlp);
+        captured.wait();
+        let mut graph = graph?;
+        for replay in 0..4 {
+            let x = Tensor::from_vec(random_vec(&mut rng, dim), (1, dim), &dev).map_err(c)?;
+            let eager = host(&mlp.forward(&x).map_err(c)?)?;
+            let ours = host(graph.replay(&x)?.result)?;
+            if let Some(diff) = first_mismatch(&eager, &ours) {
+                return Err(GraphError::User(
+                    format!("thread {thread}, replay {replay}: graph differs from candle eager: {diff:?}")
+                        .into(),
+                ));
+            }
+        }
+        Ok(format!("thread {thread}: 4 replays equal to candle eager"))
+    };
+    let results: Vec<Result<String, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let worker = &worker;
+                scope.spawn(move || worker(t).map_err(|e| e.to_string()))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".to_owned())))
+            .collect()
+    });
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    for r in results.iter().flatten() {
+        eprintln!("four_threads_capture_candle_graphs_at_once: {r}");
+    }
+    assert!(failed.is_empty(), "threads failed: {failed:#?}");
     Ok(())
 }
 

@@ -2,6 +2,8 @@
 //! one runtime share the physical memory of their temporaries, and out of memory during a
 //! capture is a typed error after which the runtime still works.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 use workloads::kernels::ELEMENTWISE;
@@ -60,6 +62,10 @@ fn memory_report_counts_temporaries_and_static_buffers(rt: Runtime) -> Result<()
     );
     assert!(info.temp_bytes >= 8 * MIB, "the 8 MiB temporary: {info:?}");
     assert_eq!((info.kinds.allocs, info.kinds.frees), (1, 1), "{info:?}");
+    assert_eq!(
+        info.exec_bytes, None,
+        "the executable's memory is measured only when asked: {info:?}"
+    );
     let pool = rt.graph_memory()?;
     assert!(
         pool.used >= 8 * MIB,
@@ -248,6 +254,214 @@ fn out_of_memory_during_capture_is_typed_and_recoverable(rt: Runtime) -> Result<
         rt.stream().clone_dtoh(graph.replay(&vec![7.0f32; 64])?.y)?,
         vec![7.0f32; 64]
     );
+    Ok(())
+}
+
+/// `acc += b`, element by element.
+const ACCUMULATE: &str = r#"
+extern "C" __global__ void accumulate(float *acc, const float *b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] += b[i];
+}
+"#;
+
+/// Free device memory read at the start of the first call of `footprint` (its only warmup
+/// run): the static buffers and the state snapshot are allocated, its temporaries not yet.
+static FREE_IN_WARMUP: AtomicUsize = AtomicUsize::new(0);
+static FOOTPRINT_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Reads free device memory on the first call after `FOOTPRINT_CALLS` is reset (the warmup
+/// run of a capture): a host effect on purpose, which the graph does not replay.
+fn note_free_memory_once(rt: &Runtime) -> Result<(), GraphError> {
+    if FOOTPRINT_CALLS.fetch_add(1, Ordering::SeqCst) == 0 {
+        rt.synchronize()?;
+        FREE_IN_WARMUP.store(rt.mem_info()?.0, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+/// `y = x + 1` through a temporary of `temp_mib` MiB, freed before a second one of the same
+/// size holds `y + 0` for `acc += …`: two allocations whose lifetimes do not overlap.
+#[cuda_graph(warmup = 1)]
+fn footprint(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    #[state] acc: &mut CudaSlice<f32>,
+    #[constant] temp_mib: usize,
+) -> Result<(), GraphError> {
+    note_free_memory_once(rt)?;
+    let n = x.len();
+    let nn = n as i32;
+    let add_scalar = rt.function(ELEMENTWISE, "add_scalar")?;
+    let floats = (temp_mib * MIB / 4).max(n);
+    let mut first = rt.stream().alloc_zeros::<f32>(floats)?;
+    // SAFETY: reads `n` floats of `x`, writes the first `n` of `first` (at least `n` long).
+    unsafe {
+        rt.stream()
+            .launch_builder(&add_scalar)
+            .arg(x)
+            .arg(&mut first)
+            .arg(&1.0f32)
+            .arg(&nn)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    rt.stream().memcpy_dtod(&first.slice(0..n), y)?;
+    drop(first);
+    let mut second = rt.stream().alloc_zeros::<f32>(floats)?;
+    // SAFETY: reads `n` floats of `y`, writes the first `n` of `second`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&add_scalar)
+            .arg(&*y)
+            .arg(&mut second)
+            .arg(&0.0f32)
+            .arg(&nn)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    let accumulate = rt.function(ACCUMULATE, "accumulate")?;
+    // SAFETY: `acc` and `second` hold at least `n` floats.
+    unsafe {
+        rt.stream()
+            .launch_builder(&accumulate)
+            .arg(&mut *acc)
+            .arg(&second)
+            .arg(&nn)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    Ok(())
+}
+
+/// `|measured - reported| <= 5%` of the measurement (device memory comes in pages of
+/// 2 MiB; the figures here are tens of MiB).
+fn within_5_percent(what: &str, reported: usize, measured: usize) {
+    let diff = reported.abs_diff(measured) as f64;
+    assert!(
+        diff <= 0.05 * measured as f64,
+        "{what}: GraphInfo says {:.2} MiB, cuMemGetInfo measured {:.2} MiB",
+        mib(reported),
+        mib(measured)
+    );
+}
+
+#[gpu_test]
+fn memory_figures_match_the_device(rt: Runtime) -> Result<(), GraphError> {
+    let test = "memory_figures_match_the_device";
+    let mut rng = fresh_rng(test);
+    let s = rt.stream().clone();
+    let n = 8 * MIB; // floats: 32 MiB per buffer
+    rt.set_measure_executable_memory(true);
+    let temp_mib = 96;
+    // Load the kernels (module memory) before any baseline.
+    {
+        let mut tiny = s.alloc_zeros::<f32>(64)?;
+        drop(FootprintGraph::capture(
+            &rt,
+            &vec![0.0f32; 64],
+            64,
+            &mut tiny,
+            1,
+        )?);
+    }
+    let start = random_vec(&mut rng, n);
+    let mut acc = s.clone_htod(&start)?;
+    let mut acc_eager = s.clone_htod(&start)?;
+    let x0 = random_vec(&mut rng, n);
+
+    let free0 = settle(&rt)?;
+    FOOTPRINT_CALLS.store(0, Ordering::SeqCst);
+    let mut first = FootprintGraph::capture(&rt, &x0, n, &mut acc, temp_mib)?;
+    let free1 = free_untrimmed(&rt)?;
+    let a = first.info().clone();
+    let free_warm = FREE_IN_WARMUP.load(Ordering::SeqCst);
+    eprintln!("{test}: first graph: {first}");
+    eprintln!(
+        "{test}: free {:.1} MiB before, {:.1} MiB in the warmup, {:.1} MiB after the capture",
+        mib(free0),
+        mib(free_warm),
+        mib(free1)
+    );
+    assert_eq!(a.static_bytes, 2 * n * 4, "{a:?}");
+    assert_eq!(a.state_snapshot_bytes, n * 4, "{a:?}");
+    assert_eq!(a.temp_requested_bytes, 2 * temp_mib * MIB, "{a:?}");
+    assert!(
+        a.temp_bytes >= temp_mib * MIB && a.temp_bytes <= a.temp_requested_bytes,
+        "the high-water mark lies between the larger temporary and their sum: {a:?}"
+    );
+    // Static buffers and snapshot: what the warmup saw missing.
+    within_5_percent(
+        "static buffers + state snapshot",
+        a.static_bytes + a.state_snapshot_bytes,
+        free0.saturating_sub(free_warm),
+    );
+    // Everything the graph keeps: what the capture took from the device.
+    within_5_percent(
+        "device_bytes of the first graph",
+        a.device_bytes(),
+        free0.saturating_sub(free1),
+    );
+    // On a trimmed pool the first graph maps its own high-water mark anew.
+    within_5_percent(
+        "temporaries vs what the pool mapped",
+        a.temp_bytes,
+        a.pool_added_bytes,
+    );
+    assert!(a.pool_shared_bytes <= a.temp_bytes / 20, "{a:?}");
+
+    // A second graph of the same runtime shares the pool's memory.
+    let mut acc2 = s.clone_htod(&start)?;
+    let mut second = FootprintGraph::capture(&rt, &x0, n, &mut acc2, temp_mib)?;
+    let free2 = free_untrimmed(&rt)?;
+    let b = second.info().clone();
+    eprintln!("{test}: second graph: {second}");
+    within_5_percent(
+        "device_bytes of the second graph",
+        b.device_bytes(),
+        free1.saturating_sub(free2),
+    );
+    assert!(
+        b.pool_added_bytes <= b.temp_bytes / 20,
+        "the second graph reuses the pool: {b:?}"
+    );
+    within_5_percent("shared temporaries", b.pool_shared_bytes, b.temp_bytes);
+    // The pool's part: the two captures differ only in what the first mapped in the pool.
+    within_5_percent(
+        "pool memory of the first graph",
+        a.pool_added_bytes,
+        free0
+            .saturating_sub(free1)
+            .saturating_sub(free1.saturating_sub(free2)),
+    );
+
+    // The graphs compute what eager calls do, on fresh inputs, several replays.
+    for replay in 0..3 {
+        let x = random_vec(&mut rng, n);
+        let y = s.clone_dtoh(first.replay(&x)?.y)?;
+        let xd = s.clone_htod(&x)?;
+        let mut y_eager = s.alloc_zeros::<f32>(n)?;
+        footprint(&rt, &xd, &mut y_eager, &mut acc_eager, temp_mib)?;
+        assert_eq!(y, s.clone_dtoh(&y_eager)?, "replay {replay}: y");
+        assert_eq!(
+            s.clone_dtoh(&first.state_mut().acc)?,
+            s.clone_dtoh(&acc_eager)?,
+            "replay {replay}: the accumulator"
+        );
+        second.replay(&x)?;
+    }
+
+    // Dropping both gives it all back.
+    drop(first);
+    drop(second);
+    drop(acc2);
+    let free3 = settle(&rt)?;
+    eprintln!("{test}: free after dropping both: {:.1} MiB", mib(free3));
+    assert!(
+        free0.abs_diff(free3) <= 4 * MIB,
+        "dropping the graphs gave back their memory: {:.1} MiB before, {:.1} MiB after",
+        mib(free0),
+        mib(free3)
+    );
+    drop(acc);
     Ok(())
 }
 

@@ -75,10 +75,16 @@
 //! * **A tensor kept past the capture** (stored into `&mut` state): its memory is a graph
 //!   temporary, freed by the next replay. When the state is a `DeviceState`, the replaced
 //!   tensor is found after the capture and refused as [`GraphError::StateMoved`].
-//! * **Other threads running candle work on the same device during a capture.** Seen on the
-//!   H100: two threads, each capturing on its own `Device::new_cuda(0)`, invalidate each
-//!   other's capture (CUDA error 901, [`GraphError::CaptureInvalidated`]). Capture candle
-//!   graphs while no other thread of the process uses that device (at start-up, say).
+//! * **Threads capturing at once on one device.** Seen on the H100 before the runtime
+//!   serialised captures: two threads, each capturing on its own `Device::new_cuda(0)`,
+//!   invalidated each other's capture (CUDA error 901, [`GraphError::CaptureInvalidated`]):
+//!   one thread's warmup synchronises or allocates while the other records. The runtime now
+//!   holds one capture lock per device for every runtime of the process (see
+//!   [`Runtime`](crate::Runtime), "Threads"), so such threads simply take turns. Eager work
+//!   that synchronises the whole device from a thread that is not capturing (a
+//!   `CudaContext::synchronize`, a new stream on a context with event tracking on, which
+//!   synchronises the context) can still invalidate a capture: make devices and streams
+//!   before the threads start capturing.
 //! * **Uploads above candle's cap.** candle caches only uploads of at most 4096 bytes
 //!   (`CUDA_GRAPH_HTOD_CACHE_MAX_BYTES`, candle-core 0.11), so a body that builds a larger
 //!   host tensor on the device in every call (T5's relative-position buckets, Qwen2's and

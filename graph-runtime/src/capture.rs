@@ -368,6 +368,11 @@ pub fn capture(
     let info = GraphInfo {
         rng,
         temp_bytes: 0,
+        temp_requested_bytes: 0,
+        pool_added_bytes: 0,
+        pool_shared_bytes: 0,
+        pool_reserved_bytes: 0,
+        exec_bytes: None,
         static_bytes,
         // Counted by `Graph::instantiate`, which reads the edges only when this is not 0.
         early_edges: early_launches.count(),
@@ -387,6 +392,8 @@ pub fn capture(
         graph,
         nodes = built.info().nodes(),
         temp_bytes = built.info().temp_bytes,
+        pool_added_bytes = built.info().pool_added_bytes,
+        exec_bytes = ?built.info().exec_bytes,
         static_bytes,
         state_snapshot_bytes,
         early_edges = built.info().early_edges,

@@ -40,9 +40,38 @@ pub struct GraphInfo {
     /// How far each replay moves the generators the body draws from (measured on the
     /// warmup runs; the graph itself moves them on the device).
     pub rng: Vec<RngAdvance>,
-    /// Bytes of the temporaries the body allocates (graph allocation nodes): fixed
-    /// addresses for the graph's life, backed by the runtime's graph memory pool.
+    /// The graph's own high-water mark of temporaries: the bytes of the address ranges its
+    /// allocation nodes occupy, counted once where they overlap. CUDA gives a temporary the
+    /// addresses of one freed earlier in the same graph, so this is what the graph needs
+    /// mapped in the runtime's graph memory pool, and at most `temp_requested_bytes`.
     pub temp_bytes: usize,
+    /// The sizes of all the temporaries the body allocates, added up (graph allocation
+    /// nodes). More than the graph needs whenever the body frees a temporary before it
+    /// allocates the next: size memory by `temp_bytes` and `pool_added_bytes`.
+    pub temp_requested_bytes: usize,
+    /// Physical memory the runtime's graph memory pool gained when this graph was uploaded
+    /// (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` after the upload, less before): what its
+    /// temporaries cost the device beyond what the pool already held. Graphs of one runtime
+    /// launch one after another on its stream, so CUDA backs their temporaries with the same
+    /// physical memory: the second of two equal graphs adds 0. A device-wide reading: pool
+    /// memory mapped by another thread at the same moment counts too.
+    pub pool_added_bytes: usize,
+    /// The part of `temp_bytes` that memory the pool already held covered: shared with the
+    /// runtime's other graphs (`temp_bytes - pool_added_bytes`, 0 when the upload added
+    /// at least `temp_bytes`, as the first graph's does).
+    pub pool_shared_bytes: usize,
+    /// What the runtime's graph memory pool held after this graph's upload, for all graphs
+    /// of the device (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`): see
+    /// [`Runtime::graph_memory`](crate::Runtime::graph_memory) for the live figures.
+    pub pool_reserved_bytes: usize,
+    /// Device memory of the executable graph itself (its nodes, kernel parameters, the
+    /// driver's bookkeeping): the fall in the device's free memory (`cuMemGetInfo`) over
+    /// instantiate and upload, less `pool_added_bytes`. Measured only on a runtime that
+    /// asks for it ([`Runtime::set_measure_executable_memory`](crate::Runtime::set_measure_executable_memory):
+    /// the driver has no figure for it, and the two readings cost about 10 µs a capture);
+    /// `None` otherwise. The driver hands memory out in pages of 2 MiB, so a small graph
+    /// reads 0 or one page. A device-wide reading, like `pool_added_bytes`.
+    pub exec_bytes: Option<usize>,
     /// Bytes of the static input and output buffers the graph type owns.
     pub static_bytes: usize,
     /// Programmatic edges: dependencies that let a kernel start while the one before it
@@ -58,6 +87,19 @@ impl GraphInfo {
     /// Nodes in the captured graph (kernels, copies, memsets, allocations, …).
     pub fn nodes(&self) -> usize {
         self.kinds.total()
+    }
+
+    /// What keeping this graph costs the device: its static buffers, what its upload added
+    /// to the graph memory pool, and the executable graph's own memory. The state it
+    /// borrows is yours and not counted; the state snapshot was freed after the capture.
+    ///
+    /// The figure for a capture at the current pool: a graph captured after a larger one of
+    /// the same runtime adds little or nothing to the pool. For the most a graph can cost
+    /// on its own, capture it first (or alone: see "Sizing memory" in the crate docs).
+    ///
+    /// `exec_bytes` counts only where it was measured (see its docs).
+    pub fn device_bytes(&self) -> usize {
+        self.static_bytes + self.pool_added_bytes + self.exec_bytes.unwrap_or(0)
     }
 }
 
@@ -142,13 +184,15 @@ impl Graph {
         // AUTO_FREE_ON_LAUNCH a relaunch frees any that the body did not free itself, so a
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let mut baseline = MemoryReading::default();
         let built = (|| {
             let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
+            info.temp_requested_bytes = inspected.temp_requested_bytes;
             info.early_edges = inspected.early_edges;
-            refuse_temporaries_that_cannot_fit(rt, &info)?;
+            baseline = refuse_temporaries_that_cannot_fit(rt, &info)?;
             let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
             // SAFETY: `raw` is a live graph of the runtime's context, which the capture bound
             // to this thread; instantiation does not take ownership of it.
@@ -190,6 +234,7 @@ impl Graph {
                 Some(temp_bytes),
             ));
         }
+        g.info.read_footprint(rt, baseline);
         g.info.instantiate_time = started.elapsed();
         Ok(g)
     }
@@ -262,12 +307,12 @@ impl Graph {
     /// dropped on its own stream is never freed while a replay still reads it. State on the
     /// runtime's stream is freed in stream order after the replays, and this does nothing.
     /// Inside a capture it does nothing either (waiting would end that capture), and while
-    /// another thread captures on the same runtime it waits for that capture to end first.
+    /// another thread captures on the same device it waits for that capture to end first.
     pub fn settle(&self) {
         if !self.settle || crate::phase::is_capturing() {
             return;
         }
-        // A synchronize would break another thread's capture on this stream: wait for it to
+        // A synchronize would break another thread's capture on this device: wait for it to
         // end first (this thread holds the lock already while it runs a capture procedure).
         let _serial = (!crate::phase::in_procedure()).then(|| self.rt.capture_lock());
         let ctx = self.rt.context();
@@ -335,7 +380,7 @@ impl Graph {
 /// graph `decode` · 183 nodes: 179 kernels, 2 copies, 0 memsets, 1 alloc, 1 free, 0 other
 ///   edges: 182, early-launch (programmatic) 16
 ///   kernels: matvec ×96, rmsnorm ×33, rope_kv ×16, attention ×16, …
-///   memory: temporaries 1.0 MiB, static buffers 64 KiB, state snapshot 0 B
+///   memory: temporaries 1.0 MiB (requested 1.5 MiB; pool +2.0 MiB, shared 0 B), static buffers 64 KiB, executable 2.0 MiB, state snapshot 0 B
 ///   time: warmup 3 runs 2.1 ms, capture 0.4 ms, instantiate 1.2 ms
 /// ```
 impl std::fmt::Display for Graph {
@@ -386,9 +431,15 @@ impl std::fmt::Display for Graph {
         }
         writeln!(
             f,
-            "  memory: temporaries {}, static buffers {}, state snapshot {}",
+            "  memory: temporaries {} (requested {}; pool +{}, shared {}), static buffers {}, \
+             executable {}, state snapshot {}",
             crate::error::bytes(i.temp_bytes),
+            crate::error::bytes(i.temp_requested_bytes),
+            crate::error::bytes(i.pool_added_bytes),
+            crate::error::bytes(i.pool_shared_bytes),
             crate::error::bytes(i.static_bytes),
+            i.exec_bytes
+                .map_or_else(|| "not measured".to_owned(), crate::error::bytes),
             crate::error::bytes(i.state_snapshot_bytes)
         )?;
         write!(
@@ -465,19 +516,38 @@ fn give_back_graph_memory(rt: &Runtime) {
 /// with driver 580, the device's graph memory pool kept the ~80 GB it had reserved for the
 /// attempt after the executable graph was destroyed, the stream and the context were
 /// synchronised and the pool was trimmed, and every later graph in the process failed.
-/// So the graph is measured first, by the sum of its temporaries (an upper bound on what
-/// it maps: CUDA may reuse memory between temporaries whose lifetimes do not overlap), and
-/// refused when that is more than the free memory plus what the pool already holds (graphs
-/// launched on one stream share the pool's memory).
-fn refuse_temporaries_that_cannot_fit(rt: &Runtime, info: &GraphInfo) -> Result<(), GraphError> {
+/// So the graph is measured first, by the address ranges of its temporaries (what it maps:
+/// CUDA gives a temporary the addresses of one the graph freed earlier, so overlapping
+/// ranges count once), and refused when that is more than the free memory plus what the
+/// pool already holds (graphs launched on one stream share the pool's memory).
+///
+/// Returns the free memory and the pool's reserved bytes it read, the baseline of the
+/// graph's memory figures (see `GraphInfo::read_footprint`).
+fn refuse_temporaries_that_cannot_fit(
+    rt: &Runtime,
+    info: &GraphInfo,
+) -> Result<MemoryReading, GraphError> {
+    // No synchronize between this reading and the one after the upload: the stream-ordered
+    // allocator gives back what the warmup freed (its snapshot, its temporaries) only at
+    // one, so both readings see the same state of it.
+    let measure = rt.measures_executable_memory();
     if info.temp_bytes == 0 {
-        return Ok(());
+        return Ok(MemoryReading {
+            free: measure
+                .then(|| rt.mem_info())
+                .transpose()?
+                .map(|(free, _)| free),
+            pool_reserved: None,
+        });
     }
     let (free, _total) = rt.mem_info()?;
-    let pool = rt.graph_memory()?;
-    let available = free.saturating_add(pool.reserved);
+    let reserved = rt.graph_pool_reserved()?;
+    let available = free.saturating_add(reserved);
     if info.temp_bytes <= available {
-        return Ok(());
+        return Ok(MemoryReading {
+            free: measure.then_some(free),
+            pool_reserved: Some(reserved),
+        });
     }
     Err(GraphError::OutOfMemory {
         during: format!(
@@ -486,7 +556,7 @@ fn refuse_temporaries_that_cannot_fit(rt: &Runtime, info: &GraphInfo) -> Result<
              was refused before the driver mapped anything",
             info.name,
             crate::error::bytes(free),
-            crate::error::bytes(pool.reserved)
+            crate::error::bytes(reserved)
         ),
         requested_bytes: Some(info.temp_bytes),
         free_bytes: Some(free),
@@ -497,7 +567,56 @@ fn refuse_temporaries_that_cannot_fit(rt: &Runtime, info: &GraphInfo) -> Result<
 struct Inspected {
     kinds: NodeKinds,
     temp_bytes: usize,
+    temp_requested_bytes: usize,
     early_edges: usize,
+}
+
+/// The device's free memory (read only when the runtime measures executable memory) and
+/// the graph pool's reserved bytes (read only when the graph has temporaries), before a
+/// graph is instantiated.
+#[derive(Debug, Default, Clone, Copy)]
+struct MemoryReading {
+    free: Option<usize>,
+    pool_reserved: Option<usize>,
+}
+
+impl GraphInfo {
+    /// Fills the pool and executable-graph figures from readings after the upload, against
+    /// `before`. The upload call maps the temporaries' memory before it returns (an
+    /// out-of-memory failure is its error), so no synchronize is needed. A reading that
+    /// fails leaves its figures at 0 (or `None`): the graph itself is fine.
+    fn read_footprint(&mut self, rt: &Runtime, before: MemoryReading) {
+        if let Some(pool_before) = before.pool_reserved {
+            if let Ok(reserved) = rt.graph_pool_reserved() {
+                self.pool_reserved_bytes = reserved;
+                self.pool_added_bytes = reserved.saturating_sub(pool_before);
+                self.pool_shared_bytes = self.temp_bytes.saturating_sub(self.pool_added_bytes);
+            }
+        }
+        if let (Some(free_before), Ok((free, _))) = (before.free, rt.mem_info()) {
+            self.exec_bytes = Some(
+                free_before
+                    .saturating_sub(free)
+                    .saturating_sub(self.pool_added_bytes),
+            );
+        }
+    }
+}
+
+/// The bytes the union of `ranges` (start, length) covers: overlapping ranges count once.
+fn covered_bytes(ranges: &mut [(u64, u64)]) -> usize {
+    ranges.sort_unstable();
+    let mut covered = 0u64;
+    let mut reach = 0u64;
+    for &(start, len) in ranges.iter() {
+        let end = start.saturating_add(len);
+        if end <= reach {
+            continue;
+        }
+        covered += end - start.max(reach);
+        reach = end;
+    }
+    covered as usize
 }
 
 impl NodeKinds {
@@ -536,7 +655,7 @@ fn inspect(
     }
     let nodes_len = nodes.len();
     let mut kinds = NodeKinds::default();
-    let mut temp_bytes = 0usize;
+    let mut temps: Vec<(u64, u64)> = Vec::new();
     // The nodes of the graph, then those of its conditional bodies (at any depth).
     let mut pending = nodes;
     while let Some(node) = pending.pop() {
@@ -568,7 +687,8 @@ fn inspect(
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 kinds.allocs += 1;
                 // SAFETY: `node` is an allocation node of the live graph `raw`.
-                temp_bytes += unsafe { driver::mem_alloc_node_params(node) }?.bytesize;
+                let p = unsafe { driver::mem_alloc_node_params(node) }?;
+                temps.push((p.dptr, p.bytesize as u64));
             }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => kinds.frees += 1,
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL => {
@@ -597,9 +717,11 @@ fn inspect(
     } else {
         0
     };
+    let temp_requested_bytes = temps.iter().map(|&(_, len)| len as usize).sum();
     Ok(Inspected {
         kinds,
-        temp_bytes,
+        temp_bytes: covered_bytes(&mut temps),
+        temp_requested_bytes,
         early_edges,
     })
 }
@@ -620,4 +742,22 @@ fn is_pageable(kind: sys::CUmemorytype, host: usize, device: sys::CUdeviceptr) -
         }
     };
     driver::pointer_memory_type(ptr).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covered_bytes;
+
+    #[test]
+    fn overlapping_temporaries_count_once() {
+        assert_eq!(covered_bytes(&mut []), 0);
+        // Two temporaries at the same addresses (the second reuses the first's).
+        assert_eq!(covered_bytes(&mut [(4096, 100), (4096, 100)]), 100);
+        // Disjoint, out of order.
+        assert_eq!(covered_bytes(&mut [(1000, 10), (0, 10)]), 20);
+        // Partly overlapping, and one inside another.
+        assert_eq!(covered_bytes(&mut [(0, 10), (5, 10), (6, 2)]), 15);
+        // Adjacent.
+        assert_eq!(covered_bytes(&mut [(0, 10), (10, 10)]), 20);
+    }
 }

@@ -176,10 +176,54 @@
 //! # Memory
 //! A graph holds three kinds of memory, all reported in [`GraphInfo`]: its static inputs and
 //! outputs (`static_bytes`, allocated at capture, freed with the graph), the temporaries its
-//! body allocates (`temp_bytes`, graph allocation nodes in the runtime's graph memory pool),
-//! and the borrowed state (not owned). Replays allocate nothing. Out of memory during a
-//! capture is [`GraphError::OutOfMemory`], naming the graph, what it was allocating and the
-//! free memory, and the runtime stays usable.
+//! body allocates (graph allocation nodes in the runtime's graph memory pool), and the
+//! executable graph itself (`exec_bytes`, measured when the runtime is asked to with
+//! [`Runtime::set_measure_executable_memory`]); the state it borrows is yours. Replays allocate
+//! nothing. Out of memory during a capture is [`GraphError::OutOfMemory`], naming the graph,
+//! what it was allocating and the free memory, and the runtime stays usable.
+//!
+//! Temporaries are reported three ways, because adding up allocation sizes misleads:
+//! * `temp_requested_bytes`: every allocation of the body added up;
+//! * `temp_bytes`: what the graph needs mapped, its own high-water mark (CUDA reuses the
+//!   addresses of a temporary freed earlier in the graph, so this is often far less);
+//! * `pool_added_bytes` and `pool_shared_bytes`: how much of that the runtime's graph memory
+//!   pool had to map anew when the graph was uploaded, and how much it already held for the
+//!   runtime's other graphs (graphs of one runtime run one after another and share that
+//!   memory; the pool holds what the largest needs, not the sum).
+//!
+//! [`GraphInfo::device_bytes`] adds up what keeping the graph costs the device:
+//! static buffers, what its upload added to the pool, the executable graph. While it
+//! captures, a graph with `&mut` state also holds a snapshot of that state
+//! (`state_snapshot_bytes`), freed once the capture ends. The pool's live figures are
+//! [`Runtime::graph_memory`].
+//!
+//! ## Sizing memory (a KV cache, say)
+//! Capture first, size what is left afterwards. To learn what a set of graphs will cost
+//! before deciding how large to make a cache, capture them as probes against a small cache
+//! (the graphs' temporaries do not depend on the cache's length when the body writes the
+//! cache in place), read their figures, drop them, and capture for real:
+//!
+//! ```ignore
+//! rt.set_measure_executable_memory(true); // exec_bytes too, for about 10 µs a capture
+//! let probes = [DecodeGraph::capture(&rt, &tokens_1, &small_cache)?,
+//!               DecodeGraph::capture(&rt, &tokens_8, &small_cache)?];
+//! // Graphs of one runtime share the pool: the largest `temp_bytes` is what all of them need,
+//! // the static buffers and executables add up.
+//! let pool = probes.iter().map(|g| g.info().temp_bytes).max().unwrap_or(0);
+//! let own: usize = probes
+//!     .iter()
+//!     .map(|g| g.info().static_bytes + g.info().exec_bytes.unwrap_or(0))
+//!     .sum();
+//! let snapshot = probes.iter().map(|g| g.info().state_snapshot_bytes).max().unwrap_or(0);
+//! drop(probes); // dropping a graph gives its pool memory back (`Runtime::trim_graph_memory`)
+//! rt.set_measure_executable_memory(false);
+//! let (free, _) = rt.mem_info()?;
+//! let for_cache = free - pool - own - snapshot - headroom;
+//! ```
+//!
+//! `snapshot` matters only while capturing with `&mut` state: opt out with
+//! `#[state(no_restore)]` when the warmup does not need undoing. The pool's memory is mapped
+//! in pages of the driver's choosing (2 MiB and up), so leave a page per graph of headroom.
 //!
 //! # What the runtime takes care of
 //! * cudarc's per-buffer event tracking is turned off on the runtime's context: with it on and

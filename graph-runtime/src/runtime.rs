@@ -5,6 +5,7 @@
 //! capturing stream, `runtime/probe.rs` the library probes.
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::cublas::CudaBlas;
@@ -56,9 +57,17 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// lives only drops a reference.
 ///
 /// # Threads
-/// `Runtime` is `Send + Sync`. Captures on one runtime are serialised; a replay attempted
-/// from another thread while a capture records is refused with
-/// [`GraphError::StreamCapturing`] instead of being recorded into the wrong graph.
+/// `Runtime` is `Send + Sync`. Captures on one device are serialised by the runtime, across
+/// every runtime and thread of the process: threads that each hold a runtime (or a candle
+/// device) of the same GPU can all call `capture` at once, and each capture procedure
+/// (warmup, capture, instantiate, upload) waits for the one before it. Captures on
+/// different GPUs run in parallel. A replay attempted from another thread while a capture
+/// records on the same runtime is refused with [`GraphError::StreamCapturing`] instead of
+/// being recorded into the wrong graph. What the lock cannot cover is eager work of other
+/// threads that synchronizes the whole device (`CudaContext::synchronize`, a blocking
+/// allocation or free, a copy on the legacy default stream) while a capture records: CUDA
+/// fails that capture (error 901, [`GraphError::CaptureInvalidated`]); keep such calls out
+/// of threads that run while others capture.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
@@ -70,7 +79,9 @@ struct Inner {
     blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
     kernels: Mutex<KernelCache>,
-    capture_lock: Mutex<()>,
+    /// The capture lock of this runtime's device, shared by every runtime of the process on
+    /// that device (see [`device_capture_lock`]).
+    capture_lock: Arc<Mutex<()>>,
     gate: StreamGate,
     rng: Generator,
     generators: Mutex<Vec<Weak<GeneratorInner>>>,
@@ -78,6 +89,8 @@ struct Inner {
     ctx: Arc<CudaContext>,
     compute_capability: (i32, i32),
     multiprocessors: u32,
+    /// Whether captures measure their executable graph's memory (`GraphInfo::exec_bytes`).
+    measure_exec: AtomicBool,
     /// The candle device whose stream this runtime uses (`Runtime::from_candle`).
     #[cfg(feature = "candle")]
     candle: Option<candle_core::Device>,
@@ -96,6 +109,29 @@ impl std::fmt::Debug for Runtime {
 /// the runtime's kernel cache ([`Runtime::find_by_stream`]).
 type Registry = Vec<(Weak<CudaStream>, Weak<Inner>)>;
 static REGISTRY: Mutex<Registry> = Mutex::new(Vec::new());
+
+/// One capture lock per device, shared by every runtime of the process on that device.
+///
+/// A capture procedure (warmup, capture, instantiate, upload) holds it, so captures on one
+/// device run one after another whatever thread and runtime they come from. Two captures at
+/// once on one device fail each other: in `Global` mode every call CUDA deems unsafe (a
+/// blocking allocation, a context synchronize, a query) that another thread makes while a
+/// capture records fails and invalidates that capture (CUDA error 901), and in every mode a
+/// warmup's synchronizing work, or a legacy-stream call, on one thread creates a dependency
+/// into another thread's capturing stream (cudarc's `new_stream` on a context with event
+/// tracking synchronizes the whole context; candle's `Device::new_cuda` stream is the
+/// per-thread default stream, which synchronizes with the legacy stream). Devices are
+/// independent: ranks capturing collectives on their own GPUs are not serialized.
+fn device_capture_lock(ordinal: usize) -> Arc<Mutex<()>> {
+    static LOCKS: Mutex<Vec<(usize, Arc<Mutex<()>>)>> = Mutex::new(Vec::new());
+    let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, lock)) = locks.iter().find(|(o, _)| *o == ordinal) {
+        return lock.clone();
+    }
+    let lock = Arc::new(Mutex::new(()));
+    locks.push((ordinal, lock.clone()));
+    lock
+}
 
 /// Kernel `name` of `source` through the runtime of `stream` (see [`Runtime::find_by_stream`]):
 /// for a `#[cuda_graph]` body whose context parameter is the stream.
@@ -248,7 +284,7 @@ impl Runtime {
             blas,
             _blas_workspace: workspace,
             kernels: Mutex::new(KernelCache::default()),
-            capture_lock: Mutex::new(()),
+            capture_lock: device_capture_lock(ctx.ordinal()),
             gate: StreamGate::default(),
             generators: Mutex::new(vec![rng.downgrade()]),
             rng,
@@ -256,6 +292,7 @@ impl Runtime {
             ctx,
             compute_capability,
             multiprocessors,
+            measure_exec: AtomicBool::new(false),
             #[cfg(feature = "candle")]
             candle,
         });
@@ -466,6 +503,31 @@ impl Runtime {
         })
     }
 
+    /// Whether the graphs captured from now on measure their executable graph's own device
+    /// memory ([`GraphInfo::exec_bytes`](crate::GraphInfo::exec_bytes)), for every handle of
+    /// this runtime. Off by default: the driver has no figure for it, so each capture reads
+    /// the device's free memory before and after instantiating (`cuMemGetInfo`, about
+    /// 5–10 µs each). Turn it on for probes that size memory (see "Sizing memory" in the
+    /// crate docs).
+    pub fn set_measure_executable_memory(&self, on: bool) {
+        self.inner.measure_exec.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn measures_executable_memory(&self) -> bool {
+        self.inner.measure_exec.load(Ordering::Relaxed)
+    }
+
+    /// What the device's graph memory pool holds now (`reserved` of [`Runtime::graph_memory`],
+    /// one driver call).
+    pub(crate) fn graph_pool_reserved(&self) -> Result<usize, GraphError> {
+        use cudarc::driver::sys::CUgraphMem_attribute as A;
+        let device = self.inner.ctx.cu_device();
+        Ok(
+            driver::graph_mem_attribute(device, A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?
+                as usize,
+        )
+    }
+
     /// Resets the high-water marks of [`Runtime::graph_memory`] to the current values.
     pub fn reset_graph_memory_high(&self) -> Result<(), GraphError> {
         use cudarc::driver::sys::CUgraphMem_attribute as A;
@@ -521,6 +583,8 @@ impl Runtime {
         &self.inner.gate
     }
 
+    /// The device's capture lock (see [`device_capture_lock`]): held for a whole capture
+    /// procedure, and by a settle that synchronizes the stream.
     pub(crate) fn capture_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.inner
             .capture_lock
