@@ -285,8 +285,11 @@ pub trait GraphBody: Sized {
     const INPUTS: &'static [&'static str];
     /// The outputs' names, in order.
     const OUTPUTS: &'static [&'static str];
-    /// Which replays verify themselves (see [`VerifySchedule`]).
-    const VERIFY_EVERY: u64;
+    /// `cfg!(debug_assertions)` in the user's crate.
+    const DEBUG: bool;
+    /// Which replays verify themselves (see [`VerifySchedule`]): by default the first one in
+    /// debug builds.
+    const VERIFY_EVERY: u64 = VerifySchedule::first_if(Self::DEBUG);
 
     /// The tolerance of the self-verifying replays.
     fn tolerance() -> Tolerance {

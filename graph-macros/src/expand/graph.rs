@@ -272,7 +272,8 @@ impl<'p, 'm> Gen<'p, 'm> {
                 type State<'g> = #state_ty<'g> where Self: 'g;
                 const INPUTS: &'static [&'static str] = #input_names;
                 const OUTPUTS: &'static [&'static str] = #output_names;
-                const VERIFY_EVERY: u64 = #every;
+                const DEBUG: bool = ::core::cfg!(debug_assertions);
+                #every
                 #tolerance
                 fn site() -> &'static #pr::GraphSite {
                     static SITE: #pr::GraphSite = #site;
@@ -299,8 +300,8 @@ impl<'p, 'm> Gen<'p, 'm> {
             .map(|p| {
                 let i = &p.ident;
                 match p.role {
-                    Role::Input => quote!(&*#i),
-                    Role::Output => quote!(&mut *#i),
+                    // `&mut` locals of the destructured statics, coerced to the parameters.
+                    Role::Input | Role::Output => quote!(#i),
                     Role::State { .. } => self.parts.held_arg(p, quote!(self.#i)),
                     // The whole argument at the constant's type, `self.` included.
                     Role::Constant | Role::Bucket => {
@@ -537,15 +538,16 @@ impl<'p, 'm> Gen<'p, 'm> {
     }
 }
 /// When the graph's replays verify themselves (`verify = "never" | "first" | "every"` with
-/// `verify_every = N`; by default the first replay in debug builds): `VERIFY_EVERY`'s value,
-/// and `tolerance` when `verify_tolerance` is given.
+/// `verify_every = N`; by default the first replay in debug builds, the trait's default):
+/// `VERIFY_EVERY` when `verify` is given, and `tolerance` when `verify_tolerance` is.
 fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> (TokenStream, TokenStream) {
     let every = match args.verify {
-        None => quote!(#pr::VerifySchedule::first_if(::core::cfg!(debug_assertions))),
-        Some(VerifyEvery::Never) => quote!(#pr::VerifySchedule::NEVER),
-        Some(VerifyEvery::First) => quote!(#pr::VerifySchedule::FIRST),
-        Some(VerifyEvery::Every(n)) => quote!(#n),
+        None => None,
+        Some(VerifyEvery::Never) => Some(quote!(#pr::VerifySchedule::NEVER)),
+        Some(VerifyEvery::First) => Some(quote!(#pr::VerifySchedule::FIRST)),
+        Some(VerifyEvery::Every(n)) => Some(quote!(#n)),
     };
+    let every = every.map(|e| quote!(const VERIFY_EVERY: u64 = #e;));
     let tolerance = args.verify_tolerance.map(|t| {
         quote! {
             fn tolerance() -> #pr::Tolerance {
@@ -553,7 +555,7 @@ fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> (TokenStream, T
             }
         }
     });
-    (every, quote!(#tolerance))
+    (quote!(#every), quote!(#tolerance))
 }
 
 /// Whether `t` is written as a `CudaSlice<…>` (any path ending in it), whose shape is a length.
