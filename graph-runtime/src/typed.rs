@@ -112,7 +112,7 @@ impl<B: DeviceState> ResultSlot for ResultOf<B> {
     }
 }
 
-/// A tuple of static buffers (a graph's inputs, or its outputs), `()` to 12 of them.
+/// A tuple of static buffers (a graph's inputs, or its outputs), `()` to 16 of them.
 #[doc(hidden)]
 pub trait StaticList: Sized {
     /// The buffers' `DeviceState::Lent` views, a tuple.
@@ -254,6 +254,14 @@ static_tuples! {
      10 B10 R10)
     (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
      10 B10 R10, 11 B11 R11)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14, 15 B15 R15)
 }
 
 /// What `#[cuda_graph]` generates for one function: its held state and constants, the types
