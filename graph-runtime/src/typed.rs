@@ -305,7 +305,13 @@ pub trait GraphBody: Sized {
     }
 
     /// The function's name, warmup and capture mode.
-    fn site() -> &'static GraphSite;
+    const SITE: GraphSite;
+
+    /// [`GraphBody::SITE`], for the errors and logs that name the graph (a constant's
+    /// reference, promoted to a static).
+    fn site() -> &'static GraphSite {
+        &Self::SITE
+    }
 
     /// Runs the user's function once on `statics` (the graph's static buffers in a warmup
     /// run or the capture, copies and shadows in `verify`'s eager run), its returned value

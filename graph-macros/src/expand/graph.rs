@@ -275,10 +275,7 @@ impl<'p, 'm> Gen<'p, 'm> {
                 const DEBUG: bool = ::core::cfg!(debug_assertions);
                 #every
                 #tolerance
-                fn site() -> &'static #pr::GraphSite {
-                    static SITE: #pr::GraphSite = #site;
-                    &SITE
-                }
+                const SITE: #pr::GraphSite = #site;
                 fn run(&mut self, s: &mut #pr::StaticsOf<Self>, __ctx: &Self::Ctx, __rt: &#pr::Runtime) -> #pr::Result<()> {
                     #run
                 }
