@@ -4,7 +4,8 @@
 //! imports it, and its own files never do.
 //!
 //! Everything that can be ordinary Rust lives in `graph_runtime`: a single graph's generated
-//! code fills in `__private::GraphBody` and `__private::ReplayInputs` and wraps
+//! code fills in `__private::GraphBody` (its static inputs and outputs named as tuples, which
+//! the runtime's `StaticList` and `Sources` handle generically) and wraps
 //! `__private::TypedGraph`, which does the rest (a bucket family still moves its buffers into
 //! place itself and calls `__private::Buckets::capture` and `__private::replay` on the
 //! picked bucket).
@@ -113,10 +114,11 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
         #item
 
         #[doc(hidden)]
-        #[allow(non_snake_case, unused_mut, unused_variables, clippy::needless_lifetimes)]
+        #[allow(non_snake_case, unused_mut, unused_variables, unused_imports, dead_code)]
+        #[allow(clippy::needless_lifetimes, clippy::too_many_arguments)]
         mod #module {
-            #[allow(unused_imports)] use super::*;
-            #[allow(unused_imports)] use #krate::__private as __cg;
+            use super::*;
+            use #krate::__private as __cg;
 
             #body
         }

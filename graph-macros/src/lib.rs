@@ -58,6 +58,9 @@ use proc_macro::TokenStream;
 /// # Ok(()) }
 /// ```
 ///
+/// A graph holds at most 16 inputs and 16 outputs; group more buffers into a
+/// `#[derive(DeviceState)]` struct passed as `#[state]`.
+///
 /// You keep `step`, unchanged and callable eagerly, and get `StepGraph<'s>`:
 ///
 /// | item | what it does |

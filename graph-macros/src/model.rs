@@ -93,6 +93,30 @@ pub fn strip_role_attrs(item: &mut ItemFn) -> Vec<Vec<Attribute>> {
 
 /// Builds the model, recording every signature problem in `cx`; the model says whether the
 /// signature is usable ([`GraphFn::usable`]).
+/// The most inputs, and the most outputs, of a graph: the runtime handles its static buffers
+/// as tuples of up to this many (`graph_runtime`'s `StaticList`).
+pub const MAX_STATICS: usize = 16;
+
+/// An input or output past [`MAX_STATICS`] of its kind is refused where it is declared.
+fn too_many_statics(params: &[Param], cx: &mut Ctxt) {
+    for (role, kind) in [
+        (Role::Input, "inputs (`&T`)"),
+        (Role::Output, "outputs (`&mut T`)"),
+    ] {
+        if let Some(p) = params.iter().filter(|p| p.role == role).nth(MAX_STATICS) {
+            cx.error_spanned_by(
+                &p.ident,
+                format!(
+                    "a graph holds at most {MAX_STATICS} {kind}, and `{}` is one more; group \
+                     buffers into a `#[derive(DeviceState)]` struct passed as `#[state]`, or split \
+                     the function into two graphs",
+                    p.ident
+                ),
+            );
+        }
+    }
+}
+
 pub fn analyze(item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     let before = cx.count();
     let mut model = build(item, bucket, cx);
@@ -167,6 +191,9 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         if let Some(param) = classify(ident, &pt.ty, &roles, cx) {
             params.push(param);
         }
+    }
+    if bucket.is_none() {
+        too_many_statics(&params, cx);
     }
     if let Some(b) = bucket {
         if !params.iter().any(|p| p.role == Role::Bucket) && context.is_some() {

@@ -23,5 +23,5 @@ pub use crate::runtime::{FromRuntime, Runtime};
 pub type Result<T> = core::result::Result<T, crate::GraphError>;
 pub use crate::site::{CaptureMode, GraphSite, Step};
 pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
-pub use crate::typed::{GraphBody, ReplayInputs, TypedGraph};
+pub use crate::typed::{GraphBody, NoResult, ResultOf, StaticList, Statics, StaticsOf, TypedGraph};
 pub use crate::verify::{Tolerance, Verifier, VerifySchedule};

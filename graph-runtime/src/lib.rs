@@ -86,8 +86,9 @@
 //! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
 //!
 //! The code behind them lives in a hidden module `__cuda_graph_step` (`__StepBody<'s>`, the
-//! static buffers, is the runtime's `__private::GraphBody`; what `StepGraph` dereferences to
-//! is the generic `__private::TypedGraph`). In a library, `cargo doc` lists the four types
+//! held state and constants, is the runtime's `__private::GraphBody`, which names the static
+//! inputs and outputs as tuples; what `StepGraph` dereferences to is the generic
+//! `__private::TypedGraph`, which owns them). In a library, `cargo doc` lists the four types
 //! where the function is; in a binary crate, `cargo doc --document-private-items` shows them
 //! (or read the table above: every name and method is derived from the function's).
 //!

@@ -274,6 +274,16 @@ impl AddressBook {
         }
     }
 
+    /// How many parameters were recorded: the index the next one gets.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no parameter was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Records the addresses of parameter `name`. Returns the parameter's index for
     /// [`AddressBook::check`].
     pub fn record<T: DeviceState + ?Sized>(

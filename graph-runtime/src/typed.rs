@@ -1,33 +1,281 @@
 //! [`TypedGraph`]: what every generated graph type is, written once.
 //!
-//! `#[cuda_graph]` fills in [`GraphBody`] for the function's static buffers (how to run the
-//! body on them, record and check their addresses, lend them as views) and
-//! [`ReplayInputs`] for the tuple of a replay's inputs (check their shapes, stage them, copy
-//! them for `verify`'s eager run, which runs the body on the copies swapped in for the
-//! graph's own buffers). Everything else lives here, once:
-//! warmup and capture around the body, the self-verifying replay, `verify`, `launch`, the
-//! views, `info`, `Debug` and `Display`. The generated `FooGraph<'s>` wraps a
-//! `TypedGraph<FooBody<'s>>` and keeps only its typed `capture`, `replay` and `verify`,
-//! each forwarding here in a line.
+//! `#[cuda_graph]` fills in [`GraphBody`] for the function (how to run the body on its
+//! static buffers, record and check its state's addresses, lend the views) and names the
+//! types of its static inputs and outputs as tuples; the runtime does the rest for any
+//! such tuple, here: [`StaticList`] (bytes, input nodes, the outputs' addresses, shadows
+//! for `verify`, the outputs given to the verifier) and [`Sources`] for the tuple of a
+//! replay's inputs (check their shapes, stage them, copy them for `verify`'s eager run).
+//! Warmup and capture around the body, the self-verifying replay, `verify`, `launch`, the
+//! views, `info`, `Debug` and `Display` live here, once. The generated `FooGraph<'s>` wraps
+//! a `TypedGraph<FooBody<'s>>` and keeps only its typed `capture`, `replay` and `verify`,
+//! `replay` and `verify` forwarding here in a line.
 
-use std::panic::{self, AssertUnwindSafe};
-
-use crate::buffer::Staging;
+use crate::buffer::{
+    alloc_static, check_shape, feed_input, stage_input, static_bytes, InputSource, Staging,
+    StaticBuffer,
+};
 use crate::error::{GraphError, When};
 use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 use crate::inputs::InputNodes;
 use crate::runtime::FromRuntime;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
-use crate::state::AddressBook;
+use crate::state::{AddressBook, DeviceState, Recorded};
 use crate::verify::{Tolerance, Verifier, VerifyReport, VerifySchedule};
 
-/// What `#[cuda_graph]` generates for one function: its static buffers, held state and
-/// constants, and how to run the body on them.
+/// A graph's static buffers: its inputs and its outputs (tuples, in the function's order)
+/// and the buffer of its returned value ([`NoResult`] or `Option<B>`).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Statics<I, O, V> {
+    /// The static inputs.
+    pub inputs: I,
+    /// The outputs.
+    pub outputs: O,
+    /// The returned value, once the first run stored it.
+    pub result: V,
+}
+
+impl<I, O, V: ResultSlot> Statics<I, O, V> {
+    /// Static inputs and outputs, and no returned value yet.
+    pub fn new(inputs: I, outputs: O) -> Self {
+        Statics {
+            inputs,
+            outputs,
+            result: V::empty(),
+        }
+    }
+}
+
+/// The static buffers of the graph of body `B`.
+#[doc(hidden)]
+pub type StaticsOf<B> =
+    Statics<<B as GraphBody>::Ins, <B as GraphBody>::Outs, <B as GraphBody>::Value>;
+
+/// The returned value's slot of a function that returns `Result<(), E>` (or nothing).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct NoResult;
+
+/// The returned value's slot of a function that returns device data (`Result<B, E>`): a
+/// static buffer allocated by the first run, shaped like that run's value.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ResultOf<B>(pub Option<B>);
+
+impl<B> ResultOf<B> {
+    /// The stored value (a captured graph holds one: see [`ResultSlot::captured`]).
+    pub fn get(&self) -> &B {
+        self.0.as_ref().expect("a captured graph holds its result")
+    }
+}
+
+/// Where a graph keeps its function's returned value: nowhere ([`NoResult`]) or in a static
+/// buffer ([`ResultOf`]).
+#[doc(hidden)]
+pub trait ResultSlot {
+    /// No value yet.
+    fn empty() -> Self;
+    /// After the capture: a returned value must have been stored.
+    fn captured(&self, site: &'static GraphSite) -> Result<(), GraphError>;
+    /// Gives `verify` the returned value (the eager run's when `eager`, else the replay's).
+    fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError>;
+}
+
+impl ResultSlot for NoResult {
+    fn empty() -> Self {
+        NoResult
+    }
+    fn captured(&self, _: &'static GraphSite) -> Result<(), GraphError> {
+        Ok(())
+    }
+    fn output_to(&self, _: &mut Verifier<'_>, _: bool) -> Result<(), GraphError> {
+        Ok(())
+    }
+}
+
+/// The body stores its value with `store_result` (which asks for a `ResultBuffer`, and says
+/// so at the function's return type).
+impl<B: DeviceState> ResultSlot for ResultOf<B> {
+    fn empty() -> Self {
+        ResultOf(None)
+    }
+    fn captured(&self, site: &'static GraphSite) -> Result<(), GraphError> {
+        match self.0 {
+            Some(_) => Ok(()),
+            None => Err(GraphError::EmptyGraph { graph: site.name }),
+        }
+    }
+    fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError> {
+        verifier.output(eager, "result", self.get())
+    }
+}
+
+/// A tuple of static buffers (a graph's inputs, or its outputs), `()` to 16 of them.
+#[doc(hidden)]
+pub trait StaticList: Sized {
+    /// The buffers' `DeviceState::Lent` views, a tuple.
+    type Lent<'a>
+    where
+        Self: 'a;
+    /// Lends every buffer as its view (to be written into, never replaced).
+    fn lend(&mut self) -> Self::Lent<'_>;
+    /// Bytes of the buffers.
+    fn bytes(&self) -> usize;
+    /// Registers the buffers, in order, as the graph's input copy nodes' destinations.
+    fn register(&self, nodes: &mut InputNodes);
+    /// Records the buffers' addresses as outputs named `names`.
+    fn record(&self, names: &'static [&'static str], book: &mut AddressBook);
+    /// Checks the addresses recorded by [`StaticList::record`] from entry `first` on.
+    fn check(&self, first: usize, book: &AddressBook, when: When) -> Result<(), GraphError>;
+    /// Gives `verify` each buffer as output `names[k]` (the eager run's when `eager`).
+    fn outputs_to(
+        &self,
+        names: &'static [&'static str],
+        verifier: &mut Verifier<'_>,
+        eager: bool,
+    ) -> Result<(), GraphError>;
+    /// Zeroed buffers shaped like these, for `verify`'s eager run.
+    fn shadows(
+        &self,
+        rt: &Runtime,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+    ) -> Result<Self, GraphError>;
+}
+
+/// The inputs of one replay, as the generated `replay` passes them: a tuple with one source
+/// per static input of `L`, in order.
+#[doc(hidden)]
+pub trait Sources<L> {
+    /// Checks every source's shape against its static buffer.
+    fn check_shapes(
+        &self,
+        dst: &L,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+    ) -> Result<(), GraphError>;
+    /// Feeds every source into its static buffer (queued on the graph's stream).
+    fn stage(&self, dst: &mut L, staging: &Staging<'_>) -> Result<(), GraphError>;
+    /// Copies of the sources in buffers of their own, for `verify`'s eager run.
+    fn copies(
+        &self,
+        rt: &Runtime,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+    ) -> Result<L, GraphError>;
+}
+
+macro_rules! static_tuples {
+    ($(($($n:tt $b:ident $r:ident),*))*) => {$(
+        #[allow(unused_variables, clippy::unused_unit)]
+        impl<$($b: StaticBuffer),*> StaticList for ($($b,)*) {
+            type Lent<'a> = ($($b::Lent<'a>,)*) where Self: 'a;
+            fn lend(&mut self) -> Self::Lent<'_> {
+                ($(DeviceState::lend(&mut self.$n),)*)
+            }
+            fn bytes(&self) -> usize {
+                0 $(+ static_bytes(&self.$n))*
+            }
+            fn register(&self, nodes: &mut InputNodes) {
+                $(nodes.add(&self.$n);)*
+            }
+            fn record(&self, names: &'static [&'static str], book: &mut AddressBook) {
+                $(book.record(names[$n], &self.$n, Recorded::Output);)*
+            }
+            fn check(&self, first: usize, book: &AddressBook, when: When) -> Result<(), GraphError> {
+                $(book.check(first + $n, &self.$n, when)?;)*
+                Ok(())
+            }
+            fn outputs_to(
+                &self,
+                names: &'static [&'static str],
+                verifier: &mut Verifier<'_>,
+                eager: bool,
+            ) -> Result<(), GraphError> {
+                $(verifier.output(eager, names[$n], &self.$n)?;)*
+                Ok(())
+            }
+            fn shadows(
+                &self,
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+            ) -> Result<Self, GraphError> {
+                Ok(($(alloc_static::<$b>(rt, site, names[$n], self.$n.shape())?,)*))
+            }
+        }
+
+        #[allow(unused_variables)]
+        impl<'a, $($b: StaticBuffer, $r: ?Sized + InputSource<$b>),*> Sources<($($b,)*)>
+            for ($(&'a $r,)*)
+        {
+            #[inline]
+            fn check_shapes(
+                &self,
+                dst: &($($b,)*),
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+            ) -> Result<(), GraphError> {
+                $(check_shape(site, names[$n], &dst.$n, self.$n)?;)*
+                Ok(())
+            }
+            #[inline]
+            fn stage(&self, dst: &mut ($($b,)*), staging: &Staging<'_>) -> Result<(), GraphError> {
+                $(feed_input(staging, $n, self.$n, DeviceState::lend(&mut dst.$n))?;)*
+                Ok(())
+            }
+            fn copies(
+                &self,
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+            ) -> Result<($($b,)*), GraphError> {
+                Ok(($(stage_input::<$b, $r>(rt, site, names[$n], self.$n)?,)*))
+            }
+        }
+    )*};
+}
+
+static_tuples! {
+    ()
+    (0 B0 R0)
+    (0 B0 R0, 1 B1 R1)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14)
+    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14, 15 B15 R15)
+}
+
+/// What `#[cuda_graph]` generates for one function: its held state and constants, the types
+/// of its static buffers, and how to run the body on them.
 #[doc(hidden)]
 pub trait GraphBody: Sized {
     /// The body's execution context (`Runtime`, a stream, candle's `Device`).
     type Ctx: ?Sized + FromRuntime;
+    /// The static inputs, a tuple of buffers in the function's order.
+    type Ins: StaticList;
+    /// The outputs, a tuple of buffers in the function's order.
+    type Outs: StaticList;
+    /// The returned value's slot.
+    type Value: ResultSlot;
     /// The static input buffers, lent to be filled in place.
     type Inputs<'g>
     where
@@ -41,157 +289,160 @@ pub trait GraphBody: Sized {
     where
         Self: 'g;
 
-    /// The generated graph type's name (`FooGraph`), for `Debug`.
-    const GRAPH_TYPE: &'static str;
+    /// The inputs' names, in order.
+    const INPUTS: &'static [&'static str];
+    /// The outputs' names, in order.
+    const OUTPUTS: &'static [&'static str];
+    /// `cfg!(debug_assertions)` in the user's crate.
+    const DEBUG: bool;
+    /// Which replays verify themselves (see [`VerifySchedule`]): by default the first one in
+    /// debug builds.
+    const VERIFY_EVERY: u64 = VerifySchedule::first_if(Self::DEBUG);
 
-    /// The static inputs and outputs (and the returned value's buffer), which `verify`'s
-    /// eager run swaps for copies and shadows of its own.
-    type Statics;
+    /// The tolerance of the self-verifying replays.
+    fn tolerance() -> Tolerance {
+        Tolerance::BITWISE
+    }
 
     /// The function's name, warmup and capture mode.
-    fn site() -> &'static GraphSite;
+    const SITE: GraphSite;
 
-    /// The static inputs and outputs.
-    fn statics(&mut self) -> &mut Self::Statics;
+    /// [`GraphBody::SITE`], for the errors and logs that name the graph (a constant's
+    /// reference, promoted to a static).
+    fn site() -> &'static GraphSite {
+        &Self::SITE
+    }
 
-    /// Runs the user's function once on the static buffers (a warmup run, the capture, or
-    /// `verify`'s eager run on swapped-in copies).
-    fn run(&mut self, ctx: &Self::Ctx, rt: &Runtime) -> Result<(), GraphError>;
+    /// Runs the user's function once on `statics` (the graph's static buffers in a warmup
+    /// run or the capture, copies and shadows in `verify`'s eager run), its returned value
+    /// stored in the result's slot.
+    fn run(
+        &mut self,
+        statics: &mut StaticsOf<Self>,
+        ctx: &Self::Ctx,
+        rt: &Runtime,
+    ) -> Result<(), GraphError>;
 
-    /// Records the addresses of the state, then of the outputs (indices from 0, in order).
-    fn record(&self, book: &mut AddressBook);
+    /// Records the addresses of the state (indices from 0, in order).
+    fn record(&self, book: &mut AddressBook) {
+        let _ = book;
+    }
 
-    /// Checks the addresses recorded by [`GraphBody::record`]: the state's, and the outputs'
-    /// too when `outputs` (after warmup runs and the capture).
-    fn check(&self, book: &AddressBook, when: When, outputs: bool) -> Result<(), GraphError>;
-
-    /// Registers the static input buffers, in order, for the graph's input copy nodes.
-    fn register_inputs(&self, inputs: &mut InputNodes);
-
-    /// Bytes of the static buffers.
-    fn static_bytes(&self) -> usize;
-
-    /// After the capture: a returned value must have been stored.
-    fn captured(&self) -> Result<(), GraphError> {
+    /// Checks the addresses recorded by [`GraphBody::record`].
+    fn check(&self, book: &AddressBook, when: When) -> Result<(), GraphError> {
+        let _ = (book, when);
         Ok(())
     }
 
     /// Lends the static input buffers.
-    fn inputs_mut(&mut self) -> Self::Inputs<'_>;
+    fn inputs_mut(statics: &mut StaticsOf<Self>) -> Self::Inputs<'_>;
 
     /// Borrows the outputs.
-    fn outputs(&self) -> Self::Outputs<'_>;
+    fn outputs(statics: &StaticsOf<Self>) -> Self::Outputs<'_>;
 
     /// Lends the state.
     fn state_mut(&mut self) -> Self::State<'_>;
-
-    /// Gives `verify` each output of `statics`: the eager run's (`eager`) or the replay's.
-    fn outputs_to(
-        statics: &Self::Statics,
-        verifier: &mut Verifier<'_>,
-        eager: bool,
-    ) -> Result<(), GraphError>;
-}
-
-/// The inputs of one replay of `B`, as the generated `replay` passes them: a tuple with one
-/// source per input, in order.
-#[doc(hidden)]
-pub trait ReplayInputs<B: GraphBody> {
-    /// Checks every input's shape against its static buffer (`site`: `B::site()`).
-    fn check_shapes(&self, body: &B, site: &'static GraphSite) -> Result<(), GraphError>;
-
-    /// Feeds every input into its static buffer (queued on the graph's stream).
-    fn stage(&self, body: &mut B, staging: &Staging<'_>) -> Result<(), GraphError>;
-
-    /// What `verify`'s eager run works on: copies of the inputs, shadow outputs shaped like
-    /// the graph's, an empty result buffer.
-    fn eager_statics(
-        &self,
-        body: &B,
-        rt: &Runtime,
-        site: &'static GraphSite,
-    ) -> Result<B::Statics, GraphError>;
 }
 
 /// A captured graph of a `#[cuda_graph]` function: the instantiated graph, its address book,
-/// its verification schedule and the function's static buffers.
+/// its verification schedule, the function's held state and its static buffers.
 #[doc(hidden)]
-pub struct TypedGraph<B> {
+pub struct TypedGraph<B: GraphBody> {
     graph: Graph,
     book: AddressBook,
     verify: VerifySchedule,
     body: B,
+    statics: StaticsOf<B>,
 }
 
 impl<B: GraphBody> TypedGraph<B> {
-    /// Warms up, captures and instantiates `body`'s function on its static buffers (see
+    /// Warms up, captures and instantiates `body`'s function on `statics` (see
     /// `crate::capture`).
-    pub fn capture(rt: &Runtime, mut body: B, verify: VerifySchedule) -> Result<Self, GraphError> {
+    pub fn capture(
+        rt: &Runtime,
+        mut body: B,
+        mut statics: StaticsOf<B>,
+    ) -> Result<Self, GraphError> {
         let site = B::site();
-        let static_bytes = body.static_bytes();
+        let static_bytes = statics.inputs.bytes() + statics.outputs.bytes();
         let mut book = AddressBook::new(site.name);
         body.record(&mut book);
+        let first_output = book.len();
+        statics.outputs.record(B::OUTPUTS, &mut book);
         let mut inputs = InputNodes::new();
-        body.register_inputs(&mut inputs);
+        statics.inputs.register(&mut inputs);
         let graph = {
             let ctx = B::Ctx::try_from_runtime(rt)?;
             let book = &book;
-            let body = &mut body;
+            let (body, statics) = (&mut body, &mut statics);
             let mut run = |step: Step| -> Result<(), GraphError> {
                 match step {
-                    Step::Run(_) => body.run(ctx, rt),
-                    Step::Check(when) => body.check(book, when, true),
+                    Step::Run(_) => body.run(statics, ctx, rt),
+                    Step::Check(when) => {
+                        body.check(book, when)?;
+                        statics.outputs.check(first_output, book, when)
+                    }
                 }
             };
             crate::capture::capture(rt, site, book, &inputs, static_bytes, &mut run)?
         };
-        body.captured()?;
+        statics.result.captured(site)?;
         Ok(TypedGraph {
             graph,
             book,
-            verify,
+            verify: VerifySchedule::new(B::VERIFY_EVERY, B::tolerance()),
             body,
+            statics,
         })
     }
 
     /// The generated `replay`: verifies the replay when the schedule says so, otherwise
     /// checks the inputs' shapes and the state's addresses, feeds the inputs and launches.
     #[inline]
-    pub fn replay_inputs<I: ReplayInputs<B>>(
+    pub fn replay_inputs<I: Sources<B::Ins>>(
         &mut self,
         inputs: I,
     ) -> Result<B::Outputs<'_>, GraphError> {
         if let Some(tolerance) = self.verify.due() {
             self.verify_inputs(inputs, tolerance)?.into_result()?;
-            return Ok(self.body.outputs());
+            return Ok(B::outputs(&self.statics));
         }
-        inputs.check_shapes(&self.body, B::site())?;
-        self.body.check(&self.book, When::Replay, false)?;
-        let body = &mut self.body;
-        replay(&self.graph, |staging| inputs.stage(body, staging))?;
-        Ok(self.body.outputs())
+        inputs.check_shapes(&self.statics.inputs, B::site(), B::INPUTS)?;
+        self.body.check(&self.book, When::Replay)?;
+        let dst = &mut self.statics.inputs;
+        replay(&self.graph, |staging| inputs.stage(dst, staging))?;
+        Ok(B::outputs(&self.statics))
     }
 
     /// The generated `verify`: one replay checked against the eager function on the same
     /// inputs (see the generated method's documentation).
-    pub fn verify_inputs<I: ReplayInputs<B>>(
+    pub fn verify_inputs<I: Sources<B::Ins>>(
         &mut self,
         inputs: I,
         tolerance: Tolerance,
     ) -> Result<VerifyReport, GraphError> {
-        inputs.check_shapes(&self.body, B::site())?;
-        self.body.check(&self.book, When::Replay, false)?;
+        let site = B::site();
+        inputs.check_shapes(&self.statics.inputs, site, B::INPUTS)?;
+        self.body.check(&self.book, When::Replay)?;
         let rt = self.graph.runtime().clone();
         let mut verifier = Verifier::begin(&rt, &self.book, tolerance)?;
-        // Dropped at the end, after the comparison.
-        let mut eager = inputs.eager_statics(&self.body, &rt, B::site())?;
+        // The eager run's copies of the inputs and shadows of the outputs, dropped at the
+        // end, after the comparison.
+        let copies = inputs.copies(&rt, site, B::INPUTS)?;
+        let shadows = self.statics.outputs.shadows(&rt, site, B::OUTPUTS)?;
+        let mut eager = Statics::new(copies, shadows);
         let ctx = B::Ctx::try_from_runtime(&rt)?;
-        run_on(&mut self.body, &mut eager, ctx, &rt)?;
-        B::outputs_to(&eager, &mut verifier, true)?;
+        self.body.run(&mut eager, ctx, &rt)?;
+        eager.outputs.outputs_to(B::OUTPUTS, &mut verifier, true)?;
+        eager.result.output_to(&mut verifier, true)?;
         verifier.rewind()?;
-        let body = &mut self.body;
-        replay(&self.graph, |staging| inputs.stage(body, staging))?;
-        B::outputs_to(self.body.statics(), &mut verifier, false)?;
+        let dst = &mut self.statics.inputs;
+        replay(&self.graph, |staging| inputs.stage(dst, staging))?;
+        let statics = &self.statics;
+        statics
+            .outputs
+            .outputs_to(B::OUTPUTS, &mut verifier, false)?;
+        statics.result.output_to(&mut verifier, false)?;
         verifier.finish()
     }
 
@@ -200,19 +451,19 @@ impl<B: GraphBody> TypedGraph<B> {
     /// in `replay`.
     #[inline]
     pub fn launch(&mut self) -> Result<B::Outputs<'_>, GraphError> {
-        self.body.check(&self.book, When::Replay, false)?;
+        self.body.check(&self.book, When::Replay)?;
         launch_as_is(&self.graph)?;
-        Ok(self.body.outputs())
+        Ok(B::outputs(&self.statics))
     }
 
     /// The static input buffers, lent as views to write the next inputs in place.
     pub fn inputs_mut(&mut self) -> B::Inputs<'_> {
-        self.body.inputs_mut()
+        B::inputs_mut(&mut self.statics)
     }
 
     /// The outputs as the last replay left them.
     pub fn outputs(&self) -> B::Outputs<'_> {
-        self.body.outputs()
+        B::outputs(&self.statics)
     }
 
     /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent` form (a
@@ -235,34 +486,16 @@ impl<B: GraphBody> TypedGraph<B> {
     }
 }
 
-/// Runs the user's function on `statics` instead of the graph's own static buffers: swaps
-/// them in, runs, and swaps them back, also when the function panics (the graph's buffers
-/// are never left outside it).
-fn run_on<B: GraphBody>(
-    body: &mut B,
-    statics: &mut B::Statics,
-    ctx: &B::Ctx,
-    rt: &Runtime,
-) -> Result<(), GraphError> {
-    std::mem::swap(body.statics(), statics);
-    let ran = panic::catch_unwind(AssertUnwindSafe(|| body.run(ctx, rt)));
-    std::mem::swap(body.statics(), statics);
-    match ran {
-        Ok(result) => result,
-        Err(payload) => panic::resume_unwind(payload),
-    }
-}
-
 impl<B: GraphBody> std::fmt::Debug for TypedGraph<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct(B::GRAPH_TYPE)
+        f.debug_struct("TypedGraph")
             .field("info", self.graph.info())
             .finish_non_exhaustive()
     }
 }
 
 /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
-impl<B> std::fmt::Display for TypedGraph<B> {
+impl<B: GraphBody> std::fmt::Display for TypedGraph<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.graph, f)
     }
@@ -288,7 +521,9 @@ macro_rules! __graph_type_impls {
         }
         impl ::core::fmt::Debug for $graph<'_> {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                ::core::fmt::Debug::fmt(&self.0, f)
+                f.debug_struct(::core::stringify!($graph))
+                    .field("info", self.0.info())
+                    .finish_non_exhaustive()
             }
         }
         /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.

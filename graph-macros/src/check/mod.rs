@@ -95,8 +95,11 @@ pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStre
 /// `host-log` rules' findings); path-qualified calls (`std::eprintln!`, `tracing::info!`)
 /// and the standard library's own macros (`dbg!`, `assert!`, which name theirs through
 /// `$crate`) are not affected.
+///
+/// A body that invokes no macro and carries no attribute (which could name an attribute
+/// macro) cannot reach them, and is given none.
 pub fn shadow_host_macros(model: &mut GraphFn, args: &GraphArgs) {
-    if args.host_effects {
+    if args.host_effects || !reaches_macros(&model.item.block) {
         return;
     }
     const SHADOWED: &[(&str, &str)] = &[
@@ -157,4 +160,20 @@ pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {
     }
     w.visit_block(&model.item.block);
     w.findings
+}
+
+/// Whether `block` invokes a macro or carries an attribute anywhere inside it.
+fn reaches_macros(block: &syn::Block) -> bool {
+    struct Reach(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Reach {
+        fn visit_macro(&mut self, _: &'ast syn::Macro) {
+            self.0 = true;
+        }
+        fn visit_attribute(&mut self, _: &'ast syn::Attribute) {
+            self.0 = true;
+        }
+    }
+    let mut reach = Reach(false);
+    syn::visit::Visit::visit_block(&mut reach, block);
+    reach.0
 }

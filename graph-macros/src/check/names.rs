@@ -1,5 +1,6 @@
-//! The name lists that several rules and the walker share: device-to-host reads, candle's
-//! host reads, allocations, formatting macros. The rule table (`rules.rs`) re-exports them.
+//! The name lists that several rules and the walker share: device-to-host reads, formatting
+//! macros, and everything the checker knows of candle, in one table ([`CANDLE`]: a second
+//! framework would be a second [`Framework`]). The rule table (`rules.rs`) re-exports them.
 //!
 //! Data only: imports nothing.
 
@@ -14,48 +15,86 @@ pub const DEVICE_READS: &[&str] = &[
     "sync_reclaim",
 ];
 
-/// candle's `Tensor` methods that copy a tensor's values to the host and return them (candle-core
-/// 0.11: each goes through the storage's `to_cpu_storage`, a `clone_dtoh` on candle's stream):
-/// the `candle-host-read` rule, the marks of `let` bindings and the
-/// `candle-branch-on-device-data` rule all use this list. `to_vec0` is an alias of `to_scalar`.
-pub const CANDLE_READS: &[&str] = &[
-    "to_scalar",
-    "to_vec0",
-    "to_vec1",
-    "to_vec2",
-    "to_vec3",
-    "to_cpu_storage",
-];
+/// What the checker knows of a foreign framework whose types reach the device: its names,
+/// in one place.
+pub struct Framework {
+    /// Its crates, under their names and the usual aliases.
+    pub crates: &'static [&'static str],
+    /// Its types whose methods reach the device. Treated like cudarc's, so that a parameter
+    /// or local of one is not taken for a type of the user's own.
+    pub types: &'static [&'static str],
+    /// Its tensor types, whose `Debug` and `Display` copy the values to the host.
+    pub tensor_types: &'static [&'static str],
+    /// Tensor methods that copy a tensor's values to the host and return them.
+    pub host_reads: &'static [&'static str],
+    /// Methods that copy to the host when given the CPU device
+    /// ([`Matcher::ToCpu`](super::rules::Matcher::ToCpu)).
+    pub to_cpu: &'static [&'static str],
+    /// Tensor methods whose result is host data (shapes, types, ids), not a tensor:
+    /// formatting it reads nothing from the device.
+    pub host_methods: &'static [&'static str],
+    /// The CPU device, as the last two segments of its path (`Device::Cpu`).
+    pub cpu_device: [&'static str; 2],
+}
 
-/// candle methods that copy to the host when given the CPU device
-/// ([`Matcher::ToCpu`](super::rules::Matcher::ToCpu)): `Tensor::to_device`, and
-/// `QTensor::dequantize` / `dequantize_f16`, which end in `to_device`.
-pub const CANDLE_TO_CPU: &[&str] = &["to_device", "dequantize", "dequantize_f16"];
+/// candle (candle-core 0.11).
+pub const CANDLE: Framework = Framework {
+    crates: &["candle_core", "candle", "candle_nn", "candle_transformers"],
+    // A tensor's host reads (`to_vec1`, `to_device(&Device::Cpu)`), a device's `synchronize`.
+    types: &[
+        "Tensor",
+        "Var",
+        "QTensor",
+        "Device",
+        "CudaDevice",
+        "CudaStorage",
+    ],
+    tensor_types: &["Tensor", "Var", "QTensor"],
+    // Each goes through the storage's `to_cpu_storage`, a `clone_dtoh` on candle's stream:
+    // the `candle-host-read` rule, the marks of `let` bindings and the
+    // `candle-branch-on-device-data` rule all use this list. `to_vec0` is an alias of
+    // `to_scalar`.
+    host_reads: &[
+        "to_scalar",
+        "to_vec0",
+        "to_vec1",
+        "to_vec2",
+        "to_vec3",
+        "to_cpu_storage",
+    ],
+    // `Tensor::to_device`, and `QTensor::dequantize` / `dequantize_f16`, which end in
+    // `to_device`.
+    to_cpu: &["to_device", "dequantize", "dequantize_f16"],
+    host_methods: &[
+        "dims",
+        "dims0",
+        "dims1",
+        "dims2",
+        "dims3",
+        "dims4",
+        "dims5",
+        "shape",
+        "dim",
+        "rank",
+        "elem_count",
+        "dtype",
+        "device",
+        "layout",
+        "stride",
+        "id",
+        "is_contiguous",
+        "is_variable",
+        "len",
+        "is_empty",
+    ],
+    cpu_device: ["Device", "Cpu"],
+};
 
-/// candle `Tensor` methods whose result is host data (shapes, types, ids), not a tensor:
-/// formatting it reads nothing from the device.
-pub const TENSOR_HOST_METHODS: &[&str] = &[
-    "dims",
-    "dims0",
-    "dims1",
-    "dims2",
-    "dims3",
-    "dims4",
-    "dims5",
-    "shape",
-    "dim",
-    "rank",
-    "elem_count",
-    "dtype",
-    "device",
-    "layout",
-    "stride",
-    "id",
-    "is_contiguous",
-    "is_variable",
-    "len",
-    "is_empty",
-];
+/// candle's host reads ([`Framework::host_reads`]), by the name the rule table uses.
+pub const CANDLE_READS: &[&str] = CANDLE.host_reads;
+
+/// candle's copies to the CPU device ([`Framework::to_cpu`]), by the name the rule table uses.
+pub const CANDLE_TO_CPU: &[&str] = CANDLE.to_cpu;
 
 /// Macros whose arguments are formatted.
 pub const FORMATTING_MACROS: &[&str] = &[

@@ -2,7 +2,8 @@
 //! role and declared type), and the locals, from their `let`s; block-scoped, so a shadowing
 //! binding hides what an outer one knew.
 //!
-//! Imports `model` and `tokens` only; never the rules, the walker or this folder's `mod.rs`.
+//! Imports `model`, `tokens` and the name tables (`names.rs`, candle's among them) only;
+//! never the rules, the walker or this folder's `mod.rs`.
 //!
 //! The one question that lets a rule stand down is whether a method's receiver is provably
 //! a value of the user's own type ([`Kind::Users`]). Everything else (a CUDA object, a value
@@ -14,6 +15,7 @@ use proc_macro2::Ident;
 use syn::visit::{self, Visit};
 use syn::{Expr, Pat, Type};
 
+use super::names::CANDLE;
 use crate::model::{GraphFn, Role};
 use crate::tokens::{segment_names, unraw};
 
@@ -39,22 +41,6 @@ const CUDA_TYPES: &[&str] = &[
     "EarlyLaunch",
     "LaunchArgs",
 ];
-
-/// candle's types (candle-core 0.11) whose methods reach the device: a tensor's host reads
-/// (`to_vec1`, `to_device(&Device::Cpu)`), a device's `synchronize`. Treated like cudarc's, so
-/// that a `&Tensor` parameter or a `Tensor::new(…)` local is not taken for a type of the
-/// user's own.
-const CANDLE_TYPES: &[&str] = &[
-    "Tensor",
-    "Var",
-    "QTensor",
-    "Device",
-    "CudaDevice",
-    "CudaStorage",
-];
-
-/// candle's crates, under their names and the usual alias (`use candle_core as candle`).
-const CANDLE_CRATES: &[&str] = &["candle_core", "candle", "candle_nn", "candle_transformers"];
 
 /// Crates whose paths make a type CUDA's (`cudarc::driver::CudaStream`, `graph_runtime::X`).
 const CUDA_CRATES: &[&str] = &[
@@ -288,16 +274,16 @@ impl Scope {
                 Expr::Path(p) if p.qself.is_none() => {
                     let segs = segment_names(&p.path);
                     segs.len() >= 2
-                        && TENSOR_TYPES.contains(&segs[segs.len() - 2].as_str())
+                        && CANDLE.tensor_types.contains(&segs[segs.len() - 2].as_str())
                         && !c.args.iter().any(|a| self.is_cpu_device(a))
                 }
                 _ => false,
             },
             Expr::MethodCall(m) => {
                 let name = unraw(&m.method);
-                !super::names::TENSOR_HOST_METHODS.contains(&name.as_str())
-                    && !super::names::CANDLE_READS.contains(&name.as_str())
-                    && !super::names::CANDLE_TO_CPU.contains(&name.as_str())
+                !CANDLE.host_methods.contains(&name.as_str())
+                    && !CANDLE.host_reads.contains(&name.as_str())
+                    && !CANDLE.to_cpu.contains(&name.as_str())
                     && self.is_tensor_value(&m.receiver)
             }
             _ => false,
@@ -314,7 +300,7 @@ impl Scope {
                 let segs = segment_names(&p.path);
                 match segs.as_slice() {
                     [name] => self.get(name).is_some_and(|b| b.cpu_device),
-                    [.., ty, variant] => ty == "Device" && variant == "Cpu",
+                    [.., ty, variant] => [ty.as_str(), variant.as_str()] == CANDLE.cpu_device,
                     [] => false,
                 }
             }
@@ -465,7 +451,7 @@ fn kind_of_path(path: &syn::Path) -> Option<Kind> {
         Some(Kind::Unknown)
     } else if last == "PinnedHostSlice" {
         Some(Kind::PinnedHost)
-    } else if has(CUDA_TYPES) || has(CUDA_CRATES) || has(CANDLE_TYPES) || has(CANDLE_CRATES) {
+    } else if has(CUDA_TYPES) || has(CUDA_CRATES) || has(CANDLE.types) || has(CANDLE.crates) {
         Some(Kind::Cuda)
     } else if has(RNG_TYPES) || has(RNG_CRATES) {
         Some(Kind::Rng)
@@ -514,9 +500,6 @@ pub fn annotated_type(pat: &Pat) -> Option<&Type> {
     }
 }
 
-/// candle's tensor types, whose `Debug` and `Display` copy the values to the host.
-const TENSOR_TYPES: &[&str] = &["Tensor", "Var", "QTensor"];
-
 /// Whether a declared type is a candle tensor (or a reference, `Arc` or `Box` of one).
 pub fn is_tensor_type(ty: &Type) -> bool {
     match ty {
@@ -535,7 +518,7 @@ pub fn is_tensor_type(ty: &Type) -> bool {
                     }
                 }
             }
-            TENSOR_TYPES.contains(&name.as_str())
+            CANDLE.tensor_types.contains(&name.as_str())
         }
         _ => false,
     }
