@@ -98,6 +98,9 @@ impl Figures {
             .with("nodes", i.nodes())
             .with("first_eager_us", self.first_eager_us)
             .with("capture_ms", self.capture_ms)
+            .with("warmup_ms", ms(i.warmup_time))
+            .with("capture_only_ms", ms(i.capture_time))
+            .with("instantiate_ms", ms(i.instantiate_time))
             .with("first_replay_us", self.first_replay_us)
             .with("max_abs_diff", self.max_abs_diff)
             .with("temp_bytes", i.temp_bytes)
@@ -107,6 +110,10 @@ impl Figures {
             .with("pool_used_high_bytes", self.pool.used_high)
             .with("capture_mem_bytes", self.capture_mem_bytes)
     }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 fn user(e: candle::Error) -> GraphError {
@@ -238,7 +245,7 @@ pub fn print(rows: &[Figures]) {
         ">graph µs",
         ">speedup",
         ">first eager call ms",
-        ">capture ms",
+        ">capture ms (warmup + capture + instantiate)",
         ">first replay µs",
         ">nodes (kernels)",
     ]);
@@ -249,7 +256,13 @@ pub fn print(rows: &[Figures]) {
             us(f.graph_us),
             format!("{:.2}×", f.eager_us / f.graph_us),
             format!("{:.1}", f.first_eager_us / 1e3),
-            format!("{:.1}", f.capture_ms),
+            format!(
+                "{:.1} ({:.1} + {:.1} + {:.1})",
+                f.capture_ms,
+                ms(f.info.warmup_time),
+                ms(f.info.capture_time),
+                ms(f.info.instantiate_time)
+            ),
             us(f.first_replay_us),
             format!("{} ({})", f.info.nodes(), f.info.kinds.kernels),
         ]);
