@@ -7,11 +7,12 @@
 //! benchmarks among them with `--json`: `02-chain`, `04-mlp-inference`, `05-decode-step`,
 //! `06-train-step`, `07-dropout-train`, `14-decode-loop`, `15-jacobi-solve`, the two-GPU
 //! `10-tensor-parallel-mlp` and `11-data-parallel-train` (built with `--features nccl`;
-//! skipped, with the reason, on a machine of one GPU) and the candle tier `12-candle-mlp`
-//! and `13-candle-decoder` (when built with `--features candle`); `01`, `03` and `09` are
-//! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py` and
-//! `scripts/torch_decode_loop.py` when `python3` is there (they skip by themselves without
-//! PyTorch). It reads the JSON lines they print (`bench_report::record`) and writes
+//! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
+//! `13-candle-decoder` and the real-models tier `17-candle-bert`, `18-candle-resnet` and
+//! `19-candle-llama-window` (when built with `--features candle`); `01`, `03` and `09` are
+//! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py`,
+//! `scripts/torch_decode_loop.py` and `scripts/torch_real_models.py` when `python3` is there
+//! (they skip by themselves without PyTorch, transformers or torchvision). It reads the JSON lines they print (`bench_report::record`) and writes
 //!
 //! * `report/report.json`: machine, library versions, every record, the summary;
 //! * `report/report.md`: one table per workload family with our eager and graph times next
@@ -114,12 +115,26 @@ const PROGRAMS: &[Program] = &[
     },
     program("14-decode-loop", &["--json"]),
     program("15-jacobi-solve", &["--json"]),
+    // The real-models tier: candle-transformers models as they are (bench `real_models`).
+    Program {
+        feature: Some("candle"),
+        ..program("17-candle-bert", &["--json"])
+    },
+    Program {
+        feature: Some("candle"),
+        ..program("18-candle-resnet", &["--json"])
+    },
+    Program {
+        feature: Some("candle"),
+        ..program("19-candle-llama-window", &["--json"])
+    },
 ];
 /// The PyTorch scripts, in order, with their arguments.
 const TORCH_SCRIPTS: &[(&str, &[&str])] = &[
     ("scripts/torch_chain.py", &[]),
     ("scripts/torch_models.py", &[]),
     ("scripts/torch_decode_loop.py", &["--json"]),
+    ("scripts/torch_real_models.py", &[]),
 ];
 
 fn main() -> Result<(), BoxError> {

@@ -11,7 +11,8 @@
 #   3. runs graph-runtime's tests and doc examples and the root package's tests with it
 #      (`tests/candle.rs`; without a
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
-#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode);
+#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode and
+#      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
 # candle's kernels are compiled once per run: the workspace (and ci/beside-candle) say
 # `[profile.dev.build-override] debug = false`, so the lint's check build, the test build and
@@ -42,7 +43,8 @@ step cargo test -p graph-runtime --features candle --lib
 step cargo test -p graph-runtime --features candle --doc
 step cargo test -p cuda-graphs --features candle --test candle
 step cargo build -p cuda-graphs --features candle --example 12-candle-mlp --example 13-candle-decoder \
-  --example 16-candle-llama-decode
+  --example 16-candle-llama-decode --example 17-candle-bert --example 18-candle-resnet \
+  --example 19-candle-llama-window
 
 echo "== build beside candle-core's cuda feature"
 (cd ci/beside-candle && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-candle")

@@ -4,7 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::record::{Record, Side};
-use crate::summary::{measured, Report};
+use crate::summary::{measured, Report, REAL_MODELS};
 use crate::svg::{self, Panel, Series};
 use crate::table::Table;
 
@@ -119,6 +119,15 @@ impl Report {
             if let Some(note) = family_note(&family) {
                 md.push_str(&format!("\n{note}\n"));
             }
+            if family == REAL_MODELS {
+                md.push_str(&format!(
+                    "\nWhat each graph costs besides its replay (ours; PyTorch's where it measured the same). \
+                     MiB: the temporaries as the sum of the body's allocations, the runtime's graph pool \
+                     after the capture (shared by the graphs of one program), and the free device memory \
+                     the capture took (`cuMemGetInfo` before and after it).\n\n{}",
+                    self.real_models_details().to_markdown()
+                ));
+            }
             md.push('\n');
         }
         md.push_str("\n## Targets\n\n");
@@ -206,11 +215,76 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The real-models tier's figures besides the times: first calls, capture, memory.
+    pub fn real_models_details(&self) -> Table {
+        let mut t = Table::new(&[
+            "workload",
+            ">nodes (kernels)",
+            ">first eager call ms (PyTorch)",
+            ">capture ms (PyTorch)",
+            ">first replay µs",
+            ">temporaries MiB",
+            ">graph pool MiB",
+            ">capture took MiB (PyTorch)",
+            ">max |graph − eager|",
+        ]);
+        let num = |r: Option<&Record>, k: &str| r.and_then(|r| r.num(k)).unwrap_or(f64::NAN);
+        let fixed = |v: f64, scale: f64| {
+            if v.is_finite() {
+                format!("{:.1}", v / scale)
+            } else {
+                "–".to_owned()
+            }
+        };
+        let both = |ours: f64, torch: f64, scale: f64| {
+            if torch.is_finite() {
+                format!("{} ({})", fixed(ours, scale), fixed(torch, scale))
+            } else {
+                fixed(ours, scale)
+            }
+        };
+        const MIB: f64 = 1024.0 * 1024.0;
+        for row in self.summary() {
+            let Some(ours) = row.ours.as_ref().filter(|o| o.bench == REAL_MODELS) else {
+                continue;
+            };
+            let torch = row.torch.as_ref();
+            let o = Some(ours);
+            t.row(vec![
+                row.what.clone(),
+                format!(
+                    "{} ({})",
+                    ours.more
+                        .get("nodes")
+                        .map_or("–".to_owned(), |n| n.to_string()),
+                    ours.kernels.map_or("–".to_owned(), |k| k.to_string())
+                ),
+                both(num(o, "first_eager_us"), num(torch, "first_eager_us"), 1e3),
+                both(num(o, "capture_ms"), num(torch, "capture_ms"), 1.0),
+                fixed(num(o, "first_replay_us"), 1.0),
+                fixed(num(o, "temp_bytes"), MIB),
+                fixed(num(o, "pool_reserved_bytes"), MIB),
+                both(
+                    num(o, "capture_mem_bytes"),
+                    num(torch, "capture_mem_bytes"),
+                    MIB,
+                ),
+                format!("{:.2e}", num(o, "max_abs_diff")),
+            ]);
+        }
+        t
+    }
+}
+
 /// What sets a family's times, where the table alone does not say.
 fn family_note(bench: &str) -> Option<&'static str> {
     match bench {
         "mlp" => Some(
             "Past batch 512 both sides spend the forward in the 16 GEMMs, so the algorithm cuBLASLt runs sets the time. Ours runs a layer as one cuBLASLt call with the bias + GELU epilogue (`layer_kernels` = `lt`), with the heuristic's first pick unless another candidate timed more than 3% faster, so that every run uses the same algorithm; PyTorch runs a cuBLASLt GEMM with the bias, then a GELU kernel.",
+        ),
+        REAL_MODELS => Some(
+            "candle-transformers' models as they are (`ModelState`), random weights, f32, TF32 off on both sides. A graph removes launch cost, not GPU work: where candle's kernels take longer on the GPU than PyTorch's, its graph cannot be faster than PyTorch's graph. BERT at batch 8 is such a case: candle-transformers runs each layer's attention unfused (a GEMM for QKᵀ, a scale, the mask added, candle-nn's generic softmax as separate max, subtract, exp, sum and divide kernels, a GEMM for the values, and a strided copy for each of the four head transposes), each step a round trip through device memory over the 8×12×128×128 score tensor, where transformers' `sdpa` (the `attn` field of PyTorch's record) runs one fused attention kernel per layer. What would close it: a fused attention in candle (candle-flash-attn, or candle-nn's fused softmax `softmax_last_dim` at the least), which a graph then captures like any kernel.",
         ),
         _ => None,
     }
@@ -229,6 +303,7 @@ fn family_title(bench: &str) -> String {
         "tp_mlp" => "tensor-parallel MLP, 2 GPUs (µs per forward)",
         "ddp_train" => "data-parallel training, 2 GPUs (µs per step)",
         "candle" => "candle code as graphs (µs per call)",
+        REAL_MODELS => "candle-transformers models, candle eager and graph against PyTorch eager and graph (µs per forward)",
         "" => "other",
         other => other,
     };
@@ -270,6 +345,32 @@ mod tests {
             md.contains("| 10-tensor-parallel-mlp | skipped: it needs 2 GPUs, this machine has 1 | 0.0 | 0 |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn the_real_models_table_has_its_note_and_details() {
+        use crate::record::{Record, Side};
+        use crate::summary::tests::real_model;
+        let torch = Record::new("real_models", Side::Torch, "bert/1", "BERT", 900.0, 260.0)
+            .shape("batch", 1)
+            .with("capture_ms", 120.0)
+            .with("capture_mem_bytes", 8i64 << 20);
+        let report = Report {
+            records: vec![real_model("bert/1", 1, 1000.0, 250.0), torch],
+            ..Report::default()
+        };
+        let md = report.markdown();
+        assert!(
+            md.contains("### real_models: candle-transformers models"),
+            "{md}"
+        );
+        assert!(md.contains("softmax"), "{md}");
+        assert!(
+            md.contains("| bert/1 model | 300 (100) | 250.0 | 40.0 (120.0) | 900.0 | 96.0 | 32.0 | 34.0 (8.0) | 0.00e0 |"),
+            "{md}"
+        );
+        // No tier records, no details.
+        assert!(!sample().markdown().contains("What each graph costs"));
     }
 
     #[test]

@@ -11,6 +11,9 @@ use crate::programs::Run;
 use crate::record::{Record, Side};
 use crate::table::{times, us, Table};
 
+/// The bench of the real-models tier (examples 17-19, `scripts/torch_real_models.py`).
+pub const REAL_MODELS: &str = "real_models";
+
 /// The speedup below which the report says a graph has stopped helping.
 pub const HELPFUL_SPEEDUP: f64 = 1.10;
 
@@ -272,7 +275,35 @@ impl Report {
                 ));
             }
         }
+        out.extend(self.real_models_target(&rows));
         out
+    }
+
+    /// The real-models tier's own target (bench `real_models`): at least 2× over candle eager
+    /// at batch 1, said for the slowest of its batch-1 workloads; nothing without records.
+    fn real_models_target(&self, rows: &[Row]) -> Option<String> {
+        let batch1: Vec<&Row> = rows
+            .iter()
+            .filter(|r| {
+                r.ours.as_ref().is_some_and(|o| {
+                    o.bench == REAL_MODELS && o.shape_num("batch") == Some(1.0) && measured(o)
+                })
+            })
+            .collect();
+        let worst = batch1
+            .iter()
+            .min_by(|a, b| a.ours_speedup().total_cmp(&b.ours_speedup()))?;
+        let got = worst.ours_speedup();
+        let all: Vec<String> = batch1
+            .iter()
+            .map(|r| format!("{} {}", r.key, times(r.ours_speedup())))
+            .collect();
+        Some(format!(
+            "Real models, at least 2× over candle eager at batch 1: {} (lowest: {}; {}).",
+            if got >= 2.0 { "met" } else { "NOT met" },
+            worst.what,
+            all.join(", ")
+        ))
     }
 
     /// Where graphs stop paying off, said from the MLP batch sweep and the chain.
@@ -556,6 +587,64 @@ pub(crate) mod tests {
             1,
             "ours and PyTorch's train step share a row"
         );
+    }
+
+    /// A real-models record of ours with the figures the examples print.
+    pub(crate) fn real_model(workload: &str, batch: u32, eager: f64, graph: f64) -> Record {
+        Record::new(
+            REAL_MODELS,
+            Side::Ours,
+            workload,
+            format!("{workload} model"),
+            eager,
+            graph,
+        )
+        .shape("batch", batch)
+        .kernels(100)
+        .with("nodes", 300)
+        .with("first_eager_us", 250_000.0)
+        .with("capture_ms", 40.0)
+        .with("first_replay_us", 900.0)
+        .with("temp_bytes", 96u64 << 20)
+        .with("pool_reserved_bytes", 32u64 << 20)
+        .with("capture_mem_bytes", 34i64 << 20)
+        .with("max_abs_diff", 0.0)
+    }
+
+    #[test]
+    fn the_real_models_target_is_said_for_the_slowest_at_batch_1() {
+        let mut report = Report {
+            records: vec![
+                real_model("bert/1", 1, 1000.0, 250.0),
+                real_model("bert/8", 8, 1000.0, 900.0),
+                real_model("resnet18/1", 1, 1500.0, 500.0),
+            ],
+            ..Report::default()
+        };
+        let t = report.targets();
+        let line = t.last().unwrap();
+        assert!(
+            line.starts_with("Real models, at least 2× over candle eager at batch 1: met (lowest: resnet18/1 model;"),
+            "{line}"
+        );
+        assert!(
+            line.contains("bert/1 4.00×") && !line.contains("bert/8"),
+            "{line}"
+        );
+        report
+            .records
+            .push(real_model("llama_window/128", 1, 300.0, 200.0));
+        let t = report.targets();
+        assert!(
+            t.last()
+                .unwrap()
+                .contains(": NOT met (lowest: llama_window/128"),
+            "{t:?}"
+        );
+        assert!(!sample()
+            .targets()
+            .iter()
+            .any(|l| l.starts_with("Real models")));
     }
 
     #[test]
