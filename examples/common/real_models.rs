@@ -104,6 +104,10 @@ impl Figures {
             .with("first_replay_us", self.first_replay_us)
             .with("max_abs_diff", self.max_abs_diff)
             .with("temp_bytes", i.temp_bytes)
+            .with("temp_requested_bytes", i.temp_requested_bytes)
+            .with("pool_added_bytes", i.pool_added_bytes)
+            .with("pool_shared_bytes", i.pool_shared_bytes)
+            .with("device_bytes", i.device_bytes())
             .with("static_bytes", i.static_bytes)
             .with("state_snapshot_bytes", i.state_snapshot_bytes)
             .with("pool_reserved_bytes", self.pool.reserved)
@@ -271,7 +275,10 @@ pub fn print(rows: &[Figures]) {
     println!();
     let mut m = Table::new(&[
         "workload (MiB)",
+        ">temporaries (high-water mark)",
         ">temporaries (sum of allocations)",
+        ">pool added / shared",
+        ">graph's device bytes",
         ">static buffers",
         ">state snapshot",
         ">graph pool reserved",
@@ -283,6 +290,13 @@ pub fn print(rows: &[Figures]) {
         m.row(vec![
             f.what.clone(),
             mib(i.temp_bytes as f64),
+            mib(i.temp_requested_bytes as f64),
+            format!(
+                "{} / {}",
+                mib(i.pool_added_bytes as f64),
+                mib(i.pool_shared_bytes as f64)
+            ),
+            mib(i.device_bytes() as f64),
             mib(i.static_bytes as f64),
             mib(i.state_snapshot_bytes as f64),
             mib(f.pool.reserved as f64),
