@@ -122,7 +122,7 @@ impl Report {
             if family == REAL_MODELS {
                 md.push_str(&format!(
                     "\nWhat each graph costs besides its replay (ours; PyTorch's where it measured the same). \
-                     MiB: the temporaries as the sum of the body's allocations, the runtime's graph pool \
+                     MiB: the temporaries' high-water mark (`GraphInfo::temp_bytes`), the runtime's graph pool \
                      after the capture (shared by the graphs of one program), and the free device memory \
                      the capture took (`cuMemGetInfo` before and after it).\n\n{}",
                     self.real_models_details().to_markdown()
