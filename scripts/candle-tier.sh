@@ -14,12 +14,14 @@
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode and
 #      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
-# candle's kernels are compiled once per run: the workspace (and ci/beside-candle) say
-# `[profile.dev.build-override] debug = false`, so the lint's check build, the test build and
-# beside-candle give candle-kernels' build script the same dependencies and share its nvcc run
-# (left to cargo's default, a build dependency that is also a normal one, like glob, is built
-# with debug info only when the normal one is compiled rather than checked, and nvcc ran twice
-# or three times). Each step prints its duration.
+# candle's kernels are compiled once for the workspace's steps: the workspace says
+# `[profile.dev.build-override] debug = false` (left to cargo's default, a build dependency
+# that is also a normal one, like glob, is built with debug info only when the normal one is
+# compiled rather than checked, so clippy's check build and the test build ran nvcc twice),
+# and every step selects the whole workspace with the same features (see below).
+# ci/beside-candle resolves its dependencies as a user's crate does, without the workspace's
+# other members, so its build scripts' dependencies differ and it compiles them once more.
+# Each step prints its duration.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -38,11 +40,17 @@ echo "== the candle tier"
 step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D warnings
 # Binaries linked against candle ask for libcuda.so.1 & co.: here, the stubs (no GPU).
 export LD_LIBRARY_PATH="$CUDA_GRAPH_STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-step cargo test -p graph-runtime --features candle --lib
+# Every cargo command of the tier selects the whole workspace with the same features, so cargo
+# resolves the same build dependencies each time and candle-kernels' build script (nvcc) runs
+# once: a narrower selection (`-p graph-runtime`) unifies the build scripts' dependencies
+# differently (no graph-macros dev-dependencies, no candle-transformers) and compiles the
+# kernels again.
+ws=(--workspace --features cuda-graphs/candle)
+step cargo test "${ws[@]}" --lib
 # The doc examples with candle on, the candle module's among them.
-step cargo test -p graph-runtime --features candle --doc
-step cargo test -p cuda-graphs --features candle --test candle
-step cargo build -p cuda-graphs --features candle --example 12-candle-mlp --example 13-candle-decoder \
+step cargo test "${ws[@]}" --doc
+step cargo test "${ws[@]}" --test candle
+step cargo build "${ws[@]}" --example 12-candle-mlp --example 13-candle-decoder \
   --example 16-candle-llama-decode --example 17-candle-bert --example 18-candle-resnet \
   --example 19-candle-llama-window
 
