@@ -35,19 +35,63 @@ use crate::state::DeviceState;
 ///
 /// [`GraphError::StateMoved`]: crate::GraphError::StateMoved
 ///
-/// ```ignore
+/// ```no_run
+/// use graph_runtime::candle::candle_core::{DType, Device, Module, Result, Tensor};
+/// use graph_runtime::candle::candle_nn::{linear, Linear, VarBuilder, VarMap};
 /// use graph_runtime::candle::ModelState;
+/// use graph_runtime::{cuda_graph, Runtime};
 ///
+/// // `Linear` stands for any model of another crate (candle-transformers' `BertModel`, ...).
 /// #[cuda_graph(warmup = 2)]
-/// fn bert(dev: &Device, ids: &Tensor, types: &Tensor, #[state] m: &ModelState<BertModel>)
-///     -> candle_core::Result<Tensor> {
-///     m.model().forward(ids, types, None)
+/// fn layer(dev: &Device, x: &Tensor, #[state] m: &mut ModelState<Linear>) -> Result<Tensor> {
+///     let _ = dev;
+///     m.model().forward(x)
 /// }
 ///
-/// let varmap = VarMap::new();
-/// let model = BertModel::load(VarBuilder::from_varmap(&varmap, DType::F32, &dev), &cfg)?;
-/// let model = ModelState::from_varmap(model, &varmap);
-/// let mut graph = BertGraph::capture(&rt, &ids, &types, &model)?;
+/// fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+///     let dev = Device::new_cuda(0)?;
+///     let rt = Runtime::from_candle(&dev)?;
+///     let varmap = VarMap::new();
+///     let model = linear(64, 64, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
+///     let x = Tensor::zeros((1, 64), DType::F32, &dev)?;
+///     let mut graph = LayerGraph::capture(&rt, &x, ModelState::from_varmap(model, &varmap))?;
+///     let y = graph.replay(&x)?;
+///     let _ = y;
+///     let lent: &Linear = graph.state_mut().m; // the model, lent back as a shared borrow
+///     let _ = lent;
+///     Ok(())
+/// }
+/// ```
+///
+/// Replacing the model between replays does not compile (the compile-time half of the
+/// contract):
+///
+/// ```compile_fail,E0594
+/// use graph_runtime::candle::candle_core::{DType, Device, Module, Result, Tensor};
+/// use graph_runtime::candle::candle_nn::{linear, Linear, VarBuilder, VarMap};
+/// use graph_runtime::candle::ModelState;
+/// use graph_runtime::{cuda_graph, Runtime};
+///
+/// // `Linear` stands for any model of another crate (candle-transformers' `BertModel`, ...).
+/// #[cuda_graph(warmup = 2)]
+/// fn layer(dev: &Device, x: &Tensor, #[state] m: &mut ModelState<Linear>) -> Result<Tensor> {
+///     let _ = dev;
+///     m.model().forward(x)
+/// }
+///
+/// fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+///     let dev = Device::new_cuda(0)?;
+///     let rt = Runtime::from_candle(&dev)?;
+///     let varmap = VarMap::new();
+///     let model = linear(64, 64, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
+///     let x = Tensor::zeros((1, 64), DType::F32, &dev)?;
+///     let mut graph = LayerGraph::capture(&rt, &x, ModelState::from_varmap(model, &varmap))?;
+///     let y = graph.replay(&x)?;
+///     let _ = y;
+///     let other = linear(64, 64, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
+///     *graph.state_mut().m = other;
+///     Ok(())
+/// }
 /// ```
 #[derive(Debug)]
 pub struct ModelState<M> {
