@@ -208,10 +208,11 @@ fn value(elem: Elem, b: &[u8]) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
+    /// An observed output `y` of `elem` values: the eager and the replayed bytes.
+    pub(crate) fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
         Observed {
             name: "y",

@@ -259,20 +259,7 @@ mod tests {
     use super::*;
     use crate::region::Elem;
     use crate::report::compare;
-
-    fn observed(elem: Elem, eager: &[f32], replay: &[f32]) -> Observed {
-        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        Observed {
-            name: "y",
-            kind: Compared::Output,
-            regions: vec![DeviceRegion {
-                elem,
-                ..DeviceRegion::device(0, eager.len() * 4)
-            }],
-            eager: bytes(eager),
-            replay: bytes(replay),
-        }
-    }
+    use crate::report::tests::observed;
 
     #[test]
     fn schedules() {
