@@ -110,7 +110,9 @@
 //!    NCCL collectives captured on every rank;
 //! 10. `12-candle-mlp`, `13-candle-decoder` and `16-candle-llama-decode` (feature
 //!     `candle`): candle code as a graph, against candle eager (16: against
-//!     candle-transformers' own Llama);
+//!     candle-transformers' own Llama); `17-candle-bert`, `18-candle-resnet` and
+//!     `19-candle-llama-window`: candle-transformers' models as they are, held through
+//!     `candle::ModelState`, against candle eager and PyTorch;
 //! 11. `14-decode-loop` and `15-jacobi-solve`: loops that stop on device data inside one
 //!     graph launch (`graph_while`): decoding until the end token, iterating until the
 //!     residual is small.
