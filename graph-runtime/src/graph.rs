@@ -484,6 +484,11 @@ impl Drop for Graph {
         // The state is dropped right after the graph; buffers of other streams must not be
         // freed under a replay still running.
         self.settle();
+        // Destroying and trimming are device-wide work (a trim gives back the device's graph
+        // memory): never while another thread of the process captures on this device, which
+        // such a call can invalidate (CUDA error 901). A thread inside its own capture
+        // procedure holds the lock already.
+        let _serial = (!crate::phase::in_procedure()).then(|| self.rt.capture_lock());
         // SAFETY: the executable graph is owned by `self` and destroyed exactly once, here.
         // CUDA defers the destruction of an executable graph until launches in flight
         // complete.

@@ -545,6 +545,8 @@ impl Runtime {
     /// graph with temporaries does this already.
     pub fn trim_graph_memory(&self) -> Result<(), GraphError> {
         self.inner.ctx.bind_to_thread()?;
+        // Device-wide: not while another thread captures on this device (see `capture_lock`).
+        let _serial = (!crate::phase::in_procedure()).then(|| self.capture_lock());
         driver::graph_mem_trim(self.inner.ctx.cu_device())?;
         Ok(())
     }
