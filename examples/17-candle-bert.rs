@@ -28,11 +28,11 @@ use clap::Parser;
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
 use graph_runtime::candle::candle_nn::{VarBuilder, VarMap};
 use graph_runtime::candle::ModelState;
-use graph_runtime::{cuda_graph, BoxError, Runtime, Tolerance};
+use graph_runtime::{cuda_graph, BoxError, Tolerance};
 use rand::Rng;
 use real_models::{finish, measure, Model};
 use serde_json::json;
-use workloads::testing::{gpu_required, init_tracing, seeded_rng};
+use workloads::testing::{init_tracing, seeded_rng};
 
 /// candle-transformers' BERT (MiniLM-sized), candle eager against the same forward as a graph.
 #[derive(Parser)]
@@ -82,17 +82,9 @@ fn bert_forward(
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     init_tracing();
-    let dev = match Device::new_cuda(0) {
-        Ok(dev) => dev,
-        Err(e) if !gpu_required() => {
-            eprintln!("skipped 17-candle-bert: no usable GPU ({e})");
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
+    let Some((dev, rt, stream)) = real_models::device_or_skip("17-candle-bert", 17)? else {
+        return Ok(());
     };
-    let rt = Runtime::from_candle(&dev)?;
-    let stream = dev.as_cuda_device()?.cuda_stream();
-    dev.set_seed(17)?;
     let cfg = minilm();
     let varmap = VarMap::new();
     let model = BertModel::load(VarBuilder::from_varmap(&varmap, DType::F32, &dev), &cfg)?;

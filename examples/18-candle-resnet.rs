@@ -27,10 +27,10 @@ use clap::Parser;
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Module, Tensor};
 use graph_runtime::candle::candle_nn::{Func, VarBuilder, VarMap};
 use graph_runtime::candle::ModelState;
-use graph_runtime::{cuda_graph, BoxError, Runtime, Tolerance};
+use graph_runtime::{cuda_graph, BoxError, Tolerance};
 use real_models::{finish, measure, Model};
 use serde_json::json;
-use workloads::testing::{gpu_required, init_tracing, random_vec, seeded_rng};
+use workloads::testing::{init_tracing, random_vec, seeded_rng};
 
 /// candle-transformers' ResNet-18, candle eager against the same forward as a graph.
 #[derive(Parser)]
@@ -63,17 +63,9 @@ fn resnet_forward(
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     init_tracing();
-    let dev = match Device::new_cuda(0) {
-        Ok(dev) => dev,
-        Err(e) if !gpu_required() => {
-            eprintln!("skipped 18-candle-resnet: no usable GPU ({e})");
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
+    let Some((dev, rt, stream)) = real_models::device_or_skip("18-candle-resnet", 18)? else {
+        return Ok(());
     };
-    let rt = Runtime::from_candle(&dev)?;
-    let stream = dev.as_cuda_device()?.cuda_stream();
-    dev.set_seed(18)?;
     let varmap = VarMap::new();
     let func: Func<'static> =
         resnet::resnet18(1000, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;

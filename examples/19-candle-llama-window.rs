@@ -32,11 +32,11 @@ use clap::Parser;
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
 use graph_runtime::candle::candle_nn::{VarBuilder, VarMap};
 use graph_runtime::candle::ModelState;
-use graph_runtime::{cuda_graph, BoxError, Runtime, Tolerance};
+use graph_runtime::{cuda_graph, BoxError, Tolerance};
 use rand::Rng;
 use real_models::{finish, measure, Model};
 use serde_json::json;
-use workloads::testing::{gpu_required, init_tracing, seeded_rng};
+use workloads::testing::{init_tracing, seeded_rng};
 
 /// candle-transformers' Llama over a 128-token window, candle eager against one graph.
 #[derive(Parser)]
@@ -91,17 +91,9 @@ fn llama_window(
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     init_tracing();
-    let dev = match Device::new_cuda(0) {
-        Ok(dev) => dev,
-        Err(e) if !gpu_required() => {
-            eprintln!("skipped 19-candle-llama-window: no usable GPU ({e})");
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
+    let Some((dev, rt, stream)) = real_models::device_or_skip("19-candle-llama-window", 19)? else {
+        return Ok(());
     };
-    let rt = Runtime::from_candle(&dev)?;
-    let stream = dev.as_cuda_device()?.cuda_stream();
-    dev.set_seed(19)?;
     let cfg = smollm2_135m(args.layers.max(1));
     let varmap = VarMap::new();
     let model = llama::Llama::load(VarBuilder::from_varmap(&varmap, DType::F32, &dev), &cfg)?;

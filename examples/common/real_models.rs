@@ -21,14 +21,36 @@ use std::time::Instant;
 
 use bench_report::record::{Record, Side};
 use bench_report::table::{us, Table};
-use graph_runtime::candle::candle_core::{self as candle, Tensor};
+use graph_runtime::candle::candle_core::{self as candle, Device, Tensor};
 use graph_runtime::cudarc::driver::CudaStream;
 use graph_runtime::{BoxError, GraphError, GraphInfo, GraphMemory, Runtime};
 use workloads::check::max_abs_diff;
+use workloads::testing::gpu_required;
 use workloads::timing::{iters_for, wall_once, wall_us};
 
 /// The bench (workload family) of every record of the tier: one table in the report.
 pub const BENCH: &str = "real_models";
+
+/// candle's device on CUDA 0, seeded with `seed`, the runtime on its stream, and the stream;
+/// `None` (with the reason on stderr) on a machine without a usable GPU, unless
+/// `CUDA_GRAPH_REQUIRE_GPU` asks for one.
+pub fn device_or_skip(
+    example: &str,
+    seed: u64,
+) -> Result<Option<(Device, Runtime, Arc<CudaStream>)>, BoxError> {
+    let dev = match Device::new_cuda(0) {
+        Ok(dev) => dev,
+        Err(e) if !gpu_required() => {
+            eprintln!("skipped {example}: no usable GPU ({e})");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let rt = Runtime::from_candle(&dev)?;
+    let stream = dev.as_cuda_device()?.cuda_stream();
+    dev.set_seed(seed)?;
+    Ok(Some((dev, rt, stream)))
+}
 
 /// What one measurement found.
 pub struct Figures {
