@@ -5,7 +5,8 @@
 //!
 //! One command for every benchmark: runs every example (the binaries next to this one), the
 //! benchmarks among them with `--json`: `02-chain`, `04-mlp-inference`, `05-decode-step`,
-//! `06-train-step`, `07-dropout-train`, `14-decode-loop`, `15-jacobi-solve`, the two-GPU
+//! `06-train-step`, `07-dropout-train`, `14-decode-loop`, `15-jacobi-solve`, the eager-islands
+//! examples `21-islands-decoder`, `22-islands-sampler` and `23-islands-compaction`, the two-GPU
 //! `10-tensor-parallel-mlp` and `11-data-parallel-train` (built with `--features nccl`;
 //! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
 //! `13-candle-decoder` and the real-models tier `17-candle-bert`, `18-candle-resnet` and
@@ -115,6 +116,10 @@ const PROGRAMS: &[Program] = &[
     },
     program("14-decode-loop", &["--json"]),
     program("15-jacobi-solve", &["--json"]),
+    // Eager islands between graphed segments (bench `islands`).
+    program("21-islands-decoder", &["--json"]),
+    program("22-islands-sampler", &["--json"]),
+    program("23-islands-compaction", &["--json"]),
     // The real-models tier: candle-transformers models as they are (bench `real_models`).
     Program {
         feature: Some("candle"),

@@ -27,6 +27,7 @@ use crate::tokens::{relocated_path, unraw};
 
 mod buckets;
 mod graph;
+mod islands;
 mod parts;
 #[cfg(test)]
 mod tests;
@@ -53,13 +54,52 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let args = args::parse(args, &mut cx);
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
-    let model = model::analyze(item, bucket_param.as_ref(), &mut cx);
-    check_body(&model, &args, &mut cx);
+    let mut model = model::analyze(item, bucket_param.as_ref(), &mut cx);
+    let with_islands = islands::has_islands(&model);
+    if with_islands {
+        // Inside an island anything goes: the checks see the body without the islands' code.
+        let ctx = islands::ctx_ident(&model).expect("an island is a call on the context");
+        let blank = Box::new(islands::without_island_code(&model.item.block, &ctx));
+        let body = std::mem::replace(&mut model.item.block, blank);
+        // `#[island]` state is not the segments' business: a use of it there is the islands'
+        // own error (see `islands::rewrite`), not a host-collection or host-state finding.
+        let params = std::mem::take(&mut model.params);
+        let (island, rest): (Vec<_>, Vec<_>) =
+            params.into_iter().enumerate().partition(|(_, p)| p.island);
+        model.params = Vec::new();
+        let mut checked = Vec::new();
+        for (k, p) in rest {
+            model.params.push(p);
+            checked.push(k);
+        }
+        check_body(&model, &args, &mut cx);
+        let rest = checked.into_iter().zip(std::mem::take(&mut model.params));
+        let mut all: Vec<_> = rest.chain(island).collect();
+        all.sort_by_key(|(k, _)| *k);
+        model.params = all.into_iter().map(|(_, p)| p).collect();
+        model.item.block = body;
+    } else {
+        check_body(&model, &args, &mut cx);
+    }
     let guards = crate::check::state_guards(&model, &args);
+    let names = islands::IslandNames::new(&base_name(&model, &args), model.item.sig.ident.span());
+    if with_islands && model.usable {
+        if let Some(b) = &args.buckets {
+            cx.error_spanned_by(
+                &b.param,
+                "a bucket family cannot have eager islands: each bucket is one graph; write the function \
+                 without `buckets(…)` to use islands",
+            );
+        }
+        islands::rewrite(&mut model, &args.krate(), &names, &mut cx);
+    }
+    let islands = with_islands.then_some(&names);
     if !cx.has_errors() {
-        let mut model = model;
-        crate::check::shadow_host_macros(&mut model, &args);
-        let mut out = expand(&model, &args);
+        if !with_islands {
+            // (A body with islands may print inside them: its macros are not shadowed.)
+            crate::check::shadow_host_macros(&mut model, &args);
+        }
+        let mut out = expand(&model, &args, islands);
         out.extend(guards);
         return out;
     }
@@ -67,12 +107,20 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         // Only the body or the arguments are wrong: emit the graph type anyway (with the
         // default for any invalid argument), so that code using it does not add errors of
         // its own to the ones that matter.
-        let mut out = expand(&model, &args);
+        let mut out = expand(&model, &args, islands);
         out.extend(guards);
         out.extend(cx.finish());
         return out;
     }
     fallback(&model.item, cx)
+}
+
+/// What the generated types' names start with: `name = …`, or the function's name in camel
+/// case.
+fn base_name(model: &GraphFn, args: &GraphArgs) -> String {
+    args.name
+        .as_ref()
+        .map_or_else(|| parts::camel(&model.item.sig.ident), unraw)
 }
 
 /// On a signature error: the user's function (so the rest of the crate and the IDE keep
@@ -99,12 +147,20 @@ fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     })
 }
 
-fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
+fn expand(
+    model: &GraphFn,
+    args: &GraphArgs,
+    islands: Option<&islands::IslandNames>,
+) -> TokenStream {
     let krate = relocated_path(&args.krate());
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    let parts = Parts::new(model, &krate, site_tokens(model, args), args.name.as_ref());
+    let mut parts = Parts::new(model, &krate, site_tokens(model, args), args.name.as_ref());
+    let island_items = islands.map(|names| {
+        parts.island_items = islands::graph_body_items(model, names, &parts.pr);
+        islands::items(model, &args.krate(), names, &item.vis)
+    });
     let (body, names) = match &args.buckets {
         Some(buckets) => expand_buckets(&parts, buckets),
         None => expand_graph(&parts, args),
@@ -112,6 +168,7 @@ fn expand(model: &GraphFn, args: &GraphArgs) -> TokenStream {
     let outer_vis = &item.vis;
     quote! {
         #item
+        #island_items
 
         #[doc(hidden)]
         #[allow(non_snake_case, unused_mut, unused_variables, unused_imports, dead_code)]

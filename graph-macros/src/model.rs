@@ -12,6 +12,7 @@
 //! | `#[state] w: &T` | read-only state | borrowed `&'s T` for the graph's life, read in place |
 //! | `#[state] kv: &mut T` | mutable state | borrowed `&'s mut T`, updated in place, lent back by `state_mut` |
 //! | `#[constant] n: T` | capture-time constant | given to `capture`, frozen into the graph |
+//! | `#[island] c: &mut T` (or `&T`) | island state | borrowed for the graph's life like state, used only inside `rt.eager(\|\| …)` islands; any `Clone` type, not read by address |
 
 use proc_macro2::{Ident, Span};
 use quote::ToTokens;
@@ -22,7 +23,7 @@ use syn::{Attribute, FnArg, ItemFn, Pat, Type};
 use crate::ctxt::Ctxt;
 
 /// The role attributes a parameter may carry.
-pub const ROLE_ATTRS: [&str; 4] = ["input", "output", "state", "constant"];
+pub const ROLE_ATTRS: [&str; 5] = ["input", "output", "state", "constant", "island"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -42,6 +43,9 @@ pub struct Param {
     /// `#[state(no_restore)]`: the warmup's updates of this `&mut` state are kept instead of
     /// being snapshotted and restored.
     pub no_restore: bool,
+    /// `#[island]`: state (role `State`) that only the body's eager islands use: held like
+    /// state, but neither recorded by address nor lent as a device view.
+    pub island: bool,
     /// For inputs, outputs and state, the referenced type (`CudaSlice<f32>` for
     /// `&CudaSlice<f32>`); for constants, the parameter type.
     pub ty: Type,
@@ -194,6 +198,14 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     }
     if bucket.is_none() {
         too_many_statics(&params, cx);
+    } else {
+        for p in params.iter().filter(|p| p.island) {
+            cx.error_spanned_by(
+                &p.ident,
+                "a bucket family cannot have eager islands or `#[island]` state: each bucket is one graph; \
+                 write the function without `buckets(…)` to use islands",
+            );
+        }
     }
     if let Some(b) = bucket {
         if !params.iter().any(|p| p.role == Role::Bucket) && context.is_some() {
@@ -288,6 +300,7 @@ fn classify_bucket(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) 
         ident,
         role: Role::Bucket,
         no_restore: false,
+        island: false,
         ty: ty.clone(),
     })
 }
@@ -372,10 +385,12 @@ fn classify(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) -> Opti
         (_, Some((_, elem))) => elem,
     };
     check_param_type(&ident, role, &ty, cx)?;
+    let island = roles.iter().any(|a| a.path().is_ident("island"));
     Some(Param {
         ident,
         role,
         no_restore,
+        island,
         ty,
     })
 }
@@ -435,7 +450,7 @@ fn role_of(
     let role = match (explicit.as_ref().map(|(n, s)| (n.as_str(), *s)), reference) {
         (None | Some(("input", _)), Some(false)) => Role::Input,
         (None | Some(("output", _)), Some(true)) => Role::Output,
-        (Some(("state", _)), Some(mutable)) => Role::State { mutable },
+        (Some(("state" | "island", _)), Some(mutable)) => Role::State { mutable },
         (Some(("constant", _)), None) => Role::Constant,
         (Some(("input", span)), Some(true)) => {
             cx.error_at(

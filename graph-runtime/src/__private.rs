@@ -10,7 +10,10 @@ pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
     InputSource, Staging, StaticBuffer,
 };
-pub use crate::capture::capture;
+pub use crate::capture::{
+    capture, island, misplaced_island, Captured, CrossesIsland, DeviceValue, HostValue, Probe,
+    ProbeDevice, ProbeHost, ProbeOther, TakenByIsland,
+};
 pub use crate::constant::constant;
 pub use crate::error::GraphError;
 pub use crate::error::{BodyResult, BodyValue, When};

@@ -393,6 +393,7 @@ impl Buckets {
             let t = Instant::now();
             let mut run = |step: Step| body(bucket, step);
             let g = crate::capture::capture(rt, site, book, &no_inputs, static_bytes, &mut run)
+                .and_then(crate::capture::Captured::single)
                 .map_err(|e| GraphError::Bucket {
                     graph: site.name,
                     bucket,

@@ -421,6 +421,15 @@ pub(crate) fn hold_htod_cache(rt: &Runtime) -> Option<impl Sized> {
 
 /// candle's device as a body's context: the device of a runtime made by
 /// [`Runtime::from_candle`].
+/// A [`GraphError`] as candle's error, so that a candle body can use `?` on the library's
+/// calls (an eager island's among them); `graph_runtime` unwraps it again when the body
+/// returns it.
+impl From<GraphError> for candle_core::Error {
+    fn from(e: GraphError) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
 impl FromRuntime for Device {
     /// # Panics
     /// On a runtime not made by [`Runtime::from_candle`]; the generated code calls

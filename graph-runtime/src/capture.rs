@@ -18,7 +18,8 @@
 //! holds the buffers it was snapshotted from), and the runtime is usable for the next
 //! capture.
 
-use std::panic::{self, AssertUnwindSafe};
+use std::any::Any;
+use std::panic::{self, AssertUnwindSafe, Location};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaStream, DriverError};
@@ -29,7 +30,7 @@ use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
 use crate::graph::{Graph, GraphInfo};
 use crate::inputs::InputNodes;
-use crate::phase::{FrameScope, Phase};
+use crate::phase::{with_frame, FrameScope, Phase};
 use crate::recorded::RecordedGraph;
 use crate::rng::WarmupSnapshot;
 use crate::runtime::Runtime;
@@ -72,6 +73,7 @@ impl<'r> ActiveCapture<'r> {
             }
         };
         record::open_record(root, site.mode.raw());
+        SegmentLog::open(site.name, stream.cu_stream(), site.mode.raw());
         Ok(ActiveCapture {
             rt,
             site,
@@ -81,9 +83,17 @@ impl<'r> ActiveCapture<'r> {
     }
 
     /// Ends the capture and hands back the recorded graph (`None` when nothing was recorded),
-    /// or the error CUDA gave, with what the capture recorded about its conditionals.
-    fn end(mut self) -> (Result<Option<RecordedGraph>, DriverError>, CaptureRecord) {
+    /// or the error CUDA gave, with what the capture recorded about its conditionals, and the
+    /// segments recorded before its eager islands (see [`island`]).
+    fn end(
+        mut self,
+    ) -> (
+        Result<Option<RecordedGraph>, DriverError>,
+        CaptureRecord,
+        Vec<Boundary>,
+    ) {
         self.open = false;
+        let boundaries = SegmentLog::close();
         let record = record::close_record().expect("a capture has a record");
         let result = end_raw(self.rt.stream());
         self.rt.gate().end_capture();
@@ -98,9 +108,10 @@ impl<'r> ActiveCapture<'r> {
                     sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
                 )),
                 record,
+                boundaries,
             );
         }
-        (result, record)
+        (result, record, boundaries)
     }
 }
 
@@ -109,6 +120,8 @@ impl Drop for ActiveCapture<'_> {
         if !self.open {
             return;
         }
+        // The segments recorded before the islands are destroyed as they drop.
+        drop(SegmentLog::close());
         let poisoned = record::close_record().is_some_and(|r| r.poisoned);
         // The body failed or panicked: end the capture and throw the recording away (unless
         // a conditional body's failed recording left it unusable: then it is leaked).
@@ -270,7 +283,7 @@ pub fn capture(
     inputs: &InputNodes,
     static_bytes: usize,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
-) -> Result<Graph, GraphError> {
+) -> Result<Captured, GraphError> {
     let graph = site.name;
     // One capture procedure per thread at a time: a body that captures another graph, during
     // its warmup or its capture, gets an error instead of a deadlock on the capture lock.
@@ -323,7 +336,7 @@ pub fn capture(
     };
     let body_result = input_nodes.and_then(|nodes| body(Step::Run(When::Capture)).map(|()| nodes));
     let capture_lookups = lookups.take();
-    let ((raw, record), input_nodes) = match body_result {
+    let (ended, input_nodes) = match body_result {
         Err(e) => {
             drop(active);
             // A body that failed may also have replaced a buffer; that is the worse news.
@@ -340,11 +353,9 @@ pub fn capture(
         ),
     };
     let capture_time = capture_started.elapsed();
-    // On every early return below, the recorded graph is destroyed as it drops.
+    // On every early return below, the recorded graphs are destroyed as they drop.
     body(Step::Check(When::Capture))?;
-    let Some(raw) = raw else {
-        return Err(GraphError::EmptyGraph { graph });
-    };
+    let (segments, islands) = ended.into_segments(graph)?;
     let checks_started = Instant::now();
     if site.determinism {
         let copy = input_copy.as_ref().map(|c| (inputs, c));
@@ -352,7 +363,7 @@ pub fn capture(
             rt,
             site,
             body,
-            (&raw, &record),
+            &segments,
             copy,
             &warmup_lookups,
             capture_lookups,
@@ -386,11 +397,51 @@ pub fn capture(
         instantiate_time: Duration::ZERO,
         inspect_time: Duration::ZERO,
     };
-    let mut built = Graph::instantiate(rt, raw, info, input_nodes, &record)?;
-    built.settle_for(book);
+    let segmented = segments.len() > 1;
+    let mut graphs = Vec::with_capacity(segments.len());
+    let mut input_nodes = Some(input_nodes);
+    for segment in segments {
+        // A segment after an island that recorded nothing is not launched at all.
+        let segment = segment.filter(|(raw, _)| {
+            // SAFETY: `raw` is a live graph just captured on the runtime's context.
+            graphs.is_empty()
+                || unsafe { driver::graph_nodes(raw.raw()) }.is_ok_and(|n| !n.is_empty())
+        });
+        let Some((raw, record)) = segment else {
+            graphs.push(None);
+            continue;
+        };
+        // The input copy nodes are the first segment's; the later segments' figures are
+        // their own, the warmup's and the capture's are the first's.
+        let mut info = info.clone();
+        if !graphs.is_empty() {
+            info.static_bytes = 0;
+            info.state_snapshot_bytes = 0;
+            info.rng = Vec::new();
+        }
+        let nodes = input_nodes.take().unwrap_or_default();
+        let mut built = Graph::instantiate(rt, raw, info, nodes, &record, segmented)?;
+        built.settle_for(book);
+        graphs.push(Some(built));
+    }
+    let mut graphs = graphs.into_iter();
+    let built = graphs
+        .next()
+        .flatten()
+        .expect("the first segment is always there");
+    let islands: Vec<CapturedIsland> = islands
+        .into_iter()
+        .zip(graphs)
+        .map(|((run, location), after)| CapturedIsland {
+            run,
+            location,
+            after,
+        })
+        .collect();
     tracing::debug!(
         graph,
         nodes = built.info().nodes(),
+        islands = islands.len(),
         temp_bytes = built.info().temp_bytes,
         pool_added_bytes = built.info().pool_added_bytes,
         exec_bytes = ?built.info().exec_bytes,
@@ -403,7 +454,104 @@ pub fn capture(
         instantiate_ms = built.info().instantiate_time.as_secs_f64() * 1e3,
         "captured CUDA graph"
     );
-    Ok(built)
+    Ok(Captured {
+        graph: built,
+        islands,
+    })
+}
+
+/// What a capture made: the graph of the body (of its first segment, when the body has eager
+/// islands) and, per island, its code and the graph of the segment after it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Captured {
+    /// The graph of the body up to its first island (all of it without islands).
+    pub graph: Graph,
+    /// The islands, in the order the body meets them.
+    pub islands: Vec<CapturedIsland>,
+}
+
+/// One eager island of a captured body and the segment that follows it.
+#[doc(hidden)]
+pub struct CapturedIsland {
+    /// The island's code: the graph type's island function, boxed.
+    pub run: Box<dyn Any + Send + Sync>,
+    /// Where the island is in the body.
+    pub location: &'static Location<'static>,
+    /// The graph of the segment after the island (`None` when it recorded nothing).
+    pub after: Option<Graph>,
+}
+
+impl std::fmt::Debug for CapturedIsland {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedIsland")
+            .field("location", &self.location)
+            .field("after", &self.after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Captured {
+    /// The graph of a body that has no islands (a bucket's: the macro refuses islands there).
+    pub fn single(self) -> Result<Graph, GraphError> {
+        match self.islands.first() {
+            None => Ok(self.graph),
+            Some(i) => Err(GraphError::IslandMisuse {
+                graph: self.graph.info().name,
+                location: i.location,
+                reason: "this kind of graph (a bucket family's) cannot have islands",
+            }),
+        }
+    }
+}
+
+/// A capture that ended: its last segment, with what it recorded about its conditionals, and
+/// the segments ended before at islands.
+struct Ended {
+    last: Option<RecordedGraph>,
+    record: CaptureRecord,
+    boundaries: Vec<Boundary>,
+}
+
+/// The segments of a capture, in order, each with its record of conditionals (`None` for a
+/// segment that recorded nothing: two islands in a row, or an island last), and the islands
+/// between them (one fewer).
+type Segments = (
+    Vec<Option<(RecordedGraph, CaptureRecord)>>,
+    Vec<(Box<dyn Any + Send + Sync>, &'static Location<'static>)>,
+);
+
+impl Ended {
+    /// The segments, the first always there (an empty graph when the body records nothing
+    /// before its first island); `EmptyGraph` when no segment recorded anything.
+    fn into_segments(self, graph: &'static str) -> Result<Segments, GraphError> {
+        let mut segments = Vec::with_capacity(self.boundaries.len() + 1);
+        let mut islands = Vec::with_capacity(self.boundaries.len());
+        for b in self.boundaries {
+            segments.push(b.recorded.map(|r| (r, b.record)));
+            islands.push((b.island, b.location));
+        }
+        segments.push(self.last.map(|r| (r, self.record)));
+        if segments.iter().all(Option::is_none) {
+            return Err(GraphError::EmptyGraph { graph });
+        }
+        if segments[0].is_none() {
+            // SAFETY: the capture bound the runtime's context to this thread.
+            let empty =
+                unsafe { RecordedGraph::empty() }.map_err(|e| GraphError::from_driver(graph, e))?;
+            let record = CaptureRecord {
+                id: 0,
+                root: empty.raw(),
+                mode: sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                validating: 0,
+                poisoned: false,
+                handles: Vec::new(),
+                nodes: Vec::new(),
+            };
+            segments[0] = Some((empty, record));
+        }
+        Ok((segments, islands))
+    }
 }
 
 /// In a capture on a candle runtime, CUDA's invalid-value error is what freeing a tensor made
@@ -429,12 +577,12 @@ fn freed_in_capture(rt: &Runtime, graph: &'static str, e: GraphError) -> GraphEr
 
 /// The optional checks of `check_determinism`: the kernels the last warmup run and the
 /// capture looked up through the runtime must be the same, and a second capture must record
-/// what the first did.
+/// what the first did, segment by segment.
 fn check_determinism(
     rt: &Runtime,
     site: &'static GraphSite,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
-    first: (&RecordedGraph, &CaptureRecord),
+    first: &[Option<(RecordedGraph, CaptureRecord)>],
     inputs: Option<(&InputNodes, &cudarc::driver::CudaFunction)>,
     warmup_lookups: &[String],
     capture_lookups: Vec<String>,
@@ -448,14 +596,12 @@ fn check_determinism(
         });
     }
     let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
-    // SAFETY: `first` is the live graph just captured on the runtime's context.
-    let a = unsafe { Fingerprint::of(first.0.raw(), skip, first.1) }?;
     let active = ActiveCapture::begin(rt, site)?;
     let recorded = match inputs {
         Some((inputs, copy)) => inputs.record(rt, copy).map(drop),
         None => Ok(()),
     };
-    let (second, second_record) = match recorded.and_then(|()| body(Step::Run(When::Capture))) {
+    let ended = match recorded.and_then(|()| body(Step::Run(When::Capture))) {
         Err(e) => {
             drop(active);
             return Err(GraphError::in_capture(graph, e));
@@ -463,20 +609,48 @@ fn check_determinism(
         Ok(()) => end_capture(rt, graph, active)?,
     };
     let checked = body(Step::Check(When::Capture));
-    let b = match second {
-        None => None,
-        Some(second) => {
-            // SAFETY: `second` is the live graph just captured; destroyed right after, as it
-            // drops.
-            let b = unsafe { Fingerprint::of(second.raw(), skip, &second_record) };
-            drop(second);
-            Some(b?)
-        }
-    };
+    // The second capture's graphs are destroyed as they drop, right after the comparison.
+    let second = ended.into_segments(graph);
     checked?;
-    let difference = match b {
-        None => Some("the second capture recorded nothing".to_owned()),
-        Some(b) => a.first_difference(&b),
+    let difference = match second {
+        Err(_) => Some("the second capture recorded nothing".to_owned()),
+        Ok((second, _)) if second.len() != first.len() => Some(format!(
+            "the first capture met {} island(s), the second {}",
+            first.len() - 1,
+            second.len() - 1
+        )),
+        Ok((second, _)) => {
+            let mut difference = None;
+            for (k, (a, b)) in first.iter().zip(&second).enumerate() {
+                let (Some((a, ra)), Some((b, rb))) = (a, b) else {
+                    if a.is_some() != b.is_some() {
+                        difference = Some(format!(
+                            "segment {} (of {}) recorded nothing in one capture only",
+                            k + 1,
+                            first.len()
+                        ));
+                        break;
+                    }
+                    continue;
+                };
+                let skip = if k == 0 { skip } else { 0 };
+                // SAFETY: `a` and `b` are live graphs just captured on the runtime's context.
+                let (fa, fb) = unsafe {
+                    (
+                        Fingerprint::of(a.raw(), skip, ra)?,
+                        Fingerprint::of(b.raw(), skip, rb)?,
+                    )
+                };
+                if let Some(d) = fa.first_difference(&fb) {
+                    difference = Some(match first.len() {
+                        1 => d,
+                        _ => format!("segment {} (of {}): {d}", k + 1, first.len()),
+                    });
+                    break;
+                }
+            }
+            difference
+        }
     };
     match difference {
         None => Ok(()),
@@ -505,6 +679,8 @@ fn name_the_failed_allocation(
     let largest = (|| {
         let active = ActiveCapture::begin(rt, site).ok()?;
         let recorded = panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Capture))));
+        // The segments ended at islands are destroyed as they drop: the largest allocation
+        // of the last segment is what is reported.
         let raw = active.end().0.ok().flatten();
         clear_recorded_errors(rt, site.name);
         let raw = raw?;
@@ -537,23 +713,30 @@ fn name_the_failed_allocation(
     }
 }
 
-/// Ends a capture whose body returned `Ok` and hands back the recorded graph (`None` when
-/// nothing was recorded) with the record of its conditionals, or the error that explains why
-/// the capture failed. A graph not handed back is destroyed as it drops.
+/// Ends a capture whose body returned `Ok` and hands back what it recorded (its last
+/// segment `None` when nothing was recorded) with the record of its conditionals, or the
+/// error that explains why the capture failed. A graph not handed back is destroyed as it
+/// drops.
 fn end_capture(
     rt: &Runtime,
     graph: &'static str,
     active: ActiveCapture<'_>,
-) -> Result<(Option<RecordedGraph>, CaptureRecord), GraphError> {
-    let (ended, record) = active.end();
+) -> Result<Ended, GraphError> {
+    let (ended, record, boundaries) = active.end();
     let recorded = clear_recorded_errors(rt, graph);
     match ended {
         Ok(raw) if recorded.is_none() => {
-            if let Some(location) = record.unused_condition() {
-                drop(raw);
+            let unused = std::iter::once(&record)
+                .chain(boundaries.iter().map(|b| &b.record))
+                .find_map(CaptureRecord::unused_condition);
+            if let Some(location) = unused {
                 return Err(GraphError::UnusedCondition { graph, location });
             }
-            Ok((raw, record))
+            Ok(Ended {
+                last: raw,
+                record,
+                boundaries,
+            })
         }
         Ok(raw) => {
             drop(raw);
@@ -570,3 +753,257 @@ fn end_capture(
         }
     }
 }
+
+/// One eager island met by a capture: the graph recorded before it and the island's host
+/// code, which a replay runs between that graph and the next.
+pub(crate) struct Boundary {
+    /// The segment that ends at the island.
+    recorded: Option<RecordedGraph>,
+    /// What that segment recorded about its conditionals.
+    record: CaptureRecord,
+    /// The island's code, boxed by the generated code as the graph type's island function.
+    island: Box<dyn Any + Send + Sync>,
+    /// Where the island is in the body.
+    location: &'static Location<'static>,
+}
+
+/// The segments a capture has recorded so far, each ended at an island (held in the
+/// thread's capture frame from the capture's begin to its end).
+struct SegmentLog {
+    graph: &'static str,
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+    done: Vec<Boundary>,
+}
+
+impl SegmentLog {
+    fn open(graph: &'static str, stream: sys::CUstream, mode: sys::CUstreamCaptureMode) {
+        let log: Box<dyn Any> = Box::new(SegmentLog {
+            graph,
+            stream,
+            mode,
+            done: Vec::new(),
+        });
+        with_frame(|f| *f.segments.borrow_mut() = Some(log));
+    }
+
+    fn take() -> Option<Box<SegmentLog>> {
+        with_frame(|f| f.segments.borrow_mut().take())
+            .and_then(|log| log.downcast::<SegmentLog>().ok())
+    }
+
+    fn put_back(log: Box<SegmentLog>) {
+        let log: Box<dyn Any> = log;
+        with_frame(|f| *f.segments.borrow_mut() = Some(log));
+    }
+
+    /// The segments recorded before the islands, in order (none without islands).
+    fn close() -> Vec<Boundary> {
+        SegmentLog::take().map(|log| log.done).unwrap_or_default()
+    }
+}
+
+/// An eager island of a `#[cuda_graph]` body (`rt.eager(|| …)`, rewritten by the macro into
+/// a call of this with the island's parameters and code).
+///
+/// Eagerly, in a warmup run and in `verify`'s eager run, the island's code runs here. In the
+/// capture it does not run: the segment recorded so far ends, the code is kept (`boxed` turns
+/// it into the graph type's island function, which the generated `GraphBody::island` calls
+/// on every replay, between that segment and the next), and recording goes on in a new
+/// segment.
+#[doc(hidden)]
+#[track_caller]
+pub fn island<P, E, F, B>(params: P, code: F, boxed: impl FnOnce(F) -> B) -> Result<(), E>
+where
+    F: Fn(P) -> Result<(), E> + Send + Sync + 'static,
+    E: From<GraphError>,
+    B: Any + Send + Sync,
+{
+    let location = Location::caller();
+    match crate::phase::phase() {
+        Phase::Capture { graph } => {
+            if crate::phase::in_conditional_body() || crate::phase::in_fork() {
+                return Err(GraphError::IslandMisuse {
+                    graph,
+                    location,
+                    reason: "an island cannot be inside a `graph_while` / `graph_if` body or a \
+                             fork: their work is recorded into one node, which cannot stop for \
+                             host code",
+                }
+                .into());
+            }
+            island_boundary(graph, Box::new(boxed(code)), location).map_err(E::from)
+        }
+        _ => {
+            let _span = tracing::trace_span!("cuda_graph_island", line = location.line()).entered();
+            code(params)
+        }
+    }
+}
+
+/// Ends the segment the capture of `graph` is recording at an island, keeps it with the
+/// island's code, and begins the next segment on the same stream.
+fn island_boundary(
+    graph: &'static str,
+    island: Box<dyn Any + Send + Sync>,
+    location: &'static Location<'static>,
+) -> Result<(), GraphError> {
+    let Some(mut log) = SegmentLog::take() else {
+        return Err(GraphError::IslandMisuse {
+            graph,
+            location,
+            reason: "the thread captures, but not through the graph's own `capture`",
+        });
+    };
+    let ended = (|| {
+        let record = record::close_record().expect("a capture has a record");
+        if record.poisoned {
+            // Left for the capture's guard, which leaks the unusable recording.
+            return Err(GraphError::from_driver(
+                graph,
+                DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            ));
+        }
+        // SAFETY: the stream is the live stream whose capture this thread's procedure began
+        // (the log is opened by `ActiveCapture::begin` and closed before the capture ends).
+        let recorded = unsafe { RecordedGraph::end_capture(log.stream) }
+            .map_err(|e| GraphError::from_driver(graph, e))?;
+        // SAFETY: the same stream, no longer capturing; its context is bound to this thread.
+        unsafe { driver::begin_capture(log.stream, log.mode) }
+            .map_err(|e| GraphError::from_driver(graph, e))?;
+        // SAFETY: the stream began capturing on this thread just above.
+        let (root, _) = unsafe { driver::capture_point(log.stream) }
+            .map_err(|e| GraphError::from_driver(graph, e))?;
+        record::open_record(root, log.mode);
+        tracing::trace!(graph, line = location.line(), "segment ended at an island");
+        Ok(Boundary {
+            recorded,
+            record,
+            island,
+            location,
+        })
+    })();
+    let result = ended.map(|b| log.done.push(b));
+    debug_assert_eq!(log.graph, graph);
+    SegmentLog::put_back(log);
+    result
+}
+
+/// What the macro writes in place of an island it refused (inside a closure, inside an
+/// expression), next to the error: never run.
+#[doc(hidden)]
+pub fn misplaced_island() -> Result<(), GraphError> {
+    Ok(())
+}
+
+/// A local of a body with eager islands, probed for being device data: `(&&Probe(&x))`
+/// finds [`ProbeHost::crosses`] when `x`'s type is a host value the runtime knows (a number, a
+/// tuple or `Vec` of them), else [`ProbeDevice::crosses`] when it is
+/// [`DeviceState`](crate::DeviceState) (a `CudaSlice`, a candle `Tensor`, a
+/// `#[derive(DeviceState)]` struct), else [`ProbeOther::crosses`] (a kernel, a stream, a
+/// shape, a reference): method lookup takes the impl reached with the fewest references. The
+/// macro writes `….crosses().across()` after an island for each local made before it and used
+/// after it, and `….crosses().taken()` before it for each local its code uses: device data
+/// fails to compile there, anything else passes.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Probe<'a, T: ?Sized>(pub &'a T);
+
+/// What probing a local that holds device data gives (see [`Probe`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct DeviceValue<T: ?Sized>(std::marker::PhantomData<T>);
+
+/// What probing a local that holds no device data gives (see [`Probe`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct HostValue;
+
+/// The probe of a host value the runtime knows (see [`Probe`]).
+#[doc(hidden)]
+pub trait ProbeHost {
+    /// Probes.
+    fn crosses(&self) -> HostValue;
+}
+
+impl<T: crate::state::HostData + ?Sized> ProbeHost for &Probe<'_, T> {
+    #[inline(always)]
+    fn crosses(&self) -> HostValue {
+        HostValue
+    }
+}
+
+/// The probe of device data (see [`Probe`]).
+#[doc(hidden)]
+pub trait ProbeDevice {
+    /// What the probe found.
+    type Found;
+    /// Probes.
+    fn crosses(&self) -> Self::Found;
+}
+
+impl<T: crate::DeviceState + ?Sized> ProbeDevice for &&Probe<'_, T> {
+    type Found = DeviceValue<T>;
+    #[inline(always)]
+    fn crosses(&self) -> DeviceValue<T> {
+        DeviceValue(std::marker::PhantomData)
+    }
+}
+
+/// The probe of anything else (see [`Probe`]).
+#[doc(hidden)]
+pub trait ProbeOther {
+    /// Probes.
+    fn crosses(&self) -> HostValue;
+}
+
+impl<T: ?Sized> ProbeOther for Probe<'_, T> {
+    #[inline(always)]
+    fn crosses(&self) -> HostValue {
+        HostValue
+    }
+}
+
+impl HostValue {
+    /// A host value may cross an island.
+    #[inline(always)]
+    pub fn across(self) {}
+    /// A host value may be taken by an island's code (copied: the code is `move`).
+    #[inline(always)]
+    pub fn taken(self) {}
+}
+
+impl<T: ?Sized> DeviceValue<T> {
+    /// Device data may not cross an island in a local (see [`CrossesIsland`]).
+    #[inline(always)]
+    pub fn across(self)
+    where
+        T: CrossesIsland,
+    {
+    }
+    /// Device data may not be taken by an island's code (see [`TakenByIsland`]).
+    #[inline(always)]
+    pub fn taken(self)
+    where
+        T: TakenByIsland,
+    {
+    }
+}
+
+/// Implemented by nothing: the error of device data in a local that crosses an eager island.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is device data made before an eager island and used after it",
+    label = "a temporary of an earlier segment, read after the island",
+    note = "each segment is its own CUDA graph: a temporary recorded in one is not the graph's to hand to the next, and the island's eager work in between may reuse its memory; keep device data that crosses an island in a buffer the graph owns (an output `&mut`, or `#[state]`), or make it again after the island"
+)]
+pub trait CrossesIsland {}
+
+/// Implemented by nothing: the error of device data of the body taken by an island's code.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the island's code uses `{Self}`, device data of the body",
+    label = "a local of the body, used inside `eager(|| …)`",
+    note = "on a replay the island runs without the body: it sees the function's parameters (inputs, outputs, `#[state]`, `#[island]` state) and copies of host values made at capture; pass device data through a parameter (an output `&mut`, or `#[state]`)"
+)]
+pub trait TakenByIsland {}

@@ -194,6 +194,20 @@ pub(crate) unsafe fn exec_destroy(exec: sys::CUgraphExec) -> Result<(), DriverEr
     unsafe { result::graph::exec_destroy(exec) }
 }
 
+/// Creates an empty graph (the first segment of a body whose first statement is an eager
+/// island). The caller owns it.
+///
+/// [`cuGraphCreate`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html)
+///
+/// # Safety
+/// A context is bound to the calling thread.
+pub(crate) unsafe fn graph_create() -> Result<sys::CUgraph, DriverError> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid place for the handle; flags must be 0.
+    unsafe { sys::cuGraphCreate(&mut graph, 0) }.result()?;
+    Ok(graph)
+}
+
 /// Destroys a graph.
 ///
 /// [`cuGraphDestroy`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html)

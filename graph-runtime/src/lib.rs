@@ -70,6 +70,7 @@
 //! | collectives (feature `nccl`) | NCCL all-reduce, all-gather, reduce-scatter and broadcast on the runtime's stream, one thread and runtime per GPU; every rank captures together and the ranks' collective sequences are compared before instantiation | `graph_runtime::nccl` (`CommGroup`, `Communicator`) |
 //! | loops and branches on the GPU | `graph_while` / `graph_if` / `graph_if_else` with a [`Condition`] that a kernel sets: captured, CUDA conditional nodes (one launch runs a data-dependent loop); eagerly, the same loop on the host, reading the condition (the only host read a body may contain) | [`conditional`], [`Runtime::graph_while`], [`Runtime::graph_if`], [`condition_device_api!`] |
 //! | candle (feature `candle`) | a function written with candle ops as a graph: candle's `&Device` as context, `&Tensor` inputs copied into static tensors, candle-nn models as state, a returned `Tensor` copied into a static result inside the graph; candle's small uploads served from its cache during capture | `graph_runtime::candle`, `Runtime::from_candle` |
+//! | eager islands | `rt.eager(\|\| { … })?;` in a body: the graph stops there for host code of yours (a host read, a sampler, a shape known only on the host, a call that cannot be captured, a cache grown by concatenation) and goes on in the next segment; each segment is its own graph, a replay launches them in order and runs the islands' code between them; what crosses an island is checked at compile time | [Eager islands](#eager-islands), `#[island]` state, [`GraphError::Island`] |
 //! | capture checks | what `#[cuda_graph]` rejects in a body at compile time (syncs, host reads, new streams, host effects, …) and the opt-in `host_effects_not_replayed` | [`coverage`] |
 //!
 //! # What the macro generates
@@ -115,7 +116,74 @@
 //!     `candle::ModelState`, against candle eager and PyTorch;
 //! 11. `14-decode-loop` and `15-jacobi-solve`: loops that stop on device data inside one
 //!     graph launch (`graph_while`): decoding until the end token, iterating until the
-//!     residual is small.
+//!     residual is small;
+//! 12. `21-islands-decoder`, `22-islands-sampler` and `23-islands-compaction`: eager islands
+//!     between graphed segments: a KV cache grown by concatenation, a host-side top-p
+//!     sampler, a shape known only on the host.
+//!
+//! # Eager islands
+//! A body does not have to be all static. `rt.eager(|| { … })?;`, a statement of its own
+//! anywhere in the body (in a loop too, not in a closure), where `rt` is the function's
+//! context parameter, is an *island*: host code that every replay runs where the body has it.
+//! The body is split there into segments, each captured as its own graph (the segments share
+//! the runtime's graph memory pool); a replay launches segment 1, runs island 1's code, launches
+//! segment 2, and so on, all on the runtime's stream. Eagerly (the plain function, the warmup,
+//! `verify`'s eager run) the island's code simply runs in place.
+//!
+//! ```no_run
+//! # use graph_runtime::cudarc::driver::CudaSlice;
+//! # use graph_runtime::{cuda_graph, GraphError, Runtime};
+//! # fn top_p(scores: &[f32], rng: &mut Sampler) -> i32 { 0 }
+//! #[derive(Clone)]
+//! struct Sampler(u64);
+//!
+//! #[cuda_graph(warmup = 2)]
+//! fn step(
+//!     rt: &Runtime,
+//!     logits: &CudaSlice<f32>,
+//!     #[island] rng: &mut Sampler, // state only islands use: any `Clone` type
+//!     scores: &mut CudaSlice<f32>,
+//!     token: &mut CudaSlice<i32>,
+//! ) -> Result<(), GraphError> {
+//!     rt.stream().memcpy_dtod(logits, &mut *scores)?; // segment 1 (graphed)
+//!     rt.eager(|| {
+//!         // island: anything goes, on every replay
+//!         let host = rt.stream().clone_dtoh(&scores)?;
+//!         rt.stream().memcpy_htod(&[top_p(&host, rng)], &mut token)?;
+//!         Ok(())
+//!     })?;
+//!     // segment 2 (graphed): kernels that read `token` on the device
+//!     Ok(())
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! Inside an island the body checks are lifted (syncs, device reads, prints, host randomness,
+//! shapes that change from call to call, calls that cannot be captured); in the segments they
+//! all apply. What the island's code may touch is checked at compile time:
+//!
+//! - it sees the function's parameters by name: inputs and read-only state by `&`, outputs and
+//!   `&mut` state as their `DeviceState::Lent` views (written into, never replaced: `y = …` or
+//!   `*kv = …` in an island is an error), `#[island]` state by `&mut`, constants by value;
+//! - it takes copies of the body's host values (a count, a layer index, a kernel handle: the
+//!   closure is `move` and kept by the graph); device data of the body (a temporary
+//!   `CudaSlice`, a `Tensor`) is refused;
+//! - a local of the body made before an island and used after it, by a later segment, must be
+//!   a host value: a temporary of an earlier segment is device data the later segment's graph
+//!   does not own, and is refused (keep it in an output or `#[state]`);
+//! - `#[island]` state is for islands only: a segment that uses it does not compile (a replay
+//!   does not run the segments' Rust code). The warmup's changes to it are undone by cloning,
+//!   and `verify` undoes its eager run's changes before the replay.
+//!
+//! What a replay costs above the islands' own host time is one graph launch per segment
+//! (`21-islands-decoder` measures it). `graph.segments()` are the segments' [`Graph`]s
+//! (`info()`, `write_dot`), `graph.islands()` where the islands are, and the graph's `Display`
+//! lists the segments with the islands between them. An island that fails on a replay is
+//! [`GraphError::Island`], naming it; the segments after it are not launched, and the graph
+//! stays usable. `verify` and `check_determinism` compare across islands (segment by
+//! segment). Islands are not available in a bucket family, or inside `graph_while` /
+//! `graph_if` bodies and forks ([`GraphError::IslandMisuse`] at run time, an error at compile
+//! time where the macro sees it).
 //!
 //! # Feature flags
 //! No feature is on by default; without any, the crate builds on a machine with no GPU and

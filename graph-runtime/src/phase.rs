@@ -9,7 +9,8 @@
 //! Everything the thread knows about the capture it runs lives in one `Frame` behind one
 //! thread-local: the phase, the graph whose capture procedure runs, the kernel lookups and
 //! early launches it counts, how deep it is in conditional bodies and forks, the record of
-//! the capture's conditionals, and (feature `nccl`) the open collective sessions. Each part is
+//! the capture's conditionals, the segments recorded before its eager islands, and (feature
+//! `nccl`) the open collective sessions. Each part is
 //! set for a stretch of the procedure by one guard, `FrameScope`, which puts back what was
 //! there before when it drops (also on panic).
 
@@ -58,6 +59,10 @@ pub(crate) struct Frame {
     /// What the capture in progress recorded about its conditionals (`crate::conditional`
     /// opens and closes it).
     pub(crate) record: RefCell<Option<CaptureRecord>>,
+    /// The segments the capture in progress has recorded before its eager islands: owned and
+    /// typed by `crate::capture`, which sits above this file, so held here without naming
+    /// its type.
+    pub(crate) segments: RefCell<Option<Box<dyn std::any::Any>>>,
     /// The collective sessions open on this thread: owned and typed by `crate::nccl`, which
     /// sits above this file, so held here without naming its type.
     #[cfg(feature = "nccl")]
@@ -74,6 +79,7 @@ thread_local! {
             conditional_depth: Cell::new(0),
             fork_depth: Cell::new(0),
             record: RefCell::new(None),
+            segments: RefCell::new(None),
             #[cfg(feature = "nccl")]
             nccl_sessions: RefCell::new(None),
         }

@@ -28,6 +28,17 @@ impl RecordedGraph {
         Ok((!raw.is_null()).then_some(RecordedGraph(raw)))
     }
 
+    /// A new empty graph, owned here: the first segment of a body that records nothing before
+    /// its first eager island (so that the graph still has a first segment to launch).
+    ///
+    /// # Safety
+    /// A context is bound to the calling thread.
+    pub(crate) unsafe fn empty() -> Result<Self, DriverError> {
+        // SAFETY: forwarded from the caller.
+        let raw = unsafe { driver::graph_create() }?;
+        Ok(RecordedGraph(raw))
+    }
+
     /// The raw handle, for driver calls that read the graph or instantiate it. It stays
     /// owned by `self`: it must not be destroyed, nor used after `self` is dropped.
     pub(crate) fn raw(&self) -> sys::CUgraph {

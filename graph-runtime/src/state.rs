@@ -49,6 +49,8 @@ mod impls;
 mod tests;
 
 pub(crate) use impls::lent_shared;
+#[doc(hidden)]
+pub use impls::HostData;
 pub use impls::PinnedLend;
 
 /// Where a value keeps its device memory, and how it is lent back from a graph.

@@ -11,10 +11,13 @@
 //! a `TypedGraph<FooBody<'s>>` and keeps only its typed `capture`, `replay` and `verify`,
 //! `replay` and `verify` forwarding here in a line.
 
+use std::any::Any;
+
 use crate::buffer::{
     alloc_static, check_shape, feed_input, stage_input, static_bytes, InputSource, Staging,
     StaticBuffer,
 };
+use crate::capture::CapturedIsland;
 use crate::error::{GraphError, When};
 use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 use crate::inputs::InputNodes;
@@ -342,6 +345,30 @@ pub trait GraphBody: Sized {
 
     /// Lends the state.
     fn state_mut(&mut self) -> Self::State<'_>;
+
+    /// Runs eager island `island` (its code as the capture boxed it) on the graph's static
+    /// buffers and state, between two segments of a replay. Generated for a body with islands
+    /// (`rt.eager(|| …)`); never called for one without.
+    fn island(
+        &mut self,
+        island: &dyn Any,
+        statics: &mut StaticsOf<Self>,
+        ctx: &Self::Ctx,
+    ) -> Result<(), GraphError> {
+        let _ = (island, statics, ctx);
+        unreachable!("a body without islands has no island to run")
+    }
+
+    /// A copy of the state only islands use (`#[island]` parameters, cloned), to put back
+    /// with [`GraphBody::restore_islands`] after the warmup and after `verify`'s eager run.
+    fn save_islands(&self) -> Option<Box<dyn Any>> {
+        None
+    }
+
+    /// Puts back what [`GraphBody::save_islands`] copied.
+    fn restore_islands(&mut self, saved: Option<Box<dyn Any>>) {
+        let _ = saved;
+    }
 }
 
 /// A captured graph of a `#[cuda_graph]` function: the instantiated graph, its address book,
@@ -349,6 +376,8 @@ pub trait GraphBody: Sized {
 #[doc(hidden)]
 pub struct TypedGraph<B: GraphBody> {
     graph: Graph,
+    /// The body's eager islands, each with the segment after it (none without islands).
+    islands: Vec<CapturedIsland>,
     book: AddressBook,
     verify: VerifySchedule,
     body: B,
@@ -371,7 +400,10 @@ impl<B: GraphBody> TypedGraph<B> {
         statics.outputs.record(B::OUTPUTS, &mut book);
         let mut inputs = InputNodes::new();
         statics.inputs.register(&mut inputs);
-        let graph = {
+        // The warmup runs the islands too; what they did to the island state is undone, as
+        // the warmup's work on `&mut` state is.
+        let island_state = body.save_islands();
+        let captured = {
             let ctx = B::Ctx::try_from_runtime(rt)?;
             let book = &book;
             let (body, statics) = (&mut body, &mut statics);
@@ -384,11 +416,14 @@ impl<B: GraphBody> TypedGraph<B> {
                     }
                 }
             };
-            crate::capture::capture(rt, site, book, &inputs, static_bytes, &mut run)?
+            crate::capture::capture(rt, site, book, &inputs, static_bytes, &mut run)
         };
+        body.restore_islands(island_state);
+        let captured = captured?;
         statics.result.captured(site)?;
         Ok(TypedGraph {
-            graph,
+            graph: captured.graph,
+            islands: captured.islands,
             book,
             verify: VerifySchedule::new(B::VERIFY_EVERY, B::tolerance()),
             body,
@@ -411,7 +446,50 @@ impl<B: GraphBody> TypedGraph<B> {
         self.body.check(&self.book, When::Replay)?;
         let dst = &mut self.statics.inputs;
         replay(&self.graph, |staging| inputs.stage(dst, staging))?;
+        self.run_islands()?;
         Ok(B::outputs(&self.statics))
+    }
+
+    /// After the first segment's launch: each island's code, then the segment after it.
+    #[inline]
+    fn run_islands(&mut self) -> Result<(), GraphError> {
+        if self.islands.is_empty() {
+            return Ok(());
+        }
+        Self::islands_of(
+            &self.islands,
+            &mut self.body,
+            &mut self.statics,
+            self.graph.runtime(),
+        )
+    }
+
+    fn islands_of(
+        islands: &[CapturedIsland],
+        body: &mut B,
+        statics: &mut StaticsOf<B>,
+        rt: &Runtime,
+    ) -> Result<(), GraphError> {
+        let ctx = B::Ctx::try_from_runtime(rt)?;
+        let graph = B::site().name;
+        for (k, island) in islands.iter().enumerate() {
+            let ran = {
+                let _span =
+                    tracing::trace_span!("cuda_graph_island", graph, island = k + 1).entered();
+                body.island(&*island.run, statics, ctx)
+                    .map_err(|e| GraphError::Island {
+                        graph,
+                        island: k + 1,
+                        location: island.location,
+                        source: Box::new(e),
+                    })
+            };
+            ran?;
+            if let Some(after) = &island.after {
+                launch_as_is(after)?;
+            }
+        }
+        Ok(())
     }
 
     /// The generated `verify`: one replay checked against the eager function on the same
@@ -432,12 +510,18 @@ impl<B: GraphBody> TypedGraph<B> {
         let shadows = self.statics.outputs.shadows(&rt, site, B::OUTPUTS)?;
         let mut eager = Statics::new(copies, shadows);
         let ctx = B::Ctx::try_from_runtime(&rt)?;
-        self.body.run(&mut eager, ctx, &rt)?;
+        let island_state = self.body.save_islands();
+        let ran = self.body.run(&mut eager, ctx, &rt);
+        self.body.restore_islands(island_state);
+        ran?;
         eager.outputs.outputs_to(B::OUTPUTS, &mut verifier, true)?;
         eager.result.output_to(&mut verifier, true)?;
         verifier.rewind()?;
         let dst = &mut self.statics.inputs;
         replay(&self.graph, |staging| inputs.stage(dst, staging))?;
+        if !self.islands.is_empty() {
+            Self::islands_of(&self.islands, &mut self.body, &mut self.statics, &rt)?;
+        }
         let statics = &self.statics;
         statics
             .outputs
@@ -453,6 +537,7 @@ impl<B: GraphBody> TypedGraph<B> {
     pub fn launch(&mut self) -> Result<B::Outputs<'_>, GraphError> {
         self.body.check(&self.book, When::Replay)?;
         launch_as_is(&self.graph)?;
+        self.run_islands()?;
         Ok(B::outputs(&self.statics))
     }
 
@@ -480,9 +565,22 @@ impl<B: GraphBody> TypedGraph<B> {
         self.graph.info()
     }
 
-    /// The instantiated graph (its facts and raw handles).
+    /// The instantiated graph (its facts and raw handles); of a body with eager islands, the
+    /// first segment's (see [`TypedGraph::segments`]).
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The graphs of the body's segments, in replay order: one without islands, one more
+    /// than islands with them (`rt.eager(|| …)` in the body), less the segments that
+    /// recorded nothing (between two islands in a row, or after an island at the end).
+    pub fn segments(&self) -> impl Iterator<Item = &Graph> {
+        std::iter::once(&self.graph).chain(self.islands.iter().filter_map(|i| i.after.as_ref()))
+    }
+
+    /// Where the body's eager islands are, in replay order (empty without islands).
+    pub fn islands(&self) -> Vec<&'static std::panic::Location<'static>> {
+        self.islands.iter().map(|i| i.location).collect()
     }
 }
 
@@ -497,7 +595,24 @@ impl<B: GraphBody> std::fmt::Debug for TypedGraph<B> {
 /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
 impl<B: GraphBody> std::fmt::Display for TypedGraph<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.graph, f)
+        if self.islands.is_empty() {
+            return std::fmt::Display::fmt(&self.graph, f);
+        }
+        let segments = self.islands.len() + 1;
+        writeln!(f, "segment 1 of {segments}: ")?;
+        std::fmt::Display::fmt(&self.graph, f)?;
+        for (k, island) in self.islands.iter().enumerate() {
+            writeln!(f)?;
+            writeln!(f, "island {} at {}: runs eagerly", k + 1, island.location)?;
+            match &island.after {
+                Some(after) => {
+                    writeln!(f, "segment {} of {segments}: ", k + 2)?;
+                    std::fmt::Display::fmt(after, f)?;
+                }
+                None => write!(f, "segment {} of {segments}: empty", k + 2)?,
+            }
+        }
+        Ok(())
     }
 }
 

@@ -107,6 +107,12 @@ pub fn restart(
     st: &mut DecodeState,
 ) -> Result<(), GraphError> {
     s.memset_zeros(kv)?;
+    restart_state(s, st)
+}
+
+/// [`restart`] for a decoder whose cache is not a device buffer of the state (a [`ConcatKv`],
+/// which starts again as `ConcatKv::new`): BOS at position 0, output cleared.
+pub fn restart_state(s: &Arc<CudaStream>, st: &mut DecodeState) -> Result<(), GraphError> {
     s.memset_zeros(&mut st.pos)?;
     s.memset_zeros(&mut st.done)?;
     s.memset_zeros(&mut st.tokens)?;
@@ -188,13 +194,51 @@ pub fn step(
     spec: &DecoderSpec,
     last: Last<'_>,
 ) -> Result<(), GraphError> {
-    check_spec(spec);
-    let (d, ffn, vocab) = (spec.dim, spec.ffn, spec.vocab);
-    let (kv_len, capacity) = (spec.kv_len(), st.tokens.len());
     // Looked up once per step, not once per launch.
-    let [norm, rope_kv, attention, silu_mul] =
-        ["rmsnorm", "rope_kv", "attention", "silu_mul"].map(|k| rt.function(DECODE, k));
-    let (norm, rope_kv, attention, silu_mul) = (norm?, rope_kv?, attention?, silu_mul?);
+    let k = Kernels::of(rt)?;
+    embed(rt, w, st, spec)?;
+    for l in 0..spec.layers {
+        block_front(rt, &k, w, st, l, spec)?;
+        let (kv_len, max_seq) = (spec.kv_len(), spec.max_seq);
+        rope_attention(rt, &k, kv, kv_len, st, l, max_seq, spec)?;
+        block_back(rt, &k, w, st, l, spec)?;
+    }
+    head(rt, &k, w, st, spec, last)
+}
+
+/// The decoder's kernels, looked up once per step.
+#[derive(Clone)]
+pub struct Kernels {
+    norm: CudaFunction,
+    rope_kv: CudaFunction,
+    attention: CudaFunction,
+    silu_mul: CudaFunction,
+}
+
+impl Kernels {
+    /// The kernels, from the runtime's cache.
+    pub fn of(rt: &Runtime) -> Result<Self, GraphError> {
+        Ok(Kernels {
+            norm: rt.function(DECODE, "rmsnorm")?,
+            rope_kv: rt.function(DECODE, "rope_kv")?,
+            attention: rt.function(DECODE, "attention")?,
+            silu_mul: rt.function(DECODE, "silu_mul")?,
+        })
+    }
+}
+
+/// The step's first kernel: the embedding of the current token into the residual stream.
+///
+/// # Panics
+/// As [`step`].
+pub fn embed(
+    rt: &Runtime,
+    w: &Weights,
+    st: &mut DecodeState,
+    spec: &DecoderSpec,
+) -> Result<(), GraphError> {
+    check_spec(spec);
+    let (d, vocab) = (spec.dim, spec.vocab);
     let launch = Launch::new(rt, DECODE, "embed")?
         .read("table", &w.embed, vocab * d)
         .read("token", &st.token, 1)
@@ -202,60 +246,109 @@ pub fn step(
         .int(d);
     // SAFETY: reads row *token of the [vocab, dim] table (*token < vocab: the argmax kernels
     // write indices below vocab, restart writes BOS < vocab) and writes dim floats of `x`.
+    unsafe { launch.launch(elems(d)) }
+}
+
+/// Block `l` up to its attention: RMSNorm and the QKV projection into the state's `qkv`.
+pub fn block_front(
+    rt: &Runtime,
+    k: &Kernels,
+    w: &Weights,
+    st: &mut DecodeState,
+    l: usize,
+    spec: &DecoderSpec,
+) -> Result<(), GraphError> {
+    let d = spec.dim;
+    let attn_norm = w.attn_norm.slice(l * d..(l + 1) * d);
+    let wqkv = w.wqkv.slice(l * 3 * d * d..(l + 1) * 3 * d * d);
+    rmsnorm(rt, &k.norm, &st.x, &attn_norm, &mut st.xn, spec)?;
+    matvec(rt, &wqkv, &st.xn, &mut st.qkv, 3 * d, d, 0.0)
+}
+
+/// Block `l`'s rotary embedding, its KV write at the current position and its attention over
+/// the cache `kv` (`kv_len` floats: `[layer][k, v][max_seq][dim]`; `layer` picks the block's
+/// part of it) into the state's `attn`.
+#[allow(clippy::too_many_arguments)]
+fn rope_attention(
+    rt: &Runtime,
+    k: &Kernels,
+    kv: &mut CudaSlice<f32>,
+    kv_len: usize,
+    st: &mut DecodeState,
+    layer: usize,
+    max_seq: usize,
+    spec: &DecoderSpec,
+) -> Result<(), GraphError> {
+    let d = spec.dim;
+    let launch = Launch::of(rt, &k.rope_kv, "rope_kv")
+        .write("qkv", &mut st.qkv, 3 * d)
+        .write("kv", kv, kv_len)
+        .read("pos", &st.pos, 1)
+        .int(layer)
+        .int(d)
+        .int(spec.head_dim())
+        .int(max_seq)
+        .float(spec.theta);
+    // SAFETY: one thread per element of dim rotates the pairs of q and k in the first 2·dim
+    // floats of `qkv` (even head width, checked), and copies k and v to row *pos of the
+    // layer's cache only when 0 <= *pos < max_seq: inside the kv_len floats of `kv`, which
+    // hold (layer + 1)·2·max_seq·dim (the callers' layouts).
     unsafe { launch.launch(elems(d)) }?;
-    for l in 0..spec.layers {
-        let attn_norm = w.attn_norm.slice(l * d..(l + 1) * d);
-        let ffn_norm = w.ffn_norm.slice(l * d..(l + 1) * d);
-        let wqkv = w.wqkv.slice(l * 3 * d * d..(l + 1) * 3 * d * d);
-        let wo = w.wo.slice(l * d * d..(l + 1) * d * d);
-        let w13 = w.w13.slice(l * 2 * ffn * d..(l + 1) * 2 * ffn * d);
-        let w2 = w.w2.slice(l * d * ffn..(l + 1) * d * ffn);
+    let launch = Launch::of(rt, &k.attention, "attention")
+        .read("qkv", &st.qkv, 3 * d)
+        .read("kv", &*kv, kv_len)
+        .write("attn", &mut st.attn, d)
+        .read("pos", &st.pos, 1)
+        .int(layer)
+        .int(d)
+        .int(spec.head_dim())
+        .int(max_seq);
+    // SAFETY: one block per head reads its head_dim floats of q, rows 0..=*pos of the layer's
+    // cache clamped to max_seq (at most the kernel's MAX_SEQ scores, checked by the callers),
+    // and writes head_dim floats of `attn` per head: heads · head_dim = dim (checked).
+    unsafe { launch.launch(blocks(spec.heads, 128)) }
+}
 
-        // Attention block.
-        rmsnorm(rt, &norm, &st.x, &attn_norm, &mut st.xn, spec)?;
-        matvec(rt, &wqkv, &st.xn, &mut st.qkv, 3 * d, d, 0.0)?;
-        let launch = Launch::of(rt, &rope_kv, "rope_kv")
-            .write("qkv", &mut st.qkv, 3 * d)
-            .write("kv", kv, kv_len)
-            .read("pos", &st.pos, 1)
-            .int(l)
-            .int(d)
-            .int(spec.head_dim())
-            .int(spec.max_seq)
-            .float(spec.theta);
-        // SAFETY: one thread per element of dim rotates the pairs of q and k in the first
-        // 2·dim floats of `qkv` (even head width, checked), and copies k and v to row *pos of
-        // layer l's cache only when 0 <= *pos < max_seq: inside the layers·2·max_seq·dim
-        // floats of `kv`.
-        unsafe { launch.launch(elems(d)) }?;
-        let launch = Launch::of(rt, &attention, "attention")
-            .read("qkv", &st.qkv, 3 * d)
-            .read("kv", &*kv, kv_len)
-            .write("attn", &mut st.attn, d)
-            .read("pos", &st.pos, 1)
-            .int(l)
-            .int(d)
-            .int(spec.head_dim())
-            .int(spec.max_seq);
-        // SAFETY: one block per head reads its head_dim floats of q, rows 0..=*pos of layer l's
-        // cache clamped to max_seq (at most the kernel's MAX_SEQ scores, checked), and writes
-        // head_dim floats of `attn` per head: heads · head_dim = dim (checked).
-        unsafe { launch.launch(blocks(spec.heads, 128)) }?;
-        // Residual: x += Wo · attn (cuBLAS with beta = 1 adds to x in place).
-        matvec(rt, &wo, &st.attn, &mut st.x, d, d, 1.0)?;
+/// Block `l` after its attention: the output projection and residual, then the feed-forward
+/// block (RMSNorm → gate/up projection → SiLU·up → down projection + residual).
+pub fn block_back(
+    rt: &Runtime,
+    k: &Kernels,
+    w: &Weights,
+    st: &mut DecodeState,
+    l: usize,
+    spec: &DecoderSpec,
+) -> Result<(), GraphError> {
+    let (d, ffn) = (spec.dim, spec.ffn);
+    let ffn_norm = w.ffn_norm.slice(l * d..(l + 1) * d);
+    let wo = w.wo.slice(l * d * d..(l + 1) * d * d);
+    let w13 = w.w13.slice(l * 2 * ffn * d..(l + 1) * 2 * ffn * d);
+    let w2 = w.w2.slice(l * d * ffn..(l + 1) * d * ffn);
+    // Residual: x += Wo · attn (cuBLAS with beta = 1 adds to x in place).
+    matvec(rt, &wo, &st.attn, &mut st.x, d, d, 1.0)?;
+    rmsnorm(rt, &k.norm, &st.x, &ffn_norm, &mut st.xn, spec)?;
+    matvec(rt, &w13, &st.xn, &mut st.gu, 2 * ffn, d, 0.0)?;
+    let launch = Launch::of(rt, &k.silu_mul, "silu_mul")
+        .read("gu", &st.gu, 2 * ffn)
+        .write("h", &mut st.h, ffn)
+        .int(ffn);
+    // SAFETY: one thread per element of ffn reads 2·ffn floats of `gu`, writes ffn of `h`.
+    unsafe { launch.launch(elems(ffn)) }?;
+    matvec(rt, &w2, &st.h, &mut st.x, d, ffn, 1.0)
+}
 
-        // Feed-forward block.
-        rmsnorm(rt, &norm, &st.x, &ffn_norm, &mut st.xn, spec)?;
-        matvec(rt, &w13, &st.xn, &mut st.gu, 2 * ffn, d, 0.0)?;
-        let launch = Launch::of(rt, &silu_mul, "silu_mul")
-            .read("gu", &st.gu, 2 * ffn)
-            .write("h", &mut st.h, ffn)
-            .int(ffn);
-        // SAFETY: one thread per element of ffn reads 2·ffn floats of `gu`, writes ffn of `h`.
-        unsafe { launch.launch(elems(ffn)) }?;
-        matvec(rt, &w2, &st.h, &mut st.x, d, ffn, 1.0)?;
-    }
-    rmsnorm(rt, &norm, &st.x, &w.final_norm, &mut st.xn, spec)?;
+/// The step's end: the final RMSNorm, the logits and `last` (the next token).
+pub fn head(
+    rt: &Runtime,
+    k: &Kernels,
+    w: &Weights,
+    st: &mut DecodeState,
+    spec: &DecoderSpec,
+    last: Last<'_>,
+) -> Result<(), GraphError> {
+    let (d, vocab) = (spec.dim, spec.vocab);
+    let capacity = st.tokens.len();
+    rmsnorm(rt, &k.norm, &st.x, &w.final_norm, &mut st.xn, spec)?;
     matvec(rt, &w.lm_head, &st.xn, &mut st.logits, vocab, d, 0.0)?;
 
     // The next token: argmax, appended at *pos, then *pos += 1 (and, stopping, the condition).
@@ -282,6 +375,82 @@ pub fn step(
     // (and `done`), and tokens[*pos] only while *pos < capacity, the length of `tokens`; the
     // stopping kernel also sets the condition, through the handle or flag the runtime gave.
     unsafe { launch.launch(blocks(1, 1024)) }
+}
+
+/// A KV cache that grows by concatenation, as candle-transformers' caches do: per block one
+/// buffer `[k, v][len][dim]`, replaced at every step by a buffer one row longer (the old rows
+/// copied, the new row written), its length known on the host. It cannot live in a graph (its
+/// buffers change every step): `21-islands-decoder` runs it in an eager island.
+#[derive(Clone)]
+pub struct ConcatKv {
+    layers: Vec<Option<CudaSlice<f32>>>,
+    len: usize,
+    /// The host time spent in [`concat_attention`], summed (to separate the islands' own
+    /// time from the mechanism's in a measurement).
+    pub time: std::time::Duration,
+}
+
+impl ConcatKv {
+    /// An empty cache for `spec`'s blocks.
+    pub fn new(spec: &DecoderSpec) -> Self {
+        ConcatKv {
+            layers: vec![None; spec.layers],
+            len: 0,
+            time: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Block `l`'s attention with a [`ConcatKv`] cache: its buffer grows by one row (the old rows
+/// copied into a new buffer, the new k and v written by the rotary kernel at the current
+/// position, which must equal the cache's length), then attention over all rows. After the
+/// last block the cache's length moves on.
+///
+/// # Panics
+/// If the cache would exceed the attention kernel's [`KERNEL_MAX_SEQ`] positions.
+pub fn concat_attention(
+    rt: &Runtime,
+    k: &Kernels,
+    cache: &mut ConcatKv,
+    st: &mut DecodeState,
+    l: usize,
+    spec: &DecoderSpec,
+) -> Result<(), GraphError> {
+    let started = std::time::Instant::now();
+    let (d, len) = (spec.dim, cache.len);
+    let rows = len + 1;
+    assert!(
+        rows <= KERNEL_MAX_SEQ,
+        "the concatenated cache holds at most {KERNEL_MAX_SEQ} rows"
+    );
+    let s = rt.stream();
+    // SAFETY: every element is written before it is read: rows 0..len of k and v by the
+    // copies below, row len of both by the rotary kernel (at *pos = len).
+    let mut grown = unsafe { s.alloc::<f32>(2 * rows * d) }?;
+    if let Some(old) = &cache.layers[l] {
+        s.memcpy_dtod(&old.slice(0..len * d), &mut grown.slice_mut(0..len * d))?;
+        s.memcpy_dtod(
+            &old.slice(len * d..2 * len * d),
+            &mut grown.slice_mut(rows * d..(rows + len) * d),
+        )?;
+    }
+    rope_attention(rt, k, &mut grown, 2 * rows * d, st, 0, rows, spec)?;
+    cache.layers[l] = Some(grown);
+    if l + 1 == spec.layers {
+        cache.len += 1;
+    }
+    cache.time += started.elapsed();
+    Ok(())
 }
 
 /// The host model's weights on the device, each kind stacked over the blocks.

@@ -65,7 +65,10 @@ pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStre
     let krate = args.krate();
     let host_state = rules::rule("host-state-mut");
     let mut out = proc_macro2::TokenStream::new();
-    for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+    for p in model
+        .of(|r| matches!(r, Role::State { mutable: true }))
+        .filter(|p| !p.island)
+    {
         let kind = scope::kind_of_type(&p.ty);
         if kind != scope::Kind::Users || scope::is_host_only_type(&p.ty) {
             continue;
@@ -146,7 +149,10 @@ pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {
     // `&mut` state that lives on the host: the signature is the mistake.
     if !args.host_effects {
         let host_state = rules::rule("host-state-mut");
-        for p in model.of(|r| matches!(r, Role::State { mutable: true })) {
+        for p in model
+            .of(|r| matches!(r, Role::State { mutable: true }))
+            .filter(|p| !p.island)
+        {
             if scope::is_host_only_type(&p.ty) {
                 let ty = &p.ty;
                 let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));

@@ -225,6 +225,9 @@ impl<'p, 'm> Gen<'p, 'm> {
                 let (i, t) = (&p.ident, self.ty(p));
                 let doc = format!("State `{i}`.");
                 match p.role {
+                    Role::State { mutable: true } if p.island => {
+                        quote!(#[doc = #doc] pub #i: &'g mut #t)
+                    }
                     Role::State { mutable: true } => {
                         quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
                     }
@@ -261,6 +264,7 @@ impl<'p, 'm> Gen<'p, 'm> {
         let run = self.run_body();
         let state_book = self.state_book();
         let accessors = self.view_accessors();
+        let islands = &self.parts.island_items;
         quote! {
             impl<'s> #pr::GraphBody for #body_ty<'s> {
                 #ctx_assoc
@@ -281,6 +285,7 @@ impl<'p, 'm> Gen<'p, 'm> {
                 }
                 #state_book
                 #accessors
+                #islands
             }
         }
     }
@@ -338,15 +343,15 @@ impl<'p, 'm> Gen<'p, 'm> {
     /// runtime's. Nothing without state (the trait's defaults).
     fn state_book(&self) -> TokenStream {
         let pr = self.pr;
-        if self.parts.states.is_empty() {
+        if self.parts.book_states.is_empty() {
             return TokenStream::new();
         }
-        let records = self.parts.states.iter().map(|p| {
+        let records = self.parts.book_states.iter().map(|p| {
             let (i, kind) = (&p.ident, self.parts.recorded_kind(p));
             let name = i.to_string();
             quote!(book.record(#name, &*self.#i, #kind);)
         });
-        let checks = self.parts.states.iter().enumerate().map(|(k, p)| {
+        let checks = self.parts.book_states.iter().enumerate().map(|(k, p)| {
             let i = &p.ident;
             quote!(book.check(#k, &*self.#i, when)?;)
         });
@@ -382,6 +387,7 @@ impl<'p, 'm> Gen<'p, 'm> {
             .map(|p| {
                 let i = &p.ident;
                 match p.role {
+                    Role::State { mutable: true } if p.island => quote!(#i: &mut *self.#i),
                     Role::State { mutable: true } => {
                         quote!(#i: #pr::DeviceState::lend(&mut *self.#i))
                     }

@@ -49,6 +49,11 @@ pub(super) struct Parts<'m> {
     pub inputs: Vec<&'m Param>,
     pub outputs: Vec<&'m Param>,
     pub states: Vec<&'m Param>,
+    /// The state the graph reads by address: `states` without the `#[island]` state.
+    pub book_states: Vec<&'m Param>,
+    /// `GraphBody::island` and its companions, for a body with eager islands (see
+    /// `islands.rs`); empty without.
+    pub island_items: TokenStream,
 }
 
 impl<'m> Parts<'m> {
@@ -74,6 +79,11 @@ impl<'m> Parts<'m> {
             inputs: model.of(|r| r == Role::Input).collect(),
             outputs: model.of(|r| r == Role::Output).collect(),
             states: model.of(|r| matches!(r, Role::State { .. })).collect(),
+            book_states: model
+                .of(|r| matches!(r, Role::State { .. }))
+                .filter(|p| !p.island)
+                .collect(),
+            island_items: TokenStream::new(),
         }
     }
 
@@ -260,7 +270,7 @@ impl<'m> Parts<'m> {
     /// (their address-book indices are `0..`).
     pub fn replay_checks(&self) -> Vec<TokenStream> {
         let pr = &self.pr;
-        self.states
+        self.book_states
             .iter()
             .enumerate()
             .map(|(k, p)| {

@@ -231,3 +231,32 @@ fn name_key_takes_one_identifier() {
         "{out}"
     );
 }
+
+/// The expansion of a body with an eager island, pretty-printed (`-- --nocapture`).
+#[test]
+fn expansion_with_an_island() {
+    let out = expand_str(
+        quote!(warmup = 2),
+        quote! {
+            fn step(
+                rt: &Runtime,
+                x: &CudaSlice<f32>,
+                #[island] rng: &mut HostRng,
+                y: &mut CudaSlice<f32>,
+            ) -> Result<(), GraphError> {
+                let n = x.len() as i32;
+                rt.eager(|| {
+                    let h = rt.stream().clone_dtoh(&y)?;
+                    rng.step(n);
+                    Ok(())
+                })?;
+                let m = n + 1;
+                Ok(())
+            }
+        },
+    );
+    println!("{out}");
+    assert!(out.contains("__StepIsland"), "{out}");
+    assert!(out.contains("Probe(&n)).crosses().taken()"), "{out}");
+    assert!(out.contains("Probe(&n)).crosses().across()"), "{out}");
+}

@@ -36,6 +36,7 @@ impl GraphError {
             GraphError::Warmup { source, .. }
             | GraphError::Body { source, .. }
             | GraphError::ConditionalBody { source, .. }
+            | GraphError::Island { source, .. }
             | GraphError::Bucket { source, .. } => Some(source),
             _ => None,
         }
@@ -140,6 +141,7 @@ impl GraphError {
             | GraphError::ForbiddenInConditional { .. }
             | GraphError::ConditionalBody { .. }
             | GraphError::ConditionMisuse { .. }
+            | GraphError::IslandMisuse { .. }
             | GraphError::UnusedCondition { .. }) => e,
             other => GraphError::Body {
                 graph,

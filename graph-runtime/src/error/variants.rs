@@ -558,6 +558,35 @@ pub enum GraphError {
         what: String,
     },
 
+    /// The host code of an eager island (`rt.eager(|| …)` in a `#[cuda_graph]` body) failed
+    /// during a replay: the segments before it ran, the ones after it were not launched.
+    #[error(
+        "island {island} of `{graph}` (at {location}) failed during a replay: {source}; the segments \
+         before it ran and the ones after it were not launched"
+    )]
+    Island {
+        /// The graph replayed.
+        graph: &'static str,
+        /// Which island, from 1, in the order the body meets them.
+        island: usize,
+        /// Where the island is in the body.
+        location: &'static Location<'static>,
+        /// What the island's code returned.
+        #[source]
+        source: Box<GraphError>,
+    },
+
+    /// An eager island was met where the graph cannot stop for host code.
+    #[error("the island at {location} in `{graph}` cannot be used here: {reason}")]
+    IslandMisuse {
+        /// The graph being captured.
+        graph: &'static str,
+        /// Where the island is in the body.
+        location: &'static Location<'static>,
+        /// Why, and what to write instead.
+        reason: &'static str,
+    },
+
     /// The body of a `graph_while` / `graph_if` failed while it was recorded.
     #[error("recording the body of `{construct}` at {location} in `{graph}` failed: {source}")]
     ConditionalBody {
@@ -662,6 +691,8 @@ impl GraphError {
             GraphError::ConditionalUnsupported { .. } => "ConditionalUnsupported",
             GraphError::ForbiddenInConditional { .. } => "ForbiddenInConditional",
             GraphError::ConditionalBody { .. } => "ConditionalBody",
+            GraphError::Island { .. } => "Island",
+            GraphError::IslandMisuse { .. } => "IslandMisuse",
             GraphError::ConditionMisuse { .. } => "ConditionMisuse",
             GraphError::UnusedCondition { .. } => "UnusedCondition",
             GraphError::Driver(_) => "Driver",

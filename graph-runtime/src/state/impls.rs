@@ -120,6 +120,7 @@ impl<T> PinnedLend<'_, T> {
 /// records nothing of them by address.
 macro_rules! host_values {
     ($($t:ty),* $(,)?) => {$(
+        impl HostData for $t {}
         // SAFETY: no regions: these types hold no device memory.
         unsafe impl DeviceState for $t {
             type Lent<'a> = &'a mut $t where Self: 'a;
@@ -172,6 +173,11 @@ handles!(
     CudaContext => cu_ctx,
     CudaEvent => cu_event,
 );
+
+impl HostData for CudaFunction {}
+impl HostData for CudaStream {}
+impl HostData for CudaContext {}
+impl HostData for CudaEvent {}
 
 // SAFETY: no regions: cudarc does not expose a module's handle. A module is lent read-only;
 // the functions a graph launches keep their module loaded themselves (`CudaFunction` holds
@@ -240,6 +246,22 @@ containers!(
     [T: DeviceState, const N: usize] [T; N],
     [T: DeviceState] Option<T>,
 );
+
+/// The [`DeviceState`] types that hold no device memory at all, whatever their values (the
+/// ones whose `HOST_ONLY` is always true), as a trait: how the checks around eager islands
+/// tell a host value from device data at compile time (see `crate::capture::Probe`).
+#[doc(hidden)]
+pub trait HostData {}
+
+impl<T: HostData + ?Sized> HostData for Arc<T> {}
+impl<T: HostData + ?Sized> HostData for Box<T> {}
+impl<T: HostData> HostData for Vec<T> {}
+impl<T: HostData, const N: usize> HostData for [T; N] {}
+impl<T: HostData> HostData for Option<T> {}
+impl<A: HostData> HostData for (A,) {}
+impl<A: HostData, B: HostData> HostData for (A, B) {}
+impl<A: HostData, B: HostData, C: HostData> HostData for (A, B, C) {}
+impl<A: HostData, B: HostData, C: HostData, D: HostData> HostData for (A, B, C, D) {}
 
 macro_rules! tuples {
     ($(($($n:tt $t:ident),+)),* $(,)?) => {$(
