@@ -385,6 +385,7 @@ pub fn capture(
         checks_time,
         instantiate_time: Duration::ZERO,
         inspect_time: Duration::ZERO,
+        upload_time: Duration::ZERO,
     };
     let mut built = Graph::instantiate(rt, raw, info, input_nodes, &record)?;
     built.settle_for(book);
