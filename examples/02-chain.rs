@@ -30,8 +30,25 @@
 //! 20 ms of calls; the run takes well under 30 s on an H100, and says on stderr where the
 //! time went.
 //!
+//! The capture-cost table splits a capture of ours (from its `GraphInfo`: capture, inspect,
+//! instantiate, upload) and the same chain captured by hand (begin, launches, end;
+//! `cuGraphInstantiateWithFlags` with AUTO_FREE_ON_LAUNCH, as ours; `cuGraphUpload`, as
+//! ours), after the same two eager runs, interleaved (`--capture-rounds`, medians).
+//! `--capture-only` prints only that table, with hand captures that add, one at a time,
+//! what ours does besides the chain, and each recorded graph instantiated again. On an H200
+//! (two runs of `--capture-only`): at N = 1000 and 10,000 ours costs what raw does (1.02–1.04× and
+//! 0.94–0.96×); at N ≤ 100 it costs a fixed 7–36 µs more (1.03–1.45×). Of that, the input
+//! copy node, the node walk and the two events take 0–3 µs together (a hand capture that
+//! does all three: 0.042 against 0.041 ms at N = 10); the instantiate flag, work left on the
+//! stream and an allocation freed before the capture make no difference; instantiating and
+//! uploading in one call (`CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`) saves nothing. The rest is
+//! inside `cuGraphInstantiateWithFlags` for our recorded graph (instantiating it again by
+//! hand: +1–5 µs at N = 10, +14–15 µs at N = 100 against the hand-recorded one), not yet
+//! explained.
+//!
 //! Run: `cargo run --release --example 02-chain` (add `-- 10 100` to choose N, `--json` for
-//! the report's JSON lines, `--no-torch` to leave PyTorch out).
+//! the report's JSON lines, `--no-torch` to leave PyTorch out, `--capture-only` for the
+//! capture cost alone).
 //!
 //! It uses `graph-runtime` (and cudarc through it), `clap` and `serde_json`: the kernels,
 //! timing and report records it needs are at the end of this file.
@@ -70,6 +87,13 @@ struct Args {
     /// own static buffers), each raw capture on the same buffers as one of them.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     placements: u32,
+    /// Captures of each kind per chain length in the capture-cost table (medians).
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u32).range(1..=101))]
+    capture_rounds: u32,
+    /// Only the capture-cost table, with the probe's variants (hand captures that add, one at a
+    /// time, what ours does besides the chain; each recorded graph instantiated again).
+    #[arg(long)]
+    capture_only: bool,
 }
 
 /// Calls per measurement for a chain of `n` kernels: about [`BATCH_US`] of replays.
@@ -177,19 +201,18 @@ fn raw_capture(
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     kernels: usize,
-) -> Result<(CudaGraph, Duration, Duration), GraphError> {
+) -> Result<(CudaGraph, Duration), GraphError> {
     let s = rt.stream();
     launch_chain(s, rt, x, y, kernels)?; // warm: compile, load
     s.synchronize()?;
     let t = Instant::now();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     launch_chain(s, rt, x, y, kernels)?;
-    let recorded = t.elapsed();
     let graph = s
         .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?
         .expect("the chain records kernels");
     graph.upload()?;
-    Ok((graph, t.elapsed(), recorded))
+    Ok((graph, t.elapsed()))
 }
 
 /// The chain captured by hand on raw device addresses: `y = x + 1`, then `kernels - 1` times
@@ -349,7 +372,7 @@ fn like_for_like(rt: &Runtime, n: usize, placements: usize) -> Result<Placed, Gr
         // The raw capture as a user writes it, on buffers of its own.
         let mut ux = s.alloc_zeros::<f32>(ELEMS)?;
         let mut uy = s.alloc_zeros::<f32>(ELEMS)?;
-        let (raw, _t, _rec) = raw_capture(rt, &ux, &mut uy, n)?;
+        let (raw, _t) = raw_capture(rt, &ux, &mut uy, n)?;
         out.raw_own.push(wall_us(&s, iters, || {
             s.memcpy_dtod(&src, &mut ux)?;
             Ok(raw.launch()?)
@@ -389,11 +412,6 @@ struct Row {
     ours_capture_ms: f64,
     ours_capture_total_ms: f64,
     raw_capture_ms: f64,
-    /// Of `raw_capture_ms`: begin and the launches (the rest: end, instantiate, upload).
-    raw_record_ms: f64,
-    /// Of `ours_capture_ms`: recording, reading the nodes, instantiating and uploading.
-    ours_record_ms: f64,
-    ours_inspect_ms: f64,
     /// The same chain launched early: replay µs, launch-only µs, GPU µs.
     early_us: f64,
     early_launch_us: f64,
@@ -428,7 +446,6 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
     // Ours: capture three times, keep the last graph, report median times.
     let t = Instant::now();
     let (mut totals, mut captures) = (Vec::new(), Vec::new());
-    let (mut records, mut inspects) = (Vec::new(), Vec::new());
     let mut graph = None;
     for _ in 0..3 {
         drop(graph.take()); // free the previous graph before the next capture
@@ -437,13 +454,10 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
         totals.push(t.elapsed().as_secs_f64() * 1e3);
         let info = g.info();
         captures.push((info.capture_time + info.instantiate_time).as_secs_f64() * 1e3);
-        records.push(info.capture_time.as_secs_f64() * 1e3);
-        inspects.push(info.inspect_time.as_secs_f64() * 1e3);
         graph = Some(g);
     }
     let mut graph = graph.expect("captured three times");
     let (ours_capture_total_ms, ours_capture_ms) = (median(totals), median(captures));
-    let (ours_record_ms, ours_inspect_ms) = (median(records), median(inspects));
     let info = graph.info().clone();
     assert_eq!(info.kinds.kernels, n, "one node per kernel");
     assert_eq!(info.kinds.input_copies, 1, "and the input's copy node");
@@ -453,18 +467,16 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
     // Raw cudarc, same kernels, same stream, same input copy.
     let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
     let mut ys = s.alloc_zeros::<f32>(ELEMS)?;
-    let (mut raw_times, mut raw_records) = (Vec::new(), Vec::new());
+    let mut raw_times = Vec::new();
     let mut raw = None;
     for _ in 0..3 {
         drop(raw.take());
-        let (g, t, rec) = raw_capture(rt, &xs, &mut ys, n)?;
+        let (g, t) = raw_capture(rt, &xs, &mut ys, n)?;
         raw_times.push(t.as_secs_f64() * 1e3);
-        raw_records.push(rec.as_secs_f64() * 1e3);
         raw = Some(g);
     }
     let raw = raw.expect("captured three times");
     let raw_capture_ms = median(raw_times);
-    let raw_record_ms = median(raw_records);
     let raw_replay = |xs: &mut CudaSlice<f32>| -> Result<(), GraphError> {
         s.memcpy_dtod(&src, xs)?;
         raw.launch()?;
@@ -528,9 +540,6 @@ fn measure(rt: &Runtime, n: usize, phases: &mut Phases) -> Result<Row, GraphErro
         ours_capture_ms,
         ours_capture_total_ms,
         raw_capture_ms,
-        raw_record_ms,
-        ours_record_ms,
-        ours_inspect_ms,
         early_us,
         early_launch_us,
         early_gpu_us,
@@ -609,6 +618,24 @@ fn main() -> Result<(), BoxError> {
         "02-chain: runtime, kernels and warm-up in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let rounds = args.capture_rounds as usize;
+    let mut costs = Vec::new();
+    for &n in &ns {
+        let t = Instant::now();
+        costs.push(capture_cost::measure(&rt, n, rounds, args.capture_only)?);
+        eprintln!(
+            "02-chain: N = {n}: capture cost in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    if args.capture_only {
+        capture_cost::print(&costs, rounds);
+        println!(
+            "\ntwo untimed events (what ours creates per graph): {:.2} µs",
+            capture_cost::two_events_us(&rt, 101)?
+        );
+        return Ok(());
+    }
     let mut placed = Vec::new();
     for &n in &ns {
         let t = Instant::now();
@@ -698,23 +725,7 @@ fn main() -> Result<(), BoxError> {
             r.early_edges
         );
     }
-    println!("\ncapture cost (ms): where ours goes, against the raw capture (begin, launches, end, instantiate, upload)");
-    println!("| N | ours record ms | raw record ms | ours inspect ms | ours instantiate + upload ms | raw end + instantiate + upload ms | ours total ms | raw ms | ours/raw |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            r.n,
-            r.ours_record_ms,
-            r.raw_record_ms,
-            r.ours_inspect_ms,
-            r.ours_capture_ms - r.ours_record_ms - r.ours_inspect_ms,
-            r.raw_capture_ms - r.raw_record_ms,
-            r.ours_capture_ms,
-            r.raw_capture_ms,
-            r.ours_capture_ms / r.raw_capture_ms
-        );
-    }
+    capture_cost::print(&costs, rounds);
     println!("\nhost time inside one call (µs; ours replay = point the input node at the new input + launch, raw replay = input copy + launch), GPU time per node (µs, CUDA events), capture + instantiate (ms)");
     println!("| N | ours replay host µs | raw replay host µs | extra µs | ours launch host µs | raw launch host µs | ours GPU µs/node | raw GPU µs/node | ours capture+inst ms | ours incl. warmup ms | raw capture+inst ms |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -1007,5 +1018,534 @@ mod record {
             });
         }
         Ok(Output { records })
+    }
+}
+
+/// Capture cost, phase by phase: ours (`ChainGraph::capture`, from its `GraphInfo`) against
+/// the same chain captured by hand with the driver API (begin, launches, end, instantiate
+/// with the same flag, upload), both after two eager runs and a synchronize, interleaved
+/// round by round in a rotating order so that neither always follows the other.
+mod capture_cost {
+    use std::time::{Duration, Instant};
+
+    use graph_runtime::cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use graph_runtime::cudarc::driver::{
+        CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    };
+    use graph_runtime::{GraphError, GraphInfo, Runtime};
+
+    use super::{launch_chain, median, ChainGraph, ELEMS};
+
+    /// A copy kernel in a module of its own, like the input copy node of ours (probe only).
+    const COPY: &str = r#"
+extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned char *dst,
+                                            unsigned long long bytes) {
+    unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (unsigned long long i = t; i < bytes; i += (unsigned long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"#;
+
+    /// Milliseconds of each phase of one capture.
+    #[derive(Clone, Copy, Default)]
+    pub struct Split {
+        /// Begin capture, the launches (ours: and its input copy node), end capture.
+        pub capture: f64,
+        /// Reading the recorded graph's nodes (ours: kinds, temporaries, copies).
+        pub inspect: f64,
+        /// `cuGraphInstantiateWithFlags` (ours: and what it does around it: its two ordering
+        /// events, the memory check).
+        pub instantiate: f64,
+        /// `cuGraphUpload`.
+        pub upload: f64,
+    }
+
+    impl Split {
+        pub fn total(&self) -> f64 {
+            self.capture + self.inspect + self.instantiate + self.upload
+        }
+
+        fn of_ours(info: &GraphInfo) -> Self {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            Split {
+                capture: ms(info.capture_time),
+                inspect: ms(info.inspect_time),
+                instantiate: ms(info
+                    .instantiate_time
+                    .saturating_sub(info.inspect_time)
+                    .saturating_sub(info.upload_time)),
+                upload: ms(info.upload_time),
+            }
+        }
+
+        /// The median of each phase (and so not quite a split of the median total).
+        fn median_of(v: &[Split]) -> Split {
+            let m = |f: fn(&Split) -> f64| median(v.iter().map(f).collect());
+            Split {
+                capture: m(|s| s.capture),
+                inspect: m(|s| s.inspect),
+                instantiate: m(|s| s.instantiate),
+                upload: m(|s| s.upload),
+            }
+        }
+    }
+
+    /// What a hand capture does besides the chain (the probe's variants).
+    #[derive(Clone, Copy)]
+    struct Hand<'a> {
+        flags: CUgraphInstantiate_flags,
+        /// A copy kernel of its own module first, as ours records its input copy node.
+        copy: Option<&'a CudaFunction>,
+        /// Read every node's type before instantiating, as ours does.
+        walk: bool,
+        /// Create two untimed events before instantiating, as ours does.
+        events: bool,
+        /// Work left on the stream when the capture begins (see [`Busy`]).
+        busy: Busy,
+        /// Instantiate and upload in one call (`cuGraphInstantiateWithParams` with
+        /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`).
+        one_call: bool,
+        /// Ask the driver what the stream is capturing into (`cuStreamGetCaptureInfo_v3`)
+        /// after beginning and after the copy node, as ours does.
+        info_queries: bool,
+    }
+
+    /// `cuStreamGetCaptureInfo_v3` on a capturing stream, as ours calls it (graph and
+    /// dependencies, no edge data).
+    fn capture_info(s: &CudaStream) -> Result<(), GraphError> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let mut deps: *const sys::CUgraphNode = std::ptr::null();
+        let mut count = 0usize;
+        // SAFETY: `s` is live and capturing on this thread; the driver writes the status, the
+        // graph, a pointer to its own dependency array and its length.
+        unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                s.cu_stream(),
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut count,
+            )
+        }
+        .result()?;
+        Ok(())
+    }
+
+    /// What the stream still has queued when a hand capture begins, after the warmup's
+    /// synchronize: what ours had before its generators were read to the host.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Busy {
+        Idle,
+        /// A 16-byte device copy.
+        Copy,
+        /// A 16-byte buffer allocated before the warmup, a 16-byte copy into it, and its free
+        /// (stream-ordered), as the generator snapshot of ours did.
+        AllocCopyFree,
+    }
+
+    /// A graph captured, instantiated and uploaded by hand; destroyed when dropped.
+    struct HandGraph {
+        graph: sys::CUgraph,
+        exec: sys::CUgraphExec,
+        _events: Vec<CudaEvent>,
+    }
+
+    impl Drop for HandGraph {
+        fn drop(&mut self) {
+            // SAFETY: both handles were made by `hand` and are destroyed once, here; CUDA
+            // defers destroying an executable graph until its launches are done.
+            unsafe {
+                if !self.exec.is_null() {
+                    let _ = sys::cuGraphExecDestroy(self.exec);
+                }
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+
+    /// The chain captured by hand on `x`, `y`, each phase timed.
+    fn hand(
+        rt: &Runtime,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        how: Hand<'_>,
+    ) -> Result<(HandGraph, Split), GraphError> {
+        let s = rt.stream();
+        let snapshot = match how.busy {
+            Busy::AllocCopyFree => Some(s.alloc_zeros::<u64>(2)?),
+            _ => None,
+        };
+        // The same warmup as ours: two eager runs, then a synchronize.
+        launch_chain(s, rt, x, y, n)?;
+        launch_chain(s, rt, x, y, n)?;
+        s.synchronize()?;
+        if how.busy != Busy::Idle {
+            let (src, _s) = y.device_ptr(s);
+            let dst = match &snapshot {
+                Some(buf) => buf.device_ptr(s).0,
+                None => src + 16,
+            };
+            let from = if snapshot.is_some() { src } else { src + 32 };
+            // SAFETY: both ranges are 16 bytes inside live buffers (`y`, which the chain
+            // overwrites, holds 1 KiB); the copy is queued on `s` ahead of the capture.
+            unsafe {
+                graph_runtime::cudarc::driver::result::memcpy_dtod_async(
+                    dst,
+                    from,
+                    16,
+                    s.cu_stream(),
+                )
+            }?;
+        }
+        drop(snapshot);
+        let t = Instant::now();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        if how.info_queries {
+            capture_info(s)?;
+        }
+        if let Some(copy) = how.copy {
+            let (xp, _sync) = x.device_ptr(s);
+            let zero = 0u64;
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel copies 0 bytes (nothing); it is recorded, not run.
+            unsafe {
+                s.launch_builder(copy)
+                    .arg(&xp)
+                    .arg(&xp)
+                    .arg(&zero)
+                    .launch(cfg)
+            }?;
+            if how.info_queries {
+                capture_info(s)?;
+            }
+        }
+        launch_chain(s, rt, x, y, n)?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: this thread began capturing the live stream `s` above.
+        unsafe { sys::cuStreamEndCapture(s.cu_stream(), &mut graph) }.result()?;
+        let capture = t.elapsed();
+        let mut g = HandGraph {
+            graph,
+            exec: std::ptr::null_mut(),
+            _events: Vec::new(),
+        };
+        let t = Instant::now();
+        if how.walk {
+            let mut count = 0usize;
+            // SAFETY: `graph` is live; a null array asks for the count only, then the array
+            // holds `count` handles; each node belongs to the live graph.
+            unsafe {
+                sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count).result()?;
+                let mut nodes = vec![std::ptr::null_mut(); count];
+                sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count).result()?;
+                let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+                for node in nodes {
+                    sys::cuGraphNodeGetType(node, &mut kind).result()?;
+                }
+            }
+        }
+        let inspect = t.elapsed();
+        let t = Instant::now();
+        if how.events {
+            for _ in 0..2 {
+                g._events.push(
+                    rt.context()
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+                );
+            }
+        }
+        if how.one_call {
+            let mut params = sys::CUDA_GRAPH_INSTANTIATE_PARAMS {
+                flags: how.flags.0 as u64
+                    | CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64,
+                hUploadStream: s.cu_stream(),
+                hErrNode_out: std::ptr::null_mut(),
+                result_out: sys::CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_SUCCESS,
+            };
+            // SAFETY: `graph` is the live graph just recorded on this context; `params` lives
+            // across the call and names a live stream of it.
+            unsafe { sys::cuGraphInstantiateWithParams(&mut g.exec, graph, &mut params) }
+                .result()?;
+        } else {
+            // SAFETY: `graph` is the live graph just recorded on this context.
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, graph, how.flags.0 as u64) }
+                .result()?;
+        }
+        let instantiate = t.elapsed();
+        let t = Instant::now();
+        if !how.one_call {
+            // SAFETY: `exec` is live and `s` a live stream of its context.
+            unsafe { sys::cuGraphUpload(g.exec, s.cu_stream()) }.result()?;
+        }
+        let upload = t.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Ok((
+            g,
+            Split {
+                capture: ms(capture),
+                inspect: ms(inspect),
+                instantiate: ms(instantiate),
+                upload: ms(upload),
+            },
+        ))
+    }
+
+    /// `graph` instantiated again by hand (AUTO_FREE_ON_LAUNCH, as both do) and uploaded:
+    /// (instantiate ms, upload ms). The executable graph is destroyed after a synchronize.
+    fn reinstantiate(rt: &Runtime, graph: sys::CUgraph) -> Result<(f64, f64), GraphError> {
+        let s = rt.stream();
+        s.synchronize()?;
+        let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        let t = Instant::now();
+        // SAFETY: `graph` is a live graph of this context (the caller keeps it alive).
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags.0 as u64) }.result()?;
+        let inst = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        // SAFETY: `exec` is live and `s` a live stream of its context.
+        let uploaded = unsafe { sys::cuGraphUpload(exec, s.cu_stream()) }.result();
+        let up = t.elapsed().as_secs_f64() * 1e3;
+        let synced = s.synchronize();
+        // SAFETY: `exec` was made above, its upload is done, and it is destroyed once.
+        unsafe { sys::cuGraphExecDestroy(exec) }.result()?;
+        uploaded?;
+        synced?;
+        Ok((inst, up))
+    }
+
+    /// Medians over the rounds.
+    pub struct Cost {
+        pub n: usize,
+        pub ours: Split,
+        pub raw: Split,
+        /// Median of the per-round ratios ours total / raw total.
+        pub ratio: f64,
+        /// Probe variants (with `--capture-only`): (name, split).
+        pub variants: Vec<(&'static str, Split)>,
+        /// Probe: (ours' recorded graph, raw's recorded graph) instantiated again by hand,
+        /// (instantiate ms, upload ms).
+        pub again: Option<((f64, f64), (f64, f64))>,
+    }
+
+    /// `rounds` captures of each kind for a chain of `n`.
+    pub fn measure(rt: &Runtime, n: usize, rounds: usize, probe: bool) -> Result<Cost, GraphError> {
+        let s = rt.stream();
+        let host_x: Vec<f32> = (0..ELEMS).map(|i| i as f32).collect();
+        let src = s.clone_htod(&host_x)?;
+        let want: Vec<f32> = host_x.iter().map(|v| v + n as f32).collect();
+        let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
+        s.memcpy_dtod(&src, &mut xs)?;
+        let mut ys = s.alloc_zeros::<f32>(ELEMS)?;
+        let copy = rt.function(COPY, "probe_input_copy")?;
+        let auto_free = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let raw_how = Hand {
+            flags: auto_free,
+            copy: None,
+            walk: false,
+            events: false,
+            busy: Busy::Idle,
+            one_call: false,
+            info_queries: false,
+        };
+        let kinds: Vec<(&'static str, Hand<'_>)> = if probe {
+            vec![
+                ("raw", raw_how),
+                (
+                    "raw, instantiate + upload in one call",
+                    Hand {
+                        one_call: true,
+                        ..raw_how
+                    },
+                ),
+                (
+                    "raw + 16 B copy queued before capture",
+                    Hand {
+                        busy: Busy::Copy,
+                        ..raw_how
+                    },
+                ),
+                (
+                    "raw + 16 B alloc, copy, free queued before capture",
+                    Hand {
+                        busy: Busy::AllocCopyFree,
+                        ..raw_how
+                    },
+                ),
+                (
+                    "raw + copy node (own module)",
+                    Hand {
+                        copy: Some(&copy),
+                        ..raw_how
+                    },
+                ),
+                (
+                    "raw + copy node + walk + events",
+                    Hand {
+                        copy: Some(&copy),
+                        walk: true,
+                        events: true,
+                        ..raw_how
+                    },
+                ),
+                (
+                    "raw + copy node + walk + events + 2 capture-info queries",
+                    Hand {
+                        copy: Some(&copy),
+                        walk: true,
+                        events: true,
+                        info_queries: true,
+                        ..raw_how
+                    },
+                ),
+            ]
+        } else {
+            vec![("raw", raw_how)]
+        };
+        let slots = kinds.len() + 1;
+        let mut ours = Vec::new();
+        let mut hands: Vec<Vec<Split>> = vec![Vec::new(); kinds.len()];
+        let mut ratios = Vec::new();
+        let (mut again_ours, mut again_raw) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let mut ours_total = f64::NAN;
+            let mut raw_total = f64::NAN;
+            for slot in 0..slots {
+                let k = (slot + round) % slots;
+                if k == kinds.len() {
+                    let g = ChainGraph::capture(rt, &src, ELEMS, n)?;
+                    let split = Split::of_ours(g.info());
+                    ours_total = split.total();
+                    ours.push(split);
+                    if probe {
+                        again_ours.push(reinstantiate(rt, g.graph().cu_graph())?);
+                    }
+                    drop(g);
+                } else {
+                    let (g, split) = hand(rt, &xs, &mut ys, n, kinds[k].1)?;
+                    if k == 0 {
+                        raw_total = split.total();
+                        if probe {
+                            again_raw.push(reinstantiate(rt, g.graph)?);
+                        }
+                    }
+                    hands[k].push(split);
+                    if round == 0 {
+                        s.memset_zeros(&mut ys)?;
+                        // SAFETY: `exec` is live, instantiated on this stream's context.
+                        unsafe { sys::cuGraphLaunch(g.exec, s.cu_stream()) }.result()?;
+                        assert_eq!(s.clone_dtoh(&ys)?, want, "hand capture {}", kinds[k].0);
+                    }
+                    s.synchronize()?;
+                    drop(g);
+                }
+            }
+            ratios.push(ours_total / raw_total);
+        }
+        let med2 = |v: &[(f64, f64)]| {
+            (
+                median(v.iter().map(|p| p.0).collect()),
+                median(v.iter().map(|p| p.1).collect()),
+            )
+        };
+        Ok(Cost {
+            n,
+            ours: Split::median_of(&ours),
+            raw: Split::median_of(&hands[0]),
+            ratio: median(ratios),
+            variants: kinds
+                .iter()
+                .zip(&hands)
+                .skip(1)
+                .map(|((name, _), v)| (*name, Split::median_of(v)))
+                .collect(),
+            again: probe.then(|| (med2(&again_ours), med2(&again_raw))),
+        })
+    }
+
+    /// Microseconds to create two untimed events (median of `rounds`).
+    pub fn two_events_us(rt: &Runtime, rounds: usize) -> Result<f64, GraphError> {
+        let mut v = Vec::new();
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let a = rt
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+            let b = rt
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+            drop((a, b));
+        }
+        Ok(median(v))
+    }
+
+    /// Prints the table of `costs`.
+    pub fn print(costs: &[Cost], rounds: usize) {
+        println!(
+            "\ncapture cost (ms, median of {rounds} interleaved captures each, after two eager runs): \
+             ours (`capture`, from its GraphInfo) against the chain captured by hand (begin, launches, \
+             end; instantiate with AUTO_FREE_ON_LAUNCH as ours; upload as ours)"
+        );
+        println!("| N | ours capture | ours inspect | ours instantiate | ours upload | ours total | raw capture | raw instantiate | raw upload | raw total | ours/raw |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for c in costs {
+            let (o, r) = (&c.ours, &c.raw);
+            println!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                c.n,
+                o.capture,
+                o.inspect,
+                o.instantiate,
+                o.upload,
+                o.total(),
+                r.capture,
+                r.instantiate,
+                r.upload,
+                r.total(),
+                c.ratio
+            );
+        }
+        if costs.iter().all(|c| c.variants.is_empty()) {
+            return;
+        }
+        println!("\ncapture probe (ms, medians): hand captures doing part of what ours does, and each recorded graph instantiated again by hand");
+        println!("| N | variant | capture | inspect | instantiate | upload | total |");
+        println!("|---:|---|---:|---:|---:|---:|---:|");
+        for c in costs {
+            let rows = std::iter::once(("ours", c.ours))
+                .chain(std::iter::once(("raw", c.raw)))
+                .chain(c.variants.iter().copied());
+            for (name, s) in rows {
+                println!(
+                    "| {} | {name} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                    c.n,
+                    s.capture,
+                    s.inspect,
+                    s.instantiate,
+                    s.upload,
+                    s.total()
+                );
+            }
+            if let Some(((oi, ou), (ri, ru))) = c.again {
+                println!(
+                    "| {} | ours' graph instantiated again | | | {oi:.3} | {ou:.3} | {:.3} |",
+                    c.n,
+                    oi + ou
+                );
+                println!(
+                    "| {} | raw's graph instantiated again | | | {ri:.3} | {ru:.3} | {:.3} |",
+                    c.n,
+                    ri + ru
+                );
+            }
+        }
     }
 }

@@ -22,12 +22,14 @@
 //! [`FUSED_MAX`], `sgemm` up to [`SGEMM_MAX`], `lt` above, where the GEMMs are large enough
 //! for cuBLASLt's tiles and its fused epilogue saves a pass over the activations.
 //!
-//! At batch 1024 and above the algorithm cuBLASLt runs sets the time. `LtLinear` keeps the
-//! heuristic's first pick unless another candidate times more than 3% faster, so every run
-//! uses the same one: on an H200, 338.9 and 342.2 µs of GPU time per replay in two runs,
-//! against 341.4 µs for PyTorch's graph of the same model (cuBLASLt GEMM with the bias, then
-//! a GELU kernel). Picking the fastest by timing alone differed from run to run: 338 to
-//! 365 µs, the second pick's 364 µs among them.
+//! At batch 1024 and above the algorithm cuBLASLt runs sets the time. `LtLinear` takes the
+//! heuristic's first pick, untimed (as PyTorch does): on an H200, 337.6 µs per replay
+//! against 341.9 µs for PyTorch's graph of the same model (cuBLASLt GEMM with the bias, then
+//! a GELU kernel) in the same run. Timing the candidates one layer at a time used to pick the
+//! second candidate in some runs, 365 µs in the model although it timed faster alone. The
+//! GEMMs set the time (FP32 without TF32, ~26 TFLOP/s): 21.1 µs a layer for ours with the
+//! GELU in the epilogue, 20.5 µs for PyTorch's GEMM (its profiler) plus 1.7 µs for the GELU
+//! kernel it runs after it.
 //! `--kernels all` runs and times every way.
 //!
 //! For every batch size the example
@@ -81,6 +83,13 @@ struct Args {
     /// Print one JSON line per measurement after the table (for the report).
     #[arg(long)]
     json: bool,
+    /// Probe: run `lt` layers on this candidate of cuBLASLt's heuristic (0: its first pick),
+    /// untimed, instead of `LtLinear::new`'s timed choice.
+    #[arg(long, hide = true)]
+    lt_candidate: Option<usize>,
+    /// Probe: the cuBLASLt workspace of `--lt-candidate`, in MiB.
+    #[arg(long, hide = true, default_value_t = 4)]
+    lt_workspace_mib: usize,
 }
 
 /// `--kernels`.
@@ -146,11 +155,33 @@ struct Work {
 }
 
 impl Work {
-    fn new(rt: &Runtime, batch: usize, kernels: Kernels) -> Result<Self, GraphError> {
-        let lt = match kernels {
-            Kernels::Lt => Some(LtLinear::new(rt, batch, DIM, DIM)?),
+    fn new(
+        rt: &Runtime,
+        batch: usize,
+        kernels: Kernels,
+        probe: Option<(usize, usize)>,
+    ) -> Result<Self, GraphError> {
+        let lt = match (kernels, probe) {
+            (Kernels::Lt, None) => Some(LtLinear::new(rt, batch, DIM, DIM)?),
+            (Kernels::Lt, Some((index, ws))) => Some(
+                LtLinear::with_candidate(rt, batch, DIM, DIM, ws, index)?.ok_or_else(|| {
+                    GraphError::User(format!("cuBLASLt proposes no candidate {index}").into())
+                })?,
+            ),
             _ => None,
         };
+        if let Some(plan) = &lt {
+            eprintln!(
+                "04-mlp-inference: batch {batch}: cuBLASLt candidate {} ({}), workspace {} MiB",
+                plan.candidate(),
+                if probe.is_some() {
+                    "asked for"
+                } else {
+                    "LtLinear::new"
+                },
+                plan.workspace_bytes() >> 20
+            );
+        }
         Self::with_plan(rt, batch, lt)
     }
 
@@ -280,7 +311,8 @@ fn main() -> Result<(), BoxError> {
         for way in &ways {
             let kernels = way.unwrap_or(Kernels::auto(n));
             let x = &xs[i];
-            let mut graph_work = Work::new(&rt, n, kernels)?;
+            let probe = args.lt_candidate.map(|i| (i, args.lt_workspace_mib << 20));
+            let mut graph_work = Work::new(&rt, n, kernels, probe)?;
             let mut eager_work = graph_work.twin(&rt)?;
             let mut graph =
                 MlpGraph::capture(&rt, x, &w, &b, &mut graph_work, n * DIM, n, kernels)?;

@@ -1,7 +1,7 @@
 //! Warmup, capture and the capture guard: the procedure behind every generated `capture`.
 //!
-//! 1. Snapshot, on the device, every random generator of the runtime and every `&mut` state
-//!    of the graph (unless opted out with `#[state(no_restore)]`).
+//! 1. Read the seed and offset of every random generator of the runtime, and snapshot on the
+//!    device every `&mut` state of the graph (unless opted out with `#[state(no_restore)]`).
 //! 2. Run the body `warmup` times, eagerly, on the runtime's stream (kernels get compiled
 //!    and loaded, cuBLAS picks its algorithms, allocations settle). After every run the
 //!    body's state and outputs must still hold the buffers they were captured with.
@@ -396,6 +396,7 @@ pub fn capture(
         checks_time,
         instantiate_time: Duration::ZERO,
         inspect_time: Duration::ZERO,
+        upload_time: Duration::ZERO,
     };
     let segmented = segments.len() > 1;
     let mut graphs = Vec::with_capacity(segments.len());

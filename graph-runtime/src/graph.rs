@@ -34,6 +34,9 @@ pub struct GraphInfo {
     /// The part of `instantiate_time` spent reading the recorded graph's nodes (their kinds,
     /// the temporaries' sizes, the copies' endpoints) before instantiating it.
     pub inspect_time: Duration,
+    /// The part of `instantiate_time` spent in `cuGraphUpload` (mapping the temporaries and
+    /// handing the executable graph to the device, so that the first replay does not).
+    pub upload_time: Duration,
     /// Time the optional capture checks took (`check_determinism`: a second capture and the
     /// comparison); zero when they are off.
     pub checks_time: Duration,
@@ -230,10 +233,12 @@ impl Graph {
             info,
             settle: false,
         };
+        let upload_started = Instant::now();
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
         // Uploading maps the graph's temporaries to physical memory now, so an out-of-memory
         // failure surfaces here, at capture, and not at the first replay.
         let uploaded = unsafe { driver::upload(g.exec, rt.stream().cu_stream()) };
+        g.info.upload_time = upload_started.elapsed();
         if let Err(e) = uploaded {
             let (name, temp_bytes) = (g.info.name, g.info.temp_bytes);
             drop(g);

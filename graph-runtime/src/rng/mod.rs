@@ -315,6 +315,23 @@ impl Generator {
         self.write_words(rt, &[seed, 0, 0, 0])
     }
 
+    /// Writes seed and offset (the first two words) from the host, leaving the rest of the
+    /// state as it is: what `restore_state` puts back, without a device snapshot.
+    pub(crate) fn write_seed_and_offset(
+        &self,
+        rt: &Runtime,
+        seed: u64,
+        offset: u64,
+    ) -> Result<(), GraphError> {
+        let ptr = self.state_ptr(rt);
+        let words = [seed, offset];
+        // SAFETY: `ptr` is this generator's 4-word device state, of which the first two are
+        // written; the copy is ordered on the runtime's stream, where every draw runs, and
+        // `words` is staged by the driver before the call returns (pageable source).
+        unsafe { crate::driver::copy_htod(ptr, words.as_slice(), rt.stream().cu_stream()) }?;
+        Ok(())
+    }
+
     fn write_words(&self, rt: &Runtime, words: &[u64; 4]) -> Result<(), GraphError> {
         let ptr = self.state_ptr(rt);
         // SAFETY: `ptr` is this generator's 4-word device state; the copy is ordered on the
@@ -346,21 +363,24 @@ impl Generator {
 
 /// Every generator of a runtime as it was before a capture's warmup runs, so that the
 /// warmup's draws can be undone (see the module docs).
+///
+/// Seed and offset are read to the host (one read per generator, in stream order) and
+/// written back only when the warmup changed them: a capture allocates and frees no device
+/// snapshot, and a body that draws nothing queues no copy before its capture.
 pub(crate) struct WarmupSnapshot {
-    saved: Vec<(Generator, RngState, u64)>,
+    /// Each generator with its seed and offset before the warmup.
+    saved: Vec<(Generator, u64, u64)>,
 }
 
 impl WarmupSnapshot {
-    /// Saves every live generator of `rt` (on the device) and reads its offset.
+    /// Reads the seed and offset of every live generator of `rt`.
     pub(crate) fn take(rt: &Runtime) -> Result<Self, GraphError> {
         let saved = rt
             .live_generators()
             .into_iter()
             .map(|g| {
-                let mut snapshot = RngState::new(rt)?;
-                g.save_state(rt, &mut snapshot)?;
-                let offset = g.seed_and_offset(rt)?.1;
-                Ok((g, snapshot, offset))
+                let (seed, offset) = g.seed_and_offset(rt)?;
+                Ok((g, seed, offset))
             })
             .collect::<Result<_, GraphError>>()?;
         Ok(WarmupSnapshot { saved })
@@ -370,15 +390,17 @@ impl WarmupSnapshot {
     /// moved, per run.
     pub(crate) fn restore(self, rt: &Runtime, warmup: u32) -> Result<Vec<RngAdvance>, GraphError> {
         let mut moved = Vec::new();
-        for (g, snapshot, before) in self.saved {
-            let after = g.seed_and_offset(rt)?.1;
+        for (g, seed, before) in self.saved {
+            let (seed_after, after) = g.seed_and_offset(rt)?;
             if after != before {
                 moved.push(RngAdvance {
                     generator: g.id(),
                     counters_per_replay: after.wrapping_sub(before) / u64::from(warmup),
                 });
             }
-            g.restore_state(rt, &snapshot)?;
+            if (seed_after, after) != (seed, before) {
+                g.write_seed_and_offset(rt, seed, before)?;
+            }
         }
         Ok(moved)
     }

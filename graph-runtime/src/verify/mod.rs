@@ -2,12 +2,12 @@
 //!
 //! Every generated graph has `verify(inputs…, tolerance)`. It runs the annotated function
 //! eagerly on copies of the inputs into shadow outputs, puts back everything that eager run
-//! changed (the `&mut` state and the random generators, from device snapshots), replays the
-//! graph on the same inputs, and compares every output and every `&mut` state, element by
-//! element. The result is a [`VerifyReport`]: per output, whether it is bitwise equal, the
-//! largest absolute and relative error and the first index that differs. Afterwards the
-//! graph, its state and the generators are exactly where a plain `replay` would have left
-//! them: the check has no side effect of its own.
+//! changed (the `&mut` state from device snapshots, the random generators' seeds and
+//! offsets), replays the graph on the same inputs, and compares every output and every
+//! `&mut` state, element by element. The result is a [`VerifyReport`]: per output, whether
+//! it is bitwise equal, the largest absolute and relative error and the first index that
+//! differs. Afterwards the graph, its state and the generators are exactly where a plain
+//! `replay` would have left them: the check has no side effect of its own.
 //!
 //! Generators draw the same numbers on both sides: the eager run starts from the generators'
 //! state, which is then restored for the replay.

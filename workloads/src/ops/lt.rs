@@ -4,12 +4,12 @@
 //! cudarc's safe cuBLASLt wrapper computes f32 products in TF32, which is not what PyTorch
 //! does by default (`allow_tf32 = False`) and would not match the host reference, so this
 //! goes through cudarc's `result` layer. A [`LtLinear`] is a plan for one shape: its
-//! descriptors and its algorithm are chosen once, before any capture. cuBLASLt's heuristic
-//! proposes up to [`LT_CANDIDATES`] algorithms; the plan times each on the GPU and keeps the
-//! heuristic's first pick unless another is faster by more than [`LT_MARGIN`] (the first pick
-//! is not always the fastest for these skinny FP32 shapes, and a plain "fastest" flipped
-//! between two picks from run to run: on an H200 at batch 1024, the first pick ran the
-//! 16-layer MLP in 337 µs and the second in 364 µs, and timing chose either).
+//! descriptors and its algorithm are chosen once, before any capture. The algorithm is the
+//! first pick of cuBLASLt's heuristic, untimed, as PyTorch's cuBLASLt path takes it. Timing
+//! the heuristic's candidates one layer at a time chose worse for the model than the first
+//! pick (H200, 16-layer MLP, GPU µs per replay): at batch 1024 the second candidate (365 µs
+//! against 337 µs; one layer alone timed it faster), at batch 1 the fifth (77.7 against
+//! 72.7 µs); the first pick was never slower in the model.
 //! Eager calls and the captured graph then use the same algorithm, so they agree bit for
 //! bit. Its workspace is its own device buffer, fixed for the plan's life, so a
 //! call never allocates (a capture could not).
@@ -26,28 +26,14 @@ use graph_runtime::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use graph_runtime::{DeviceState, GraphError, Runtime};
 
 use crate::ops::linear::check_lens;
-use crate::testing::{random_vec, seeded_rng};
-use crate::timing::gpu_us;
 
-/// Workspace of each plan; what cuBLASLt may use for split-K reductions. Measured on an
-/// H100 with 32 MiB and 16 candidates, the timing picked a three-kernel split-K algorithm at
-/// batch 4096 that times faster alone and runs 12% slower inside the 16-layer model; 4 MiB
-/// keeps the choice among the single-pass ones. On an H200 at batch 1024 the heuristic's
-/// first pick takes 336–337 µs for the 16 layers with 0, 1 or 4 MiB, and with 32 MiB it is a
-/// three-kernel algorithm that takes 357 µs.
+/// Workspace of each plan; what cuBLASLt may use for split-K reductions. With 32 MiB the
+/// heuristic's first pick at batch 1024 is a split-K algorithm (three kernels a layer) that
+/// runs the 16-layer MLP in 357–360 µs on an H200, against 336–338 µs for the single-pass
+/// pick it makes with 0, 1 or 4 MiB; 4 MiB keeps the choice among the single-pass ones.
 pub const LT_WORKSPACE_BYTES: usize = 4 << 20;
-/// Algorithms asked of the heuristic and timed by [`LtLinear::new`].
+/// Algorithms asked of the heuristic: [`LtLinear::with_candidate`] picks among them.
 pub const LT_CANDIDATES: usize = 8;
-/// Calls per timing of a candidate (after one untimed call); the median of
-/// [`crate::timing::REPEATS`] timings counts.
-const TIMED_CALLS: usize = 10;
-/// Rounds of timing over all candidates, interleaved so that a GPU still raising its clock
-/// does not favour the candidates timed last; each candidate's fastest round counts.
-const ROUNDS: usize = 3;
-/// How much faster (fraction of its time) another candidate must be than the heuristic's first
-/// pick to replace it: below that, timing noise would decide, and the choice would differ
-/// from run to run.
-pub const LT_MARGIN: f64 = 0.03;
 
 fn lt_err(what: &'static str) -> impl Fn(lt::CublasError) -> GraphError {
     move |e| GraphError::User(format!("cuBLASLt {what}: {e:?}").into())
@@ -69,6 +55,9 @@ pub struct LtLinear {
     y_layout: sys::cublasLtMatrixLayout_t,
     #[device_state(skip)]
     algo: sys::cublasLtMatmulAlgo_t,
+    /// Which of the heuristic's candidates `algo` is (0: its first pick).
+    #[device_state(skip)]
+    pick: usize,
     workspace: CudaSlice<u8>,
     #[device_state(skip)]
     workspace_bytes: usize,
@@ -93,16 +82,13 @@ impl std::fmt::Debug for LtLinear {
 }
 
 impl LtLinear {
-    /// Makes the descriptors, asks cuBLASLt's heuristic for up to [`LT_CANDIDATES`]
-    /// algorithms for this shape and keeps the fastest on this GPU. Allocates a workspace and
-    /// waits for the timing runs: call it before capturing.
+    /// Makes the descriptors and takes cuBLASLt heuristic's first pick for this shape and a
+    /// workspace of [`LT_WORKSPACE_BYTES`] (see the module docs). Allocates the workspace:
+    /// call it before capturing.
     pub fn new(rt: &Runtime, rows: usize, n_out: usize, k: usize) -> Result<Self, GraphError> {
         let mut plan = Self::describe(rt, rows, n_out, k, LT_WORKSPACE_BYTES)?;
-        let candidates = plan.candidates()?;
-        plan.algo = candidates[0];
-        if candidates.len() > 1 {
-            plan.algo = plan.fastest(rt, &candidates)?;
-        }
+        plan.algo = plan.candidates()?[0];
+        plan.pick = 0;
         Ok(plan)
     }
 
@@ -124,15 +110,17 @@ impl LtLinear {
             return Ok(None);
         };
         plan.algo = algo;
+        plan.pick = index;
         Ok(Some(plan))
     }
 
     /// A second plan of the same shape with the same algorithm (its own descriptors and
     /// workspace): what an eager caller needs to match a graph captured with `self` bit for
-    /// bit, since two timing runs may pick different algorithms.
+    /// bit (a plan of [`LtLinear::with_candidate`] may run another algorithm than `new`'s).
     pub fn duplicate(&self, rt: &Runtime) -> Result<Self, GraphError> {
         let mut plan = Self::describe(rt, self.rows, self.n_out, self.k, self.workspace_bytes)?;
         plan.algo = self.algo;
+        plan.pick = self.pick;
         Ok(plan)
     }
 
@@ -158,6 +146,7 @@ impl LtLinear {
             // SAFETY: the algorithm is plain data (an opaque array of integers); all zeros is
             // a valid value, replaced by the caller's choice before any matmul.
             algo: unsafe { std::mem::zeroed() },
+            pick: 0,
             workspace,
             workspace_bytes,
             rows,
@@ -251,42 +240,14 @@ impl LtLinear {
         Ok(usable)
     }
 
-    /// Times each candidate on buffers of the plan's shape holding values in the range of
-    /// real activations (zeros would let the GPU clock higher than real data does), in
-    /// [`ROUNDS`] interleaved rounds of [`crate::timing::gpu_us`], and returns the heuristic's
-    /// first pick (`candidates[0]`) unless the fastest is faster than it by more than
-    /// [`LT_MARGIN`]. Queues work on the runtime's stream and waits for it: not inside a
-    /// capture.
-    fn fastest(
-        &mut self,
-        rt: &Runtime,
-        candidates: &[sys::cublasLtMatmulAlgo_t],
-    ) -> Result<sys::cublasLtMatmulAlgo_t, GraphError> {
-        graph_runtime::ensure_not_capturing("LtLinear::new (times cuBLASLt algorithms)")?;
-        let s = rt.stream();
-        let mut rng = seeded_rng(0x17);
-        let (rows, n_out, k) = (self.rows, self.n_out, self.k);
-        let x = s.clone_htod(&random_vec(&mut rng, rows * k))?;
-        let w = s.clone_htod(&random_vec(&mut rng, n_out * k))?;
-        let b = s.clone_htod(&random_vec(&mut rng, n_out))?;
-        let mut y = s.alloc_zeros::<f32>(rows * n_out)?;
-        // An algorithm the heuristic proposed may still refuse this problem: drop it.
-        // (µs, index in `candidates`)
-        let mut usable = Vec::with_capacity(candidates.len());
-        for (i, &algo) in candidates.iter().enumerate() {
-            self.algo = algo;
-            if self.forward(rt, &x, &w, &b, &mut y).is_ok() {
-                usable.push((f64::INFINITY, i));
-            }
-        }
-        for _ in 0..ROUNDS {
-            for (us, i) in usable.iter_mut() {
-                self.algo = candidates[*i];
-                let t = gpu_us(s, TIMED_CALLS, || self.forward(rt, &x, &w, &b, &mut y))?;
-                *us = us.min(t);
-            }
-        }
-        Ok(candidates[pick(0, &usable)])
+    /// Which of cuBLASLt's heuristic candidates the plan runs (0: the heuristic's first pick).
+    pub fn candidate(&self) -> usize {
+        self.pick
+    }
+
+    /// The workspace cuBLASLt may use, in bytes.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace_bytes
     }
 
     /// `y = gelu(x · Wᵀ + bias)` on the runtime's stream (capturable: no allocation, no sync).
@@ -353,22 +314,6 @@ impl LtLinear {
     }
 }
 
-/// The choice of [`LtLinear::fastest`]: `first` unless the fastest of `timed` (µs, candidate)
-/// beats `first`'s time by more than [`LT_MARGIN`]; when `first` was not timed (it refused
-/// the problem), the fastest.
-fn pick<A: Copy + PartialEq>(first: A, timed: &[(f64, A)]) -> A {
-    let Some(&(first_us, _)) = timed.iter().find(|(_, a)| *a == first) else {
-        return timed
-            .iter()
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map_or(first, |&(_, a)| a);
-    };
-    match timed.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
-        Some(&(us, a)) if us < first_us * (1.0 - LT_MARGIN) => a,
-        _ => first,
-    }
-}
-
 impl Drop for LtLinear {
     fn drop(&mut self) {
         // SAFETY: each handle was created by `describe` (the descriptors are null when it
@@ -385,23 +330,5 @@ impl Drop for LtLinear {
             }
             let _ = lt::destroy_handle(self.handle);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pick;
-
-    #[test]
-    fn the_first_pick_stays_unless_another_is_clearly_faster() {
-        // Within the margin: the first pick, whichever timed fastest.
-        assert_eq!(pick(0, &[(22.8, 0), (22.5, 1), (30.0, 2)]), 0);
-        // Beyond it: the fastest.
-        assert_eq!(pick(0, &[(25.0, 0), (22.8, 1), (23.5, 2)]), 1);
-        // The first pick timed fastest.
-        assert_eq!(pick(0, &[(22.8, 0), (25.1, 1)]), 0);
-        // The first pick refused the problem (not timed): the fastest of the rest.
-        assert_eq!(pick(0, &[(25.1, 1), (24.0, 2)]), 2);
-        assert_eq!(pick(7, &[]), 7);
     }
 }
