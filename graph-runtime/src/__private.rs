@@ -13,7 +13,7 @@ pub use crate::buffer::{
 pub use crate::capture::capture;
 pub use crate::constant::constant;
 pub use crate::error::GraphError;
-pub use crate::error::{BodyResult, BodyValue, When};
+pub use crate::error::{body_result, BodyResult, BodyValue, When};
 pub use crate::graph::{launch_as_is, replay, Graph};
 pub use crate::inputs::InputNodes;
 pub use crate::report::VerifyReport;
@@ -21,7 +21,9 @@ pub use crate::runtime::{FromRuntime, Runtime};
 
 /// The result of every generated method: `Result<T, GraphError>`.
 pub type Result<T> = core::result::Result<T, crate::GraphError>;
-pub use crate::site::{CaptureMode, GraphSite, Step};
-pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
+pub use crate::site::{site, CaptureMode, GraphSite, Step};
+pub use crate::state::{
+    AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut, StateVisitor,
+};
 pub use crate::typed::{GraphBody, NoResult, ResultOf, StaticList, Statics, StaticsOf, TypedGraph};
 pub use crate::verify::{Tolerance, Verifier, VerifySchedule};
