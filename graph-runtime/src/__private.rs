@@ -5,7 +5,7 @@
 //! root instead. This module only re-exports: each item lives in the module of its concept.
 
 pub use crate::__graph_type_impls as graph_type_impls;
-pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Pick};
+pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Capture, Pick};
 pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
     InputSource, Staging, StaticBuffer,

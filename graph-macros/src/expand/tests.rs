@@ -149,7 +149,7 @@ fn a_family_borrows_its_context_through_try_from_runtime() {
     .to_string();
     assert!(!out.contains("compile_error"), "{out}");
     for needle in [
-        quote!(let __ctx = <Device as __cg::FromRuntime>::try_from_runtime(rt)?;),
+        quote!(let __ctx = <Device as __cg::FromRuntime>::try_from_runtime(__rt)?;),
         quote!(let __ctx = <Device as __cg::FromRuntime>::try_from_runtime(&self.__rt)?;),
     ] {
         let needle = needle.to_string();
