@@ -12,7 +12,7 @@
 //! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
 //! `buckets.rs` or `check`.
 
-use proc_macro2::{Ident, TokenStream};
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
@@ -470,6 +470,15 @@ impl<'p, 'm> Gen<'p, 'm> {
         let (pr, body_ty) = (self.pr, &self.body_ty);
         let hold_states = self.parts.hold_states();
         let ins = self.parts.inputs.iter().map(|p| &p.ident);
+        // The tuple of input sources, spanned at the first input's type: an input type that is
+        // no static buffer is reported among the parameters (at the first input's type, the
+        // tuple being one expression) rather than at the attribute.
+        let span = self
+            .parts
+            .inputs
+            .first()
+            .map_or_else(Span::call_site, |p| p.ty.span());
+        let inputs = quote_spanned!(span=> (#(#ins,)*));
         let outs = self.parts.outputs.iter().map(|p| &p.ident);
         let held = self
             .parts
@@ -490,7 +499,7 @@ impl<'p, 'm> Gen<'p, 'm> {
             #vis fn capture<#(#generics),*>(rt: &#pr::Runtime, #(#params),*) -> ::core::result::Result<Self, #pr::GraphError> {
                 #(#hold_states)*
                 let __body = #body_ty { #(#held,)* #marker };
-                #pr::TypedGraph::capture_from(rt, __body, (#(#ins,)*), (#(#outs,)*)).map(Self)
+                #pr::TypedGraph::capture_from(rt, __body, #inputs, (#(#outs,)*)).map(Self)
             }
         }
     }
