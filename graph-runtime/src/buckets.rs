@@ -20,12 +20,16 @@
 //! Shapes that arrive over time: with `lazy = N` a family captures nothing up front; a
 //! bucket is captured the first time a replay needs it, and at most `N` graphs stay live.
 //! When a replay needs a bucket that is not live while `N` are, the least recently
-//! replayed one is dropped first (LRU): dropping a graph destroys it and gives its
-//! temporaries back to the runtime's graph pool (the memory stays with the pool, for the
-//! next capture, until `Runtime::trim_graph_memory`). A batch above the largest bucket is
-//! never captured: it is an error, or runs eagerly with `fallback = "eager"`, as in an
-//! eager family. [`Buckets::stats`] counts, per bucket, the replays, the captures, the
-//! evictions and the padded rows, and the batches that ran eagerly.
+//! replayed one is dropped first (LRU): dropping a graph destroys it and releases its
+//! temporaries (the drop trims the device's graph memory, so what no live graph uses goes
+//! back to the device; the static buffers stay, sized for the largest bucket). Each
+//! capture on a replay pays the warmup runs and the capture on that call (`GraphInfo`'s
+//! timings say how long); the `&mut` state and the generators are restored after the
+//! warmup as at construction, so results do not depend on when a bucket was captured
+//! (unless the state is `#[state(no_restore)]`). A batch above the largest bucket is never
+//! captured: it is an error, or runs eagerly with `fallback = "eager"`, as in an eager
+//! family. [`Buckets::stats`] counts, per bucket, the replays, the captures, the evictions
+//! and the padded rows, and the batches that ran eagerly.
 
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
@@ -464,7 +468,7 @@ impl std::fmt::Display for BucketStats {
 ///
 /// With `buckets(…, lazy = N)` the family captures a bucket on the first replay that needs
 /// it and keeps at most `N` graphs live, dropping the least recently replayed one to make
-/// room (its temporaries go back to the runtime's graph pool); see the module docs.
+/// room (its temporaries are released); see the module docs.
 ///
 /// Replaying two buckets at the same time on different streams, which would corrupt the
 /// shared buffers, cannot be written: a family replays through `&mut self` on its runtime's
@@ -603,7 +607,7 @@ impl Buckets {
                 bucket = self.sizes[lru],
                 "evicted bucket (least recently replayed)"
             );
-            // Dropping the graph destroys it; its temporaries go back to the graph pool.
+            // Dropping the graph destroys it and trims the device's graph memory.
             self.graphs[lru] = None;
             self.counts[lru].live = false;
             self.counts[lru].evictions += 1;
@@ -742,5 +746,54 @@ impl Buckets {
                 got: format!("{rows} rows"),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(bucket: usize, replays: u64, captures: u64, padded: u64, live: bool) -> BucketCounts {
+        BucketCounts {
+            bucket,
+            replays,
+            captures,
+            evictions: captures.saturating_sub(u64::from(live)),
+            rows_padded: padded,
+            live,
+        }
+    }
+
+    #[test]
+    fn stats_print_as_a_table_with_a_row_per_bucket_and_one_above() {
+        let stats = BucketStats {
+            graph: "mlp",
+            max_live: Some(2),
+            buckets: vec![
+                counts(1, 2, 2, 0, false),
+                counts(2, 2, 2, 0, true),
+                counts(4, 3, 2, 1, true),
+            ],
+            eager_runs: 1,
+            eager_rows: 12,
+        };
+        assert_eq!((stats.replays(), stats.captures()), (7, 6));
+        let table = stats.to_string();
+        let want = "\
+bucket family `mlp` (lazy, at most 2 live)
+|   bucket |  replays | captures | evictions | rows padded | live |
+|---------:|---------:|---------:|----------:|------------:|-----:|
+|        1 |        2 |        2 |         2 |           0 |   no |
+|        2 |        2 |        2 |         1 |           0 |  yes |
+|        4 |        3 |        2 |         1 |           1 |  yes |
+|       >4 |  1 eager |        - |         - |     12 rows |    - |";
+        assert_eq!(table, want, "\n{table}");
+        let all = BucketStats {
+            max_live: None,
+            ..stats
+        };
+        assert!(all
+            .to_string()
+            .starts_with("bucket family `mlp` (all captured up front)\n"));
     }
 }
