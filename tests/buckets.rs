@@ -1,10 +1,12 @@
 //! Shape buckets: one graph per batch size, sharing buffers and graph memory; every batch
 //! from 1 to 32 replays like eager; batches above the largest bucket are a typed error, or
-//! run eagerly when the attribute asks for it.
+//! run eagerly when the attribute asks for it; a `lazy` family captures each bucket on its
+//! first use, keeps at most N graphs live (least recently replayed dropped first) and
+//! counts, per bucket, replays, captures, evictions and padded rows.
 
 use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BucketCounts, GraphError, Runtime};
 use workloads::check::max_abs_diff;
 use workloads::kernels::ELEMENTWISE;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
@@ -101,6 +103,30 @@ fn mlp_small(
     two_layers(rt, x, w, b, y, batch)
 }
 
+#[cuda_graph(warmup = 1, buckets(batch = [1, 2, 4, 8], fallback = "eager", lazy = 4))]
+fn mlp_lazy(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    two_layers(rt, x, w, b, y, batch)
+}
+
+#[cuda_graph(warmup = 1, buckets(batch = [1, 2, 4], lazy = 2))]
+fn mlp_two_live(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    two_layers(rt, x, w, b, y, batch)
+}
+
 struct Weights {
     w: CudaSlice<f32>,
     b: CudaSlice<f32>,
@@ -136,7 +162,7 @@ fn every_batch_from_1_to_32_matches_eager(rt: Runtime) -> Result<(), GraphError>
     let wt = weights(&rt, test)?;
     let mut family = MlpBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
     assert_eq!(MlpBuckets::BUCKETS, &[1, 2, 4, 8, 16, 32]);
-    assert_eq!(family.buckets().graphs().len(), 6);
+    assert_eq!(family.buckets().graphs().count(), 6);
     let mut rng = fresh_rng(test);
     for batch in 1..=32 {
         let x = random_vec(&mut rng, batch * WIDTH);
@@ -219,6 +245,115 @@ fn eager_fallback_above_the_buckets_when_asked_for(rt: Runtime) -> Result<(), Gr
     Ok(())
 }
 
+/// What a bucket's counts must be: `(bucket, replays, captures, evictions, rows padded, live)`.
+fn counts(rows: &[(usize, u64, u64, u64, u64, bool)]) -> Vec<BucketCounts> {
+    rows.iter()
+        .map(
+            |&(bucket, replays, captures, evictions, rows_padded, live)| BucketCounts {
+                bucket,
+                replays,
+                captures,
+                evictions,
+                rows_padded,
+                live,
+            },
+        )
+        .collect()
+}
+
+#[gpu_test]
+fn lazy_family_captures_on_first_use_and_matches_eager(rt: Runtime) -> Result<(), GraphError> {
+    let test = "lazy_family_captures_on_first_use_and_matches_eager";
+    let wt = weights(&rt, test)?;
+    let mut family = MlpLazyBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
+    assert_eq!(
+        family.buckets().graphs().count(),
+        0,
+        "nothing captured up front"
+    );
+    assert_eq!(family.buckets().stats().captures(), 0);
+    let mut rng = fresh_rng(test);
+    // 12 is above the largest bucket: it runs eagerly and is never captured.
+    for batch in [3usize, 1, 3, 8, 2, 12, 3, 7, 1] {
+        let x = random_vec(&mut rng, batch * WIDTH);
+        let want = eager(&rt, &wt, &x, batch)?;
+        let got = rt.stream().clone_dtoh(&family.replay(&x)?.y)?;
+        assert_eq!(got.len(), batch * WIDTH);
+        let diff = max_abs_diff(&got, &want);
+        assert!(
+            diff < TOLERANCE,
+            "batch {batch}: replay differs from eager by {diff}"
+        );
+    }
+    let stats = family.buckets().stats();
+    eprintln!("{stats}");
+    assert_eq!(
+        stats.buckets,
+        counts(&[
+            (1, 2, 1, 0, 0, true),
+            (2, 1, 1, 0, 0, true),
+            (4, 3, 1, 0, 3, true),
+            (8, 2, 1, 0, 1, true),
+        ])
+    );
+    assert_eq!((stats.eager_runs, stats.eager_rows), (1, 12));
+    assert_eq!(
+        (stats.replays(), stats.captures(), stats.max_live),
+        (8, 4, Some(4))
+    );
+    assert_eq!(family.buckets().graphs().count(), 4);
+    let table = stats.to_string();
+    assert!(table.contains("lazy, at most 4 live"), "{table}");
+    assert!(
+        table.contains(">8 |") && table.contains(" 1 eager |"),
+        "{table}"
+    );
+    Ok(())
+}
+
+#[gpu_test]
+fn lazy_family_under_a_bound_of_2_evicts_the_least_recently_replayed(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let test = "lazy_family_under_a_bound_of_2_evicts_the_least_recently_replayed";
+    let wt = weights(&rt, test)?;
+    let mut family = MlpTwoLiveBuckets::capture(&rt, WIDTH, &wt.w, &wt.b, WIDTH)?;
+    let mut rng = fresh_rng(test);
+    // Three shapes cycling through two live graphs: every one of the first six replays
+    // misses (the bucket it needs was the least recently replayed, and dropped); the last
+    // one (3 rows, bucket 4) finds its graph live.
+    for (step, batch) in [1usize, 2, 4, 1, 2, 4, 3].into_iter().enumerate() {
+        let x = random_vec(&mut rng, batch * WIDTH);
+        let want = eager(&rt, &wt, &x, batch)?;
+        let got = rt.stream().clone_dtoh(&family.replay(&x)?.y)?;
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < TOLERANCE, "step {step}, batch {batch}: {diff}");
+        let live = family.buckets().graphs().count();
+        assert!(
+            live <= 2,
+            "step {step}: {live} graphs live under a bound of 2"
+        );
+    }
+    let stats = family.buckets().stats();
+    eprintln!("{stats}");
+    // Evictions: bucket 1 at steps 2 and 5, bucket 2 at step 3, bucket 4 at step 4.
+    assert_eq!(
+        stats.buckets,
+        counts(&[
+            (1, 2, 2, 2, 0, false),
+            (2, 2, 2, 1, 0, true),
+            (4, 3, 2, 1, 1, true),
+        ])
+    );
+    assert_eq!(
+        (stats.eager_runs, stats.captures(), stats.max_live),
+        (0, 6, Some(2))
+    );
+    assert!(family.buckets().graph_of(1).is_none());
+    assert!(family.buckets().graph_of(4).is_some());
+    Ok(())
+}
+
 fn free_untrimmed(rt: &Runtime) -> Result<usize, GraphError> {
     rt.synchronize()?;
     Ok(rt.mem_info()?.0)
@@ -251,7 +386,6 @@ fn six_buckets_cost_at_most_1_2_times_the_largest_alone(rt: Runtime) -> Result<(
     let temps: Vec<usize> = family
         .buckets()
         .graphs()
-        .iter()
         .map(|g| g.info().temp_bytes)
         .collect();
     eprintln!(

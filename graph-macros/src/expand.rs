@@ -130,21 +130,22 @@ fn fallback(item: &ItemFn, cx: Ctxt) -> TokenStream {
     quote!(#item #errors)
 }
 
-/// The `GraphSite` literal of the function: its name, warmup count and capture mode.
-fn site_tokens(model: &GraphFn, args: &GraphArgs) -> TokenStream {
+/// The `GraphSite` of the function, built by the runtime's const fn `site`: its name, warmup count,
+/// determinism check (`debug`, the user's crate's `cfg!(debug_assertions)`, unless
+/// `check_determinism` is given) and capture mode (only when it is not the default).
+fn site_tokens(model: &GraphFn, args: &GraphArgs, debug: TokenStream) -> TokenStream {
     let determinism = match args.check_determinism {
         Some(on) => quote!(#on),
-        None => quote!(::core::cfg!(debug_assertions)),
+        None => debug,
     };
     let name = model.item.sig.ident.to_string();
-    let warmup = args.warmup();
-    let mode = Ident::new(args.mode().variant(), Span::call_site());
-    quote!(__cg::GraphSite {
-        name: #name,
-        warmup: #warmup,
-        mode: __cg::CaptureMode::#mode,
-        determinism: #determinism,
-    })
+    let warmup = proc_macro2::Literal::u32_unsuffixed(args.warmup());
+    let mode = args.mode();
+    let mode = (!matches!(mode, crate::args::CaptureMode::ThreadLocal)).then(|| {
+        let mode = Ident::new(mode.variant(), Span::call_site());
+        quote!(.mode(__cg::CaptureMode::#mode))
+    });
+    quote!(__cg::site(#name, #warmup, #determinism)#mode)
 }
 
 fn expand(
@@ -156,7 +157,18 @@ fn expand(
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    let mut parts = Parts::new(model, &krate, site_tokens(model, args), args.name.as_ref());
+    // A single graph's site is a constant of its `GraphBody`, where `Self::DEBUG` is the
+    // user's crate's `cfg!(debug_assertions)`; a family's is a static of its own.
+    let debug = match args.buckets {
+        Some(_) => quote!(::core::cfg!(debug_assertions)),
+        None => quote!(Self::DEBUG),
+    };
+    let mut parts = Parts::new(
+        model,
+        &krate,
+        site_tokens(model, args, debug),
+        args.name.as_ref(),
+    );
     let island_items = islands.map(|names| {
         parts.island_items = islands::graph_body_items(model, names, &parts.pr);
         islands::items(model, &args.krate(), names, &item.vis)
@@ -172,7 +184,7 @@ fn expand(
 
         #[doc(hidden)]
         #[allow(non_snake_case, unused_mut, unused_variables, unused_imports, dead_code)]
-        #[allow(clippy::needless_lifetimes, clippy::too_many_arguments)]
+        #[allow(missing_docs, clippy::needless_lifetimes, clippy::too_many_arguments)]
         mod #module {
             use super::*;
             use #krate::__private as __cg;

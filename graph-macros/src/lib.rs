@@ -130,13 +130,17 @@ use proc_macro::TokenStream;
 /// * `host_effects_not_replayed`: lets the body print, log, do I/O, sleep, read clocks and
 ///   update host collections; those effects run in the warmup runs and the capture, never
 ///   on replay;
-/// * `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: one graph per batch size. `batch`
+/// * `buckets(batch = [1, 2, 4, 8], fallback = "eager", lazy = 2)`: one graph per batch size. `batch`
 ///   names a by-value integer parameter that receives the bucket size; every input and
 ///   output holds `batch` rows. The generated `StepBuckets::capture` takes the elements per
 ///   row of each input and output, and `replay` runs the smallest bucket that holds the
 ///   input's rows (padding rows zero-filled, only the valid output rows handed out). A batch
 ///   above the largest bucket is `GraphError::BatchAboveBuckets`, or runs eagerly with
-///   `fallback = "eager"`;
+///   `fallback = "eager"`. With `lazy = N`, `capture` captures no bucket: each is captured
+///   on the first replay that needs it, and at most `N` graphs stay live (the least recently
+///   replayed one is dropped to make room; a batch above the largest bucket is never
+///   captured). `family.buckets().stats()` counts replays, captures, evictions and padded
+///   rows per bucket;
 /// * `verify = "never" | "first" | "every"` or `verify_every = N`: which replays verify
 ///   themselves like `graph.verify(…)` (run the body eagerly on the same inputs and compare
 ///   every output and `&mut` state with the replay's); default `"first"` in debug builds,

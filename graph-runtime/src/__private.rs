@@ -5,7 +5,7 @@
 //! root instead. This module only re-exports: each item lives in the module of its concept.
 
 pub use crate::__graph_type_impls as graph_type_impls;
-pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Pick};
+pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Capture, Pick};
 pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
     InputSource, Staging, StaticBuffer,
@@ -16,7 +16,7 @@ pub use crate::capture::{
 };
 pub use crate::constant::constant;
 pub use crate::error::GraphError;
-pub use crate::error::{BodyResult, BodyValue, When};
+pub use crate::error::{body_result, BodyResult, BodyValue, When};
 pub use crate::graph::{launch_as_is, replay, Graph};
 pub use crate::inputs::InputNodes;
 pub use crate::report::VerifyReport;
@@ -24,7 +24,9 @@ pub use crate::runtime::{FromRuntime, Runtime};
 
 /// The result of every generated method: `Result<T, GraphError>`.
 pub type Result<T> = core::result::Result<T, crate::GraphError>;
-pub use crate::site::{CaptureMode, GraphSite, Step};
-pub use crate::state::{AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut};
+pub use crate::site::{site, CaptureMode, GraphSite, Step};
+pub use crate::state::{
+    AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut, StateVisitor,
+};
 pub use crate::typed::{GraphBody, NoResult, ResultOf, StaticList, Statics, StaticsOf, TypedGraph};
 pub use crate::verify::{Tolerance, Verifier, VerifySchedule};

@@ -16,13 +16,30 @@
 //! Replaying two buckets at the same time on different streams, which would corrupt the
 //! shared buffers, cannot be written: a family replays through `&mut self` on its runtime's
 //! single stream.
+//!
+//! Shapes that arrive over time: with `lazy = N` a family captures nothing up front; a
+//! bucket is captured the first time a replay needs it, and at most `N` graphs stay live.
+//! When a replay needs a bucket that is not live while `N` are, the least recently
+//! replayed one is dropped first (LRU): dropping a graph destroys it and releases its
+//! temporaries (the drop trims the device's graph memory, so what no live graph uses goes
+//! back to the device; the static buffers stay, sized for the largest bucket). Each
+//! capture on a replay pays the warmup runs and the capture on that call (`GraphInfo`'s
+//! timings say how long); the `&mut` state and the generators are restored after the
+//! warmup as at construction, so results do not depend on when a bucket was captured
+//! (unless the state is `#[state(no_restore)]`). A batch above the largest bucket is never
+//! captured: it is an error, or runs eagerly with `fallback = "eager"`, as in an eager
+//! family. [`Buckets::stats`] counts, per bucket, the replays, the captures, the evictions
+//! and the padded rows, and the batches that ran eagerly.
 
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
 
 use crate::buffer::{InputSource, Staging};
 use crate::error::GraphError;
@@ -332,7 +349,108 @@ pub enum Pick {
     Eager,
 }
 
-/// Shape buckets: one graph per batch size, captured largest first, sharing their buffers.
+/// When a bucket family captures its graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
+pub enum Capture {
+    /// Every bucket at construction, largest first (the default).
+    All,
+    /// Each bucket on the first replay that needs it, keeping at most this many graphs
+    /// (`lazy = N`); the least recently replayed is dropped to make room.
+    Lazy(usize),
+}
+
+/// What one bucket of a family did since the family was captured (see [`BucketStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketCounts {
+    /// The bucket's batch size.
+    pub bucket: usize,
+    /// Replays that ran this bucket's graph.
+    pub replays: u64,
+    /// Times the bucket was captured (at construction, or on a replay that found it not
+    /// live in a `lazy` family).
+    pub captures: u64,
+    /// Times its graph was dropped to make room for another (`lazy` families only).
+    pub evictions: u64,
+    /// Rows the replays padded: the bucket's size minus the batch, summed over its replays.
+    pub rows_padded: u64,
+    /// Whether the bucket's graph is live now.
+    pub live: bool,
+}
+
+/// Per-bucket counts of a bucket family, like the per-shape statistics serving engines
+/// print: [`Buckets::stats`]. `Display` writes them as a table, one row per bucket and a
+/// last row for the batches above the largest bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketStats {
+    /// The function's name.
+    pub graph: &'static str,
+    /// The most graphs kept live (`lazy = N`), or `None` when every bucket is captured up
+    /// front.
+    pub max_live: Option<usize>,
+    /// One entry per bucket, ascending.
+    pub buckets: Vec<BucketCounts>,
+    /// Misses above the largest bucket that ran eagerly (`fallback = "eager"`).
+    pub eager_runs: u64,
+    /// Rows of those eager runs, summed.
+    pub eager_rows: u64,
+}
+
+impl BucketStats {
+    /// Replays of every bucket's graph.
+    pub fn replays(&self) -> u64 {
+        self.buckets.iter().map(|b| b.replays).sum()
+    }
+
+    /// Captures of every bucket.
+    pub fn captures(&self) -> u64 {
+        self.buckets.iter().map(|b| b.captures).sum()
+    }
+}
+
+impl std::fmt::Display for BucketStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let live = match self.max_live {
+            Some(n) => format!("lazy, at most {n} live"),
+            None => "all captured up front".to_owned(),
+        };
+        writeln!(f, "bucket family `{}` ({live})", self.graph)?;
+        writeln!(
+            f,
+            "| {:>8} | {:>8} | {:>8} | {:>9} | {:>11} | {:>4} |",
+            "bucket", "replays", "captures", "evictions", "rows padded", "live"
+        )?;
+        writeln!(
+            f,
+            "|---------:|---------:|---------:|----------:|------------:|-----:|"
+        )?;
+        for b in &self.buckets {
+            writeln!(
+                f,
+                "| {:>8} | {:>8} | {:>8} | {:>9} | {:>11} | {:>4} |",
+                b.bucket,
+                b.replays,
+                b.captures,
+                b.evictions,
+                b.rows_padded,
+                if b.live { "yes" } else { "no" }
+            )?;
+        }
+        let largest = self.buckets.last().map_or(0, |b| b.bucket);
+        write!(
+            f,
+            "| {:>8} | {:>8} | {:>8} | {:>9} | {:>11} | {:>4} |",
+            format!(">{largest}"),
+            format!("{} eager", self.eager_runs),
+            "-",
+            "-",
+            format!("{} rows", self.eager_rows),
+            "-"
+        )
+    }
+}
+
+/// Shape buckets: one graph per batch size, sharing their buffers.
 ///
 /// A graph has fixed shapes. `#[cuda_graph(buckets(batch = [1, 2, 4, 8]))]` captures one
 /// graph per bucket; a replay with batch `b` runs the graph of the smallest bucket `>= b`:
@@ -345,19 +463,38 @@ pub enum Pick {
 ///   bucket's graph reads and writes a prefix of it ([`BatchedSlot`]);
 /// * the temporaries of all buckets live in the runtime's graph memory pool, and because all
 ///   graphs of a runtime launch on one stream, one after another, CUDA backs them with the
-///   same physical memory. Capturing the largest bucket first sizes the pool once.
+///   same physical memory. Capturing the largest bucket first sizes the pool once (a `lazy`
+///   family grows the pool as larger buckets arrive).
+///
+/// With `buckets(…, lazy = N)` the family captures a bucket on the first replay that needs
+/// it and keeps at most `N` graphs live, dropping the least recently replayed one to make
+/// room (its temporaries are released); see the module docs.
 ///
 /// Replaying two buckets at the same time on different streams, which would corrupt the
 /// shared buffers, cannot be written: a family replays through `&mut self` on its runtime's
 /// single stream.
 ///
-/// This type holds the graphs of one family, in ascending bucket order; the generated
-/// family type lends it through `buckets()`.
+/// This type holds the graphs of one family, in ascending bucket order, and their counts
+/// ([`Buckets::stats`]); the generated family type lends it through `buckets()`.
 pub struct Buckets {
     site: &'static GraphSite,
     sizes: &'static [usize],
-    graphs: Vec<Graph>,
+    /// One slot per bucket, ascending: `None` until captured (and again once evicted).
+    graphs: Vec<Option<Graph>>,
     eager_fallback: bool,
+    capture: Capture,
+    static_bytes: usize,
+    /// Per bucket: the replay count when it was last replayed or captured (LRU order).
+    last_used: Vec<u64>,
+    clock: u64,
+    counts: Vec<BucketCounts>,
+    eager_runs: u64,
+    eager_rows: u64,
+    /// The runtime's stream and the events of the eager fallback's staging (no graph needs
+    /// to be live for it).
+    stream: Arc<CudaStream>,
+    before: CudaEvent,
+    after: CudaEvent,
 }
 
 impl std::fmt::Debug for Buckets {
@@ -366,73 +503,150 @@ impl std::fmt::Debug for Buckets {
             .field("graph", &self.site.name)
             .field("sizes", &self.sizes)
             .field("eager_fallback", &self.eager_fallback)
+            .field("capture", &self.capture)
             .finish_non_exhaustive()
     }
 }
 
 impl Buckets {
-    /// Captures one graph per bucket of `sizes` (ascending, as the attribute lists them),
-    /// largest first. `body(b, step)` runs the function with batch `b` on the bucket's
-    /// buffers, or checks the state's addresses (`book`, see [`Step`]).
-    /// Reports each bucket and a summary through `tracing`.
+    /// A family of `sizes` (ascending, as the attribute lists them) with no graph yet;
+    /// [`Buckets::capture_missing`] captures them.
     #[doc(hidden)]
-    pub fn capture(
+    pub fn new(
         rt: &Runtime,
         site: &'static GraphSite,
         sizes: &'static [usize],
         eager_fallback: bool,
-        book: &AddressBook,
+        capture: Capture,
         static_bytes: usize,
-        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
     ) -> Result<Self, GraphError> {
-        let started = Instant::now();
-        // The family stages its rows itself (copies and padding), outside the graphs.
-        let no_inputs = crate::inputs::InputNodes::new();
-        let mut graphs = Vec::with_capacity(sizes.len());
-        for (k, &bucket) in sizes.iter().enumerate().rev() {
-            let t = Instant::now();
-            let mut run = |step: Step| body(bucket, step);
-            let g = crate::capture::capture(rt, site, book, &no_inputs, static_bytes, &mut run)
-                .and_then(crate::capture::Captured::single)
-                .map_err(|e| GraphError::Bucket {
-                    graph: site.name,
-                    bucket,
-                    source: Box::new(e),
-                })?;
-            tracing::info!(
-                graph = site.name,
-                bucket,
-                done = sizes.len() - k,
-                of = sizes.len(),
-                nodes = g.info().nodes(),
-                temp_bytes = g.info().temp_bytes,
-                ms = t.elapsed().as_secs_f64() * 1e3,
-                "captured bucket"
-            );
-            graphs.push(g);
-        }
-        graphs.reverse();
-        let pool = rt.graph_memory().unwrap_or_default();
-        tracing::info!(
-            graph = site.name,
-            buckets = sizes.len(),
+        Ok(Buckets {
+            site,
+            sizes,
+            graphs: sizes.iter().map(|_| None).collect(),
+            eager_fallback,
+            capture,
             static_bytes,
-            largest_temp_bytes = graphs
+            last_used: vec![0; sizes.len()],
+            clock: 0,
+            counts: sizes
                 .iter()
-                .map(|g| g.info().temp_bytes)
-                .max()
-                .unwrap_or(0),
-            sum_temp_bytes = graphs.iter().map(|g| g.info().temp_bytes).sum::<usize>(),
+                .map(|&bucket| BucketCounts {
+                    bucket,
+                    replays: 0,
+                    captures: 0,
+                    evictions: 0,
+                    rows_padded: 0,
+                    live: false,
+                })
+                .collect(),
+            eager_runs: 0,
+            eager_rows: 0,
+            stream: rt.stream().clone(),
+            before: rt.untimed_event()?,
+            after: rt.untimed_event()?,
+        })
+    }
+
+    /// Captures what the family needs now: at construction (`bucket` is `None`) every
+    /// bucket, largest first, unless the family is `lazy`; on a replay, bucket index
+    /// `bucket` if it is not live, after dropping the least recently replayed graph when
+    /// the family holds its most. `body(b, step)` runs the function with batch `b` on the
+    /// bucket's buffers, or checks the state's addresses (`book`, see [`Step`]). Reports
+    /// each capture and, at construction, a summary through `tracing`.
+    #[doc(hidden)]
+    pub fn capture_missing(
+        &mut self,
+        rt: &Runtime,
+        book: &AddressBook,
+        bucket: Option<usize>,
+        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
+    ) -> Result<(), GraphError> {
+        let started = Instant::now();
+        match (bucket, self.capture) {
+            (None, Capture::All) => {
+                for index in (0..self.sizes.len()).rev() {
+                    self.capture_one(rt, book, index, body)?;
+                }
+            }
+            (None, Capture::Lazy(_)) => return Ok(()),
+            (Some(index), _) if self.graphs[index].is_some() => return Ok(()),
+            (Some(index), capture) => {
+                if let Capture::Lazy(max_live) = capture {
+                    self.make_room(max_live);
+                }
+                return self.capture_one(rt, book, index, body);
+            }
+        }
+        let pool = rt.graph_memory().unwrap_or_default();
+        let live = self.graphs.iter().flatten();
+        tracing::info!(
+            graph = self.site.name,
+            buckets = self.sizes.len(),
+            static_bytes = self.static_bytes,
+            largest_temp_bytes = live.clone().map(|g| g.info().temp_bytes).max().unwrap_or(0),
+            sum_temp_bytes = live.map(|g| g.info().temp_bytes).sum::<usize>(),
             pool_reserved_bytes = pool.reserved,
             ms = started.elapsed().as_secs_f64() * 1e3,
             "captured bucket family"
         );
-        Ok(Buckets {
-            site,
-            sizes,
-            graphs,
-            eager_fallback,
-        })
+        Ok(())
+    }
+
+    /// Drops least recently replayed graphs until fewer than `max_live` are live.
+    fn make_room(&mut self, max_live: usize) {
+        while self.graphs.iter().flatten().count() >= max_live.max(1) {
+            let Some(lru) = (0..self.graphs.len())
+                .filter(|&k| self.graphs[k].is_some())
+                .min_by_key(|&k| self.last_used[k])
+            else {
+                return;
+            };
+            tracing::debug!(
+                graph = self.site.name,
+                bucket = self.sizes[lru],
+                "evicted bucket (least recently replayed)"
+            );
+            // Dropping the graph destroys it and trims the device's graph memory.
+            self.graphs[lru] = None;
+            self.counts[lru].live = false;
+            self.counts[lru].evictions += 1;
+        }
+    }
+
+    fn capture_one(
+        &mut self,
+        rt: &Runtime,
+        book: &AddressBook,
+        index: usize,
+        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
+    ) -> Result<(), GraphError> {
+        let (site, bucket) = (self.site, self.sizes[index]);
+        let t = Instant::now();
+        // The family stages its rows itself (copies and padding), outside the graphs.
+        let no_inputs = crate::inputs::InputNodes::new();
+        let mut run = |step: Step| body(bucket, step);
+        let g = crate::capture::capture(rt, site, book, &no_inputs, self.static_bytes, &mut run)
+            .and_then(crate::capture::Captured::single)
+            .map_err(|e| GraphError::Bucket {
+                graph: site.name,
+                bucket,
+                source: Box::new(e),
+            })?;
+        tracing::info!(
+            graph = site.name,
+            bucket,
+            nodes = g.info().nodes(),
+            temp_bytes = g.info().temp_bytes,
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "captured bucket"
+        );
+        self.graphs[index] = Some(g);
+        self.clock += 1;
+        self.last_used[index] = self.clock;
+        self.counts[index].captures += 1;
+        self.counts[index].live = true;
+        Ok(())
     }
 
     /// The bucket sizes, ascending.
@@ -440,9 +654,31 @@ impl Buckets {
         self.sizes
     }
 
-    /// The graph of each bucket, in ascending bucket order.
-    pub fn graphs(&self) -> &[Graph] {
-        &self.graphs
+    /// The live graphs, in ascending bucket order: every bucket's once captured, unless
+    /// the family is `lazy` (then those captured and not evicted).
+    pub fn graphs(&self) -> impl Iterator<Item = &Graph> {
+        self.graphs.iter().flatten()
+    }
+
+    /// The graph of bucket `bucket` (a batch size of [`Buckets::sizes`]), if it is live.
+    pub fn graph_of(&self, bucket: usize) -> Option<&Graph> {
+        let index = self.sizes.iter().position(|&b| b == bucket)?;
+        self.graphs[index].as_ref()
+    }
+
+    /// What each bucket did so far: replays, captures, evictions, padded rows, and the
+    /// batches above the largest bucket that ran eagerly. `Display` writes a table.
+    pub fn stats(&self) -> BucketStats {
+        BucketStats {
+            graph: self.site.name,
+            max_live: match self.capture {
+                Capture::All => None,
+                Capture::Lazy(n) => Some(n),
+            },
+            buckets: self.counts.clone(),
+            eager_runs: self.eager_runs,
+            eager_rows: self.eager_rows,
+        }
     }
 
     /// The smallest bucket that holds `rows`, or eager execution when none does and the
@@ -463,9 +699,34 @@ impl Buckets {
         }
     }
 
-    /// The graph at `index` (from [`Buckets::pick`]).
-    pub fn graph(&self, index: usize) -> &Graph {
-        &self.graphs[index]
+    /// Whether the graph at `index` (from [`Buckets::pick`]) is live.
+    #[doc(hidden)]
+    #[inline]
+    pub fn is_live(&self, index: usize) -> bool {
+        self.graphs[index].is_some()
+    }
+
+    /// The graph at `index` (from [`Buckets::pick`]), counted as replayed with `rows` rows:
+    /// the caller replays it. Captured first by [`Buckets::capture_missing`].
+    #[doc(hidden)]
+    #[inline]
+    pub fn replayed(&mut self, index: usize, rows: usize) -> &Graph {
+        self.clock += 1;
+        self.last_used[index] = self.clock;
+        let counts = &mut self.counts[index];
+        counts.replays += 1;
+        counts.rows_padded += (counts.bucket - rows.min(counts.bucket)) as u64;
+        self.graphs[index]
+            .as_ref()
+            .expect("the bucket was captured before its replay")
+    }
+
+    /// Staging for a batch above every bucket, counted as one eager run of `rows` rows.
+    #[doc(hidden)]
+    pub fn eager_run(&mut self, rows: usize) -> Staging<'_> {
+        self.eager_runs += 1;
+        self.eager_rows += rows as u64;
+        Staging::new(&self.stream, &self.before, &self.after)
     }
 
     /// Checks that every batched input holds the same number of rows.
@@ -486,5 +747,54 @@ impl Buckets {
                 got: format!("{rows} rows"),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(bucket: usize, replays: u64, captures: u64, padded: u64, live: bool) -> BucketCounts {
+        BucketCounts {
+            bucket,
+            replays,
+            captures,
+            evictions: captures.saturating_sub(u64::from(live)),
+            rows_padded: padded,
+            live,
+        }
+    }
+
+    #[test]
+    fn stats_print_as_a_table_with_a_row_per_bucket_and_one_above() {
+        let stats = BucketStats {
+            graph: "mlp",
+            max_live: Some(2),
+            buckets: vec![
+                counts(1, 2, 2, 0, false),
+                counts(2, 2, 2, 0, true),
+                counts(4, 3, 2, 1, true),
+            ],
+            eager_runs: 1,
+            eager_rows: 12,
+        };
+        assert_eq!((stats.replays(), stats.captures()), (7, 6));
+        let table = stats.to_string();
+        let want = "\
+bucket family `mlp` (lazy, at most 2 live)
+|   bucket |  replays | captures | evictions | rows padded | live |
+|---------:|---------:|---------:|----------:|------------:|-----:|
+|        1 |        2 |        2 |         2 |           0 |   no |
+|        2 |        2 |        2 |         1 |           0 |  yes |
+|        4 |        3 |        2 |         1 |           1 |  yes |
+|       >4 |  1 eager |        - |         - |     12 rows |    - |";
+        assert_eq!(table, want, "\n{table}");
+        let all = BucketStats {
+            max_live: None,
+            ..stats
+        };
+        assert!(all
+            .to_string()
+            .starts_with("bucket family `mlp` (all captured up front)\n"));
     }
 }

@@ -21,7 +21,7 @@ mod convert;
 mod tests;
 mod variants;
 
-pub use body::{BodyResult, BodyValue};
+pub use body::{body_result, BodyResult, BodyValue};
 #[cfg(feature = "nccl")]
 pub use collective::CollectiveError;
 #[cfg(feature = "candle")]

@@ -58,7 +58,7 @@
 //! | constant (`#[constant] T`) | a host value fixed at capture (plain `Copy` data: device memory goes in state); the graph replays with the captured value | [`GraphConstant`], generated `capture` |
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
 //! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
-//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits | `buckets(...)` in the attribute, generated `FooBuckets` |
+//! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits; `lazy = N` captures each bucket on first use and keeps at most N live (LRU); per-bucket counts in `buckets().stats()` | `buckets(...)` in the attribute, generated `FooBuckets` |
 //! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
 //! | random numbers in your kernels | a CUDA device API (`philox_begin`, `philox_group`, `philox_end`, the library's conversions) plus the generator's state pointer: a kernel of yours draws what the library draws and stays graph-safe | [`rng::PHILOX_DEVICE_API`], [`philox_device_api!`], [`Generator::kernel_arg`] |
 //! | capture errors | CUDA 900–908 as one [`GraphError`] variant each, naming the graph and the fix | [`GraphError`] |
@@ -412,7 +412,7 @@ macro_rules! __refuse_host_macro {
 }
 
 #[doc(hidden)]
-pub use buckets::Buckets;
+pub use buckets::{BucketCounts, BucketStats, Buckets};
 #[doc(hidden)]
 pub use buffer::{InputSource, Staging, StaticBuffer};
 pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};

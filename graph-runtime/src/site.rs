@@ -50,6 +50,27 @@ pub struct GraphSite {
     pub determinism: bool,
 }
 
+impl GraphSite {
+    /// The same site, captured in `mode`.
+    pub const fn mode(self, mode: CaptureMode) -> Self {
+        GraphSite { mode, ..self }
+    }
+}
+
+/// The site of function `name`, as the generated code builds it: `warmup` eager runs, then
+/// a capture in [`CaptureMode::ThreadLocal`] (see [`GraphSite::mode`]), checked for
+/// determinism when `determinism` is (`check_determinism`, by default
+/// `cfg!(debug_assertions)` of the user's crate).
+#[doc(hidden)]
+pub const fn site(name: &'static str, warmup: u32, determinism: bool) -> GraphSite {
+    GraphSite {
+        name,
+        warmup,
+        mode: CaptureMode::ThreadLocal,
+        determinism,
+    }
+}
+
 /// What the capture procedure asks of the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {

@@ -233,6 +233,70 @@ pub enum Recorded {
     },
 }
 
+impl Recorded {
+    /// `&mut` state, its warmup's updates undone when `restore` (see
+    /// [`Recorded::StateMut`]).
+    pub const fn mutable(restore: bool) -> Self {
+        Recorded::StateMut { restore }
+    }
+}
+
+/// What a graph does with each of its state parameters in turn: record its addresses
+/// ([`AddressBook::recorder`]) or check them ([`AddressBook::checker`]). The generated
+/// `GraphBody::states` hands every state to one, so that recording and checking are one
+/// generated item.
+#[doc(hidden)]
+pub trait StateVisitor {
+    /// Visits state `name` (the function's parameter), recorded as `kind`.
+    fn state<T: DeviceState + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        kind: Recorded,
+    ) -> Result<(), GraphError>;
+}
+
+/// Records each visited state in the book (see [`AddressBook::recorder`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Recorder<'b>(&'b mut AddressBook);
+
+impl StateVisitor for Recorder<'_> {
+    fn state<T: DeviceState + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        kind: Recorded,
+    ) -> Result<(), GraphError> {
+        self.0.record(name, value, kind);
+        Ok(())
+    }
+}
+
+/// Checks each visited state against its entry, from index 0 on (see
+/// [`AddressBook::checker`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Checker<'b> {
+    book: &'b AddressBook,
+    next: usize,
+    when: When,
+}
+
+impl StateVisitor for Checker<'_> {
+    #[inline]
+    fn state<T: DeviceState + ?Sized>(
+        &mut self,
+        _: &'static str,
+        value: &T,
+        _: Recorded,
+    ) -> Result<(), GraphError> {
+        let index = self.next;
+        self.next += 1;
+        self.book.check(index, value, self.when)
+    }
+}
+
 /// One parameter's entry in an [`AddressBook`].
 #[derive(Debug, Clone)]
 struct Entry {
@@ -273,6 +337,23 @@ impl AddressBook {
             graph,
             entries: Vec::new(),
             regions: Vec::new(),
+        }
+    }
+
+    /// A visitor that records each state it is given, in order (indices from 0 when the
+    /// book is new).
+    pub fn recorder(&mut self) -> Recorder<'_> {
+        Recorder(self)
+    }
+
+    /// A visitor that checks each state it is given against the entries from index 0 on,
+    /// in the order they were recorded.
+    #[inline]
+    pub fn checker(&self, when: When) -> Checker<'_> {
+        Checker {
+            book: self,
+            next: 0,
+            when,
         }
     }
 

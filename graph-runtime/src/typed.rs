@@ -24,7 +24,7 @@ use crate::inputs::InputNodes;
 use crate::runtime::FromRuntime;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
-use crate::state::{AddressBook, DeviceState, Recorded};
+use crate::state::{AddressBook, DeviceState, Recorded, StateVisitor};
 use crate::verify::{Tolerance, Verifier, VerifyReport, VerifySchedule};
 
 /// A graph's static buffers: its inputs and its outputs (tuples, in the function's order)
@@ -139,6 +139,15 @@ pub trait StaticList: Sized {
         verifier: &mut Verifier<'_>,
         eager: bool,
     ) -> Result<(), GraphError>;
+    /// The buffers' shapes, a tuple (how the generated `capture` is given the outputs).
+    type Shapes;
+    /// Zeroed buffers of `shapes`, named `names` (in out-of-memory errors).
+    fn alloc(
+        rt: &Runtime,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+        shapes: Self::Shapes,
+    ) -> Result<Self, GraphError>;
     /// Zeroed buffers shaped like these, for `verify`'s eager run.
     fn shadows(
         &self,
@@ -161,7 +170,8 @@ pub trait Sources<L> {
     ) -> Result<(), GraphError>;
     /// Feeds every source into its static buffer (queued on the graph's stream).
     fn stage(&self, dst: &mut L, staging: &Staging<'_>) -> Result<(), GraphError>;
-    /// Copies of the sources in buffers of their own, for `verify`'s eager run.
+    /// Copies of the sources in buffers of their own: the static inputs of the generated
+    /// `capture`, and the inputs of `verify`'s eager run.
     fn copies(
         &self,
         rt: &Runtime,
@@ -200,13 +210,22 @@ macro_rules! static_tuples {
                 $(verifier.output(eager, names[$n], &self.$n)?;)*
                 Ok(())
             }
+            type Shapes = ($($b::Shape,)*);
+            fn alloc(
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+                shapes: Self::Shapes,
+            ) -> Result<Self, GraphError> {
+                Ok(($(alloc_static::<$b>(rt, site, names[$n], shapes.$n)?,)*))
+            }
             fn shadows(
                 &self,
                 rt: &Runtime,
                 site: &'static GraphSite,
                 names: &'static [&'static str],
             ) -> Result<Self, GraphError> {
-                Ok(($(alloc_static::<$b>(rt, site, names[$n], self.$n.shape())?,)*))
+                Self::alloc(rt, site, names, ($(self.$n.shape(),)*))
             }
         }
 
@@ -326,15 +345,24 @@ pub trait GraphBody: Sized {
         rt: &Runtime,
     ) -> Result<(), GraphError>;
 
+    /// Hands each state to `v` in the function's order, with its name and how it is
+    /// recorded: the one generated item behind [`GraphBody::record`] and
+    /// [`GraphBody::check`]. Nothing without state.
+    fn states<V: StateVisitor>(&self, v: &mut V) -> Result<(), GraphError> {
+        let _ = v;
+        Ok(())
+    }
+
     /// Records the addresses of the state (indices from 0, in order).
     fn record(&self, book: &mut AddressBook) {
-        let _ = book;
+        // Recording cannot fail.
+        let _ = self.states(&mut book.recorder());
     }
 
     /// Checks the addresses recorded by [`GraphBody::record`].
+    #[inline]
     fn check(&self, book: &AddressBook, when: When) -> Result<(), GraphError> {
-        let _ = (book, when);
-        Ok(())
+        self.states(&mut book.checker(when))
     }
 
     /// Lends the static input buffers.
@@ -429,6 +457,21 @@ impl<B: GraphBody> TypedGraph<B> {
             body,
             statics,
         })
+    }
+
+    /// The generated `capture`: each input staged into a static buffer of its own (in the
+    /// function's order), each output allocated zeroed at its shape, then
+    /// [`TypedGraph::capture`].
+    pub fn capture_from<I: Sources<B::Ins>>(
+        rt: &Runtime,
+        body: B,
+        inputs: I,
+        outputs: <B::Outs as StaticList>::Shapes,
+    ) -> Result<Self, GraphError> {
+        let site = B::site();
+        let inputs = inputs.copies(rt, site, B::INPUTS)?;
+        let outputs = B::Outs::alloc(rt, site, B::OUTPUTS, outputs)?;
+        Self::capture(rt, body, Statics::new(inputs, outputs))
     }
 
     /// The generated `replay`: verifies the replay when the schedule says so, otherwise

@@ -1,5 +1,5 @@
-//! `buckets(batch = [1, 2, 4, 8], fallback = "eager")`: the attribute key that asks for one
-//! graph per batch size, parsed into [`BucketArgs`].
+//! `buckets(batch = [1, 2, 4, 8], fallback = "eager", lazy = 2)`: the attribute key that asks
+//! for one graph per batch size, parsed into [`BucketArgs`].
 //!
 //! Imports only `ctxt` and its sibling `args/lit.rs`; never its parent (`args.rs`), nor
 //! `model`, `check` or `expand`.
@@ -22,6 +22,8 @@ pub struct BucketArgs {
     pub sizes: Vec<usize>,
     /// Whether batches above the largest bucket run eagerly.
     pub eager_fallback: bool,
+    /// `lazy = N`: capture each bucket on its first use, keeping at most `N` graphs live.
+    pub lazy: Option<usize>,
 }
 
 /// Parses the inside of `buckets(…)`, recording every problem in `cx`.
@@ -41,18 +43,19 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
     };
     let mut param: Option<(Ident, Vec<usize>)> = None;
     let mut eager_fallback = false;
+    let mut lazy = None;
     for meta in metas {
         let Meta::NameValue(nv) = &meta else {
             cx.error_spanned_by(
                 &meta,
-                "expected `name = [sizes]` or `fallback = \"eager\"` inside `buckets(…)`",
+                "expected `name = [sizes]`, `fallback = \"eager\"` or `lazy = N` inside `buckets(…)`",
             );
             continue;
         };
         let Some(key) = nv.path.get_ident() else {
             cx.error_spanned_by(
                 &nv.path,
-                "expected the batch parameter's name or `fallback`",
+                "expected the batch parameter's name, `fallback` or `lazy`",
             );
             continue;
         };
@@ -64,6 +67,17 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
                 Some(v) if v == "error" => eager_fallback = false,
                 Some(_) => cx.error_spanned_by(&nv.value, FALLBACK),
                 None => {}
+            }
+            continue;
+        }
+        if key == "lazy" {
+            const LAZY: &str = "`lazy` is the most graphs kept live, at least 1: `lazy = 2` captures each \
+                                bucket on its first use and drops the least recently replayed one to make room";
+            if let Some(n) = literal(&nv.value, cx, LAZY, integer) {
+                match n.base10_parse::<usize>() {
+                    Ok(v) if v >= 1 => lazy = Some(v),
+                    _ => cx.error_spanned_by(n, LAZY),
+                }
             }
             continue;
         }
@@ -119,6 +133,7 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
         param,
         sizes,
         eager_fallback,
+        lazy,
     })
 }
 
@@ -151,6 +166,24 @@ mod tests {
         assert_eq!(args.param, "batch");
         assert_eq!(args.sizes, [1, 2, 4, 8]);
         assert!(!args.eager_fallback);
+    }
+
+    #[test]
+    fn lazy_takes_the_most_live_graphs() {
+        let lazy = |t: TokenStream| parse_str(t).0.expect("valid buckets").lazy;
+        assert_eq!(lazy(quote!(batch = [1, 2])), None);
+        assert_eq!(lazy(quote!(batch = [1, 2], lazy = 2)), Some(2));
+        for bad in [
+            quote!(batch = [1], lazy = 0),
+            quote!(batch = [1], lazy = "2"),
+        ] {
+            let errors = errors_of(bad);
+            assert_eq!(errors.len(), 1, "{errors:#?}");
+            assert!(
+                errors[0].contains("`lazy` is the most graphs kept live"),
+                "{errors:#?}"
+            );
+        }
     }
 
     #[test]

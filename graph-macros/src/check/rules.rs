@@ -275,15 +275,15 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} reads device memory on the host, but while the body is captured the GPU has not run \
-                  yet: the copy is recorded into the graph instead of done, the host buffer holds garbage, and \
-                  every replay would write into a host buffer that is long gone (the runtime refuses such a \
-                  graph with `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, \
-                  operation not permitted when stream is capturing); make the value an output parameter \
-                  (`out: &mut CudaSlice<T>`) and read it after the replay: \
-                  `stream.clone_dtoh(graph.replay(…)?.out)`; a copy into a pinned buffer that outlives the \
-                  graph is legal and every replay repeats it: declare the buffer as \
-                  `#[state] staging: &mut PinnedHostSlice<T>` and copy into `staging`",
+        message: "{what} reads device memory on the host, which a captured body cannot do; make the value an \
+                  output parameter (`out: &mut CudaSlice<T>`) and read it after the replay \
+                  (`stream.clone_dtoh(graph.replay(…)?.out)`), or copy into a pinned buffer that outlives \
+                  the graph, which every replay repeats (`#[state] staging: &mut PinnedHostSlice<T>`, copied \
+                  into as `staging`). While the body is captured the GPU has not run yet: the copy is \
+                  recorded into the graph instead of done, the host buffer holds garbage, and every replay \
+                  would write into a host buffer that is long gone (the runtime refuses such a graph with \
+                  `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, operation \
+                  not permitted when stream is capturing)",
     },
     Rule {
         id: "candle-host-read",
@@ -304,14 +304,13 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} copies a candle tensor from the GPU to the host: in the warmup runs it reads values \
-                  that no replay reads again, and while the body is captured the GPU has not run yet, so \
-                  candle refuses the copy (`to_cpu_storage during CUDA graph capture`; without candle's \
-                  capture guard the copy is recorded into the graph, which the runtime refuses with \
-                  `GraphError::PageableCopyCaptured`); return the tensor from the body \
-                  (`-> candle_core::Result<Tensor>`) and read it after the replay \
-                  (`graph.replay(…)?.result.to_vec1::<f32>()`), or keep it on the device and go on with \
-                  tensor ops",
+        message: "{what} copies a candle tensor from the GPU to the host, which a captured body cannot do; \
+                  return the tensor from the body (`-> candle_core::Result<Tensor>`) and read it after the \
+                  replay (`graph.replay(…)?.result.to_vec1::<f32>()`), or keep it on the device and go on \
+                  with tensor ops. In the warmup runs it reads values that no replay reads again, and while \
+                  the body is captured the GPU has not run yet, so candle refuses the copy (`to_cpu_storage \
+                  during CUDA graph capture`; without candle's capture guard the copy is recorded into the \
+                  graph, which the runtime refuses with `GraphError::PageableCopyCaptured`)",
     },
     Rule {
         id: "host-to-device",
@@ -328,13 +327,14 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} copies host memory to the device: a capture records the host address, not the values, \
-                  so every replay would copy from that address again after the `Vec` or slice is gone (the \
-                  runtime refuses such a graph with `GraphError::PageableCopyCaptured`); take the data as an \
-                  input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as `#[state]` if it rarely \
-                  changes, or upload it once before `capture`; a copy from a pinned buffer that outlives the \
-                  graph is legal and every replay repeats it: declare the buffer as \
-                  `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`",
+        message: "{what} copies host memory to the device, which a replay would repeat from a stale address; \
+                  take the data as an input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as \
+                  `#[state]` if it rarely changes, or upload it once before `capture` (a copy from a pinned \
+                  buffer that outlives the graph is legal and every replay repeats it: declare it as \
+                  `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`). A capture records the \
+                  host address, not the values, so every replay would copy from that address again after \
+                  the `Vec` or slice is gone (the runtime refuses such a graph with \
+                  `GraphError::PageableCopyCaptured`)",
     },
     Rule {
         id: "raw-sync-memory-op",
@@ -361,13 +361,13 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: false,
-        message: "{what} is a synchronous memory call of cudarc's raw driver layer: it does not go through the \
-                  capture stream, so the graph records nothing for it and no replay repeats it; it runs in the \
-                  warmup runs, and while capturing CUDA either refuses it (error 900, operation not permitted \
-                  when stream is capturing, in the `thread_local` and `global` capture modes) or runs it once, \
-                  outside the graph; use the capture stream's asynchronous calls, which the graph records \
-                  (`rt.stream().memcpy_dtod(…)`, `memset_zeros(…)`, `alloc_zeros(…)`), and move host transfers \
-                  before `capture` or after `replay()` returns",
+        message: "{what} is a synchronous memory call of cudarc's raw driver layer, which a graph does not \
+                  record; use the capture stream's asynchronous calls, which it does \
+                  (`rt.stream().memcpy_dtod(…)`, `memset_zeros(…)`, `alloc_zeros(…)`), and move host \
+                  transfers before `capture` or after `replay()` returns. The call does not go through the \
+                  capture stream, so no replay repeats it; it runs in the warmup runs, and while capturing \
+                  CUDA either refuses it (error 900, operation not permitted when stream is capturing, in the \
+                  `thread_local` and `global` capture modes) or runs it once, outside the graph",
     },
     Rule {
         id: "device-value-formatted",
@@ -386,13 +386,14 @@ pub const RULES: &[Rule] = &[
         matchers: &[BranchesOnDeviceData],
         host_effect: false,
         misfires: false,
-        message: "this condition decides on the host from {data}: while the body is captured that value does \
-                  not exist yet (reading it fails with CUDA error 900, operation not permitted when stream is \
-                  capturing, or yields garbage), and a graph records only the path taken at capture and replays \
-                  it whatever the data says; keep the decision on the GPU: a loop or a branch whose condition \
-                  a kernel sets (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: \
-                  conditional graph nodes), or a kernel that reads the flag from device memory and skips its \
-                  work; or decide after `replay()` returns and capture one graph per path",
+        message: "this condition decides on the host from {data}, which a graph cannot replay; keep the \
+                  decision on the GPU: a loop or a branch whose condition a kernel sets \
+                  (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: conditional graph \
+                  nodes), or a kernel that reads the flag from device memory and skips its work; or decide \
+                  after `replay()` returns and capture one graph per path. While the body is captured that \
+                  value does not exist yet (reading it fails with CUDA error 900, operation not permitted when \
+                  stream is capturing, or yields garbage), and a graph records only the path taken at capture \
+                  and replays it whatever the data says",
     },
     Rule {
         id: "candle-branch-on-device-data",
@@ -496,12 +497,13 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} creates a stream inside the captured body: work on it is not recorded unless the \
-                  stream first waits on the capture, and then it must rejoin the capture stream before the \
-                  body returns or the capture fails with CUDA error 904 (capturing stream has unjoined work); \
-                  creating and using a stream during a capture also failed with CUDA error 900 on an H100; run side \
-                  work with `rt.fork(|side| { … })`, which uses a stream made before the capture and always \
-                  rejoins the runtime's stream",
+        message: "{what} creates a stream inside the captured body, whose work the graph loses unless it \
+                  rejoins; run side work with `rt.fork(|side| { … })`, which uses a stream made before the \
+                  capture and always rejoins the runtime's stream. Work on a new stream is not recorded \
+                  unless the stream first waits on the capture, and then it must rejoin the capture stream \
+                  before the body returns or the capture fails with CUDA error 904 (capturing stream has \
+                  unjoined work); creating and using a stream during a capture also failed with CUDA error \
+                  900 on an H100",
     },
     Rule {
         id: "cublas-handle-in-body",

@@ -48,7 +48,8 @@ pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStrea
                 #outputs_ty { #(#output_init,)* __marker: ::core::marker::PhantomData }
             }
 
-            /// The graphs, one per bucket (ascending), with their capture facts.
+            /// The graphs, one per bucket (ascending), with their capture facts, and what each
+            /// bucket did so far (`buckets().stats()`).
             #vis fn buckets(&self) -> &#pr::Buckets {
                 &self.__buckets
             }
@@ -97,7 +98,15 @@ fn family_types(
          batch, copies the input rows in, zero-fills the padding rows and hands out only the valid rows of \
          each output. Inputs and outputs share one buffer each, sized for the largest bucket; the graphs' \
          temporaries share the runtime's graph memory pool. The family keeps its runtime alive and holds its \
-         state (borrowed, shared or owned), whose addresses it checks before every replay."
+         state (borrowed, shared or owned), whose addresses it checks before every replay.{}"
+        ,
+        match buckets.lazy {
+            None => String::new(),
+            Some(n) => format!(
+                "\n\nWith `lazy = {n}`, a bucket is captured on the first replay that needs it, and at most {n} \
+                 graphs stay live: the least recently replayed one is dropped to make room."
+            ),
+        }
     );
     let outputs_debug = debug_view(outputs_ty);
     quote! {
@@ -157,8 +166,9 @@ fn alias_finish(parts: &Parts, eager: bool) -> Vec<TokenStream> {
         .collect()
 }
 
-/// The call of the user's function on the rows of the aliases (`__b` rows): inside capture,
-/// or in the eager fallback (`eager`, state and constants read from `self`).
+/// The call of the user's function on the rows of the aliases (`__b` rows): inside
+/// `__capture` (state and constants are its destructured fields), or in the eager fallback
+/// (`eager`, state and constants read from `self`).
 fn family_call(parts: &Parts, eager: bool) -> TokenStream {
     let args: Vec<TokenStream> = parts
         .model
@@ -167,7 +177,13 @@ fn family_call(parts: &Parts, eager: bool) -> TokenStream {
         .map(|p| {
             let i = &p.ident;
             let a = format_ident!("__alias_{}", i);
-            let owner = if eager { quote!(self.#i) } else { quote!(#i) };
+            // In `__capture` the fields are destructured from `&mut self`: `(*w)` is the held
+            // state itself.
+            let owner = if eager {
+                quote!(self.#i)
+            } else {
+                quote!((*#i))
+            };
             match p.role {
                 Role::Input => quote!(&*#a),
                 Role::Output => quote!(&mut *#a),
@@ -182,7 +198,9 @@ fn family_call(parts: &Parts, eager: bool) -> TokenStream {
     parts.call(&args)
 }
 
-/// `capture`: one capture of the body per bucket, on slots sized for the largest.
+/// `capture`: the slots sized for the largest bucket, the state's addresses recorded, then
+/// every bucket captured (largest first) unless the family is `lazy`; and `__capture`, which
+/// captures what is missing around the closure the runtime drives.
 fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
     let (model, pr) = (parts.model, &parts.pr);
     let (fallback, batch_ident) = (buckets.eager_fallback, &buckets.param);
@@ -216,13 +234,69 @@ fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
         let kind = parts.recorded_kind(p);
         quote!(__book.record(#name, &*#i, #kind);)
     });
+    let init_fields: Vec<&Ident> = model
+        .params
+        .iter()
+        .filter(|p| p.role != Role::Bucket)
+        .map(|p| &p.ident)
+        .collect();
+    let when = match buckets.lazy {
+        None => quote!(#pr::Capture::All),
+        Some(n) => quote!(#pr::Capture::Lazy(#n)),
+    };
+    let capture_doc = format!(
+        "Captures one graph per bucket, largest first{}. For each input and output, give the number \
+         of elements in one row (its length is `{batch_ident}` rows of that many); state is given as \
+         `&T` / `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by \
+         value; constants are frozen.",
+        match buckets.lazy {
+            None => String::new(),
+            Some(n) => format!(
+                " (`lazy = {n}`: none now, each on the first replay that needs it, at most {n} live)"
+            ),
+        }
+    );
+    let capture = parts.site_and_capture(
+        &capture_doc,
+        capture_params,
+        quote! {
+            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
+            #(#hold_states)*
+            #(#make_slots)*
+            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
+            let mut __book = #pr::AddressBook::new(__site.name);
+            #(#records)*
+            let __buckets = #pr::Buckets::new(rt, __site, Self::BUCKETS, #fallback, #when, __static_bytes)?;
+            let mut __family = Self {
+                __buckets,
+                __book,
+                __rt: ::core::clone::Clone::clone(rt),
+                __rows: 0,
+                __eager: false,
+                #(#init_fields,)*
+                __state: ::core::marker::PhantomData,
+            };
+            __family.__capture(::core::option::Option::None)?;
+            ::core::result::Result::Ok(__family)
+        },
+    );
+    let capture_missing = capture_missing(parts, &init_fields);
+    quote!(#capture #capture_missing)
+}
+
+/// `__capture(bucket)`: the family's fields destructured, the closure the runtime's capture
+/// drives over them, and `Buckets::capture_missing` (every bucket at construction, the
+/// bucket of a replay that is not live in a `lazy` family).
+fn capture_missing(parts: &Parts, fields: &[&Ident]) -> TokenStream {
+    let (pr, krate) = (&parts.pr, parts.krate);
+    let batched = batched(parts);
     let capture_checks: Vec<TokenStream> = parts
         .states
         .iter()
         .enumerate()
         .map(|(k, p)| {
             let i = &p.ident;
-            quote!(__book.check(#k, &*#i, __when)?;)
+            quote!(__book.check(#k, &**#i, __when)?;)
         })
         .collect();
     let alias_lets = batched.iter().map(|p| {
@@ -232,20 +306,9 @@ fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
     });
     let capture_finish = alias_finish(parts, false);
     let capture_call = family_call(parts, false);
-    let init_fields = model
-        .params
-        .iter()
-        .filter(|p| p.role != Role::Bucket)
-        .map(|p| &p.ident);
     let body_result = parts.body_result();
-    let capture_doc = format!(
-        "Captures one graph per bucket, largest first. For each input and output, give the number of \
-         elements in one row (its length is `{batch_ident}` rows of that many); state is given as `&T` / \
-         `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by value; \
-         constants are frozen."
-    );
     let closure = parts.body_closure(
-        parts.ctx_call(quote!(rt)),
+        parts.ctx_call(quote!(__rt)),
         quote!(__b: usize, __step: #pr::Step),
         quote! {
             #pr::Step::Run(__when) => {
@@ -258,31 +321,20 @@ fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
         },
         &capture_checks,
     );
-    parts.site_and_capture(
-        &capture_doc,
-        capture_params,
-        quote! {
-            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
-            #(#hold_states)*
-            #(#make_slots)*
-            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
-            let mut __book = #pr::AddressBook::new(__site.name);
-            #(#records)*
-            let __buckets = {
-                #closure
-                #pr::Buckets::capture(rt, __site, Self::BUCKETS, #fallback, __book, __static_bytes, &mut __body)?
-            };
-            ::core::result::Result::Ok(Self {
-                __buckets,
-                __book,
-                __rt: ::core::clone::Clone::clone(rt),
-                __rows: 0,
-                __eager: false,
-                #(#init_fields,)*
-                __state: ::core::marker::PhantomData,
-            })
-        },
-    )
+    quote! {
+        /// Captures bucket index `__bucket` unless it is live, or (`None`) every bucket
+        /// unless the family is `lazy` (see `Buckets::capture_missing`).
+        fn __capture(
+            &mut self,
+            __bucket: ::core::option::Option<usize>,
+        ) -> ::core::result::Result<(), #krate::GraphError> {
+            let __site = Self::__site();
+            let Self { __buckets, __book, __rt, #(#fields,)* .. } = self;
+            let __rt = &*__rt;
+            #closure
+            __buckets.capture_missing(__rt, __book, __bucket, &mut __body)
+        }
+    }
 }
 
 /// `replay`: the rows of the inputs, the state checks, then the picked bucket's graph or
@@ -333,9 +385,9 @@ fn family_replay(parts: &Parts, buckets: &BucketArgs, outputs_ty: &Ident) -> Tok
     };
     quote! {
         /// Runs the bucket that holds the batch of the inputs (their rows), after copying
-        /// them in; returns the valid rows of the outputs. A batch above the largest
-        /// bucket is an error, or runs eagerly with `fallback = "eager"`. The state's
-        /// addresses are checked first.
+        /// them in (capturing it first in a `lazy` family where it is not live); returns the
+        /// valid rows of the outputs. A batch above the largest bucket is an error, or runs
+        /// eagerly with `fallback = "eager"`. The state's addresses are checked first.
         #[allow(clippy::too_many_arguments)]
         #vis fn replay<#(#replay_generics),*>(
             &mut self,
@@ -348,8 +400,11 @@ fn family_replay(parts: &Parts, buckets: &BucketArgs, outputs_ty: &Ident) -> Tok
             #(#replay_checks)*
             match self.__buckets.pick(__rows)? {
                 #pr::Pick::Graph { index: __index, bucket: __bucket } => {
+                    if !self.__buckets.is_live(__index) {
+                        self.__capture(::core::option::Option::Some(__index))?;
+                    }
                     // The closure writes only the slots, disjoint from `self.__buckets`.
-                    #pr::replay(self.__buckets.graph(__index), |__staging| {
+                    #pr::replay(self.__buckets.replayed(__index, __rows), |__staging| {
                         let _ = (__staging, __bucket);
                         #(#stages)*
                         ::core::result::Result::Ok(())
@@ -359,7 +414,7 @@ fn family_replay(parts: &Parts, buckets: &BucketArgs, outputs_ty: &Ident) -> Tok
                 #pr::Pick::Eager => {
                     let __b = __rows;
                     let __ctx = #ctx_call_eager;
-                    let __staging = self.__buckets.graph(0).staging();
+                    let __staging = self.__buckets.eager_run(__rows);
                     #(#eager_inputs)*
                     #(#eager_outputs)*
                     let __result = #body_result(#eager_call);

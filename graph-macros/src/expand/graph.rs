@@ -12,7 +12,7 @@
 //! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
 //! `buckets.rs` or `check`.
 
-use proc_macro2::{Ident, TokenStream};
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
@@ -137,19 +137,19 @@ impl<'p, 'm> Gen<'p, 'm> {
         let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
         let inputs = self.view(
             inputs_ty,
-            "The static input buffers of the graph, lent as views to fill in place before a `launch` (no copy at replay); a view can be written into, not replaced.",
+            "The graph's static input buffers, one field per input, lent as views to fill in place before a `launch`: written into, never replaced.",
             self.input_view_fields(),
             quote!(&'g mut ()),
         );
         let outputs = self.view(
             outputs_ty,
-            "The graph's outputs, borrowed from the graph: they stay valid until the next replay, which cannot start while they are held.",
+            "The graph's outputs, one field per output (and `result`, what the function returned), borrowed until the next replay.",
             self.output_view_fields(),
             quote!(&'g ()),
         );
         let state = self.view(
             state_ty,
-            "The state the graph reads by address, lent back between replays.",
+            "The graph's state, one field per state parameter, lent back between replays.",
             self.state_view_fields(),
             quote!(&'g mut ()),
         );
@@ -193,26 +193,20 @@ impl<'p, 'm> Gen<'p, 'm> {
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
-                let doc = format!("Input `{i}`'s static buffer.");
-                quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+                quote!(pub #i: <#t as #pr::DeviceState>::Lent<'g>)
             })
             .collect()
     }
 
     fn output_view_fields(&self) -> Vec<TokenStream> {
-        let fn_name = &self.parts.fn_name;
         self.parts
             .outputs
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
-                let doc = format!("Output `{i}`.");
-                quote!(#[doc = #doc] pub #i: &'g #t)
+                quote!(pub #i: &'g #t)
             })
-            .chain(self.result_ty.iter().map(|t| {
-                let doc = format!("What `{fn_name}` returned.");
-                quote!(#[doc = #doc] pub result: &'g #t)
-            }))
+            .chain(self.result_ty.iter().map(|t| quote!(pub result: &'g #t)))
             .collect()
     }
 
@@ -223,15 +217,14 @@ impl<'p, 'm> Gen<'p, 'm> {
             .iter()
             .map(|p| {
                 let (i, t) = (&p.ident, self.ty(p));
-                let doc = format!("State `{i}`.");
                 match p.role {
                     Role::State { mutable: true } if p.island => {
-                        quote!(#[doc = #doc] pub #i: &'g mut #t)
+                        quote!(pub #i: &'g mut #t)
                     }
                     Role::State { mutable: true } => {
-                        quote!(#[doc = #doc] pub #i: <#t as #pr::DeviceState>::Lent<'g>)
+                        quote!(pub #i: <#t as #pr::DeviceState>::Lent<'g>)
                     }
-                    _ => quote!(#[doc = #doc] pub #i: &'g #t),
+                    _ => quote!(pub #i: &'g #t),
                 }
             })
             .collect()
@@ -339,29 +332,25 @@ impl<'p, 'm> Gen<'p, 'm> {
         quote_spanned!(self.parts.model.item.sig.output.span()=> #pr::BodyValue::into_graph_value)
     }
 
-    /// `record` and `check` of the state's addresses (indices `0..`); the outputs' are the
-    /// runtime's. Nothing without state (the trait's defaults).
+    /// `states`: each state handed to the runtime's visitor with its name and how it is
+    /// recorded, which serves both recording and checking its addresses (the outputs' are
+    /// the runtime's). Nothing without state (the trait's default).
     fn state_book(&self) -> TokenStream {
         let pr = self.pr;
-        if self.parts.book_states.is_empty() {
+        let Some((last, rest)) = self.parts.book_states.split_last() else {
             return TokenStream::new();
-        }
-        let records = self.parts.book_states.iter().map(|p| {
+        };
+        let visit = |p: &Param| {
             let (i, kind) = (&p.ident, self.parts.recorded_kind(p));
             let name = i.to_string();
-            quote!(book.record(#name, &*self.#i, #kind);)
-        });
-        let checks = self.parts.book_states.iter().enumerate().map(|(k, p)| {
-            let i = &p.ident;
-            quote!(book.check(#k, &*self.#i, when)?;)
-        });
+            quote!(v.state(#name, &*self.#i, #kind))
+        };
+        let rest = rest.iter().map(|p| visit(p));
+        let last = visit(last);
         quote! {
-            fn record(&self, book: &mut #pr::AddressBook) {
-                #(#records)*
-            }
-            fn check(&self, book: &#pr::AddressBook, when: #pr::When) -> #pr::Result<()> {
-                #(#checks)*
-                ::core::result::Result::Ok(())
+            fn states<V: #pr::StateVisitor>(&self, v: &mut V) -> #pr::Result<()> {
+                #(#rest?;)*
+                #last
             }
         }
     }
@@ -419,7 +408,7 @@ impl<'p, 'm> Gen<'p, 'm> {
     /// runtime's `TypedGraph` in a line.
     fn methods(&self) -> TokenStream {
         let (pr, vis, graph_ty, outputs_ty) = (self.pr, self.vis, &self.graph_ty, &self.outputs_ty);
-        let warmup = self.args.warmup();
+        let warmup = proc_macro2::Literal::u32_unsuffixed(self.args.warmup());
         let capture = self.capture();
         let (generics, params) = self.parts.replay_inputs();
         let names: Vec<&Ident> = self.parts.inputs.iter().map(|p| &p.ident).collect();
@@ -440,7 +429,6 @@ impl<'p, 'm> Gen<'p, 'm> {
                 #capture
 
                 #[doc = #replay_doc]
-                #[inline]
                 #vis fn replay<#(#generics),*>(&mut self, #(#params),*) -> ::core::result::Result<#outputs_ty<'_>, #pr::GraphError> {
                     self.0.replay_inputs((#(#names,)*))
                 }
@@ -487,20 +475,16 @@ impl<'p, 'm> Gen<'p, 'm> {
     fn capture(&self) -> TokenStream {
         let (pr, body_ty) = (self.pr, &self.body_ty);
         let hold_states = self.parts.hold_states();
-        let stage = self.parts.model.params.iter().filter_map(|p| {
-            let (i, t) = (&p.ident, self.ty(p));
-            let name = i.to_string();
-            match p.role {
-                Role::Input => Some(quote_spanned!(p.ty.span()=>
-                    let #i = #pr::stage_input::<#t, _>(rt, __site, #name, #i)?;
-                )),
-                Role::Output => Some(quote_spanned!(p.ty.span()=>
-                    let #i = #pr::alloc_static::<#t>(rt, __site, #name, #i)?;
-                )),
-                _ => None,
-            }
-        });
         let ins = self.parts.inputs.iter().map(|p| &p.ident);
+        // The tuple of input sources, spanned at the first input's type: an input type that is
+        // no static buffer is reported among the parameters (at the first input's type, the
+        // tuple being one expression) rather than at the attribute.
+        let span = self
+            .parts
+            .inputs
+            .first()
+            .map_or_else(Span::call_site, |p| p.ty.span());
+        let inputs = quote_spanned!(span=> (#(#ins,)*));
         let outs = self.parts.outputs.iter().map(|p| &p.ident);
         let held = self
             .parts
@@ -519,12 +503,9 @@ impl<'p, 'm> Gen<'p, 'm> {
         quote! {
             #[doc = #doc]
             #vis fn capture<#(#generics),*>(rt: &#pr::Runtime, #(#params),*) -> ::core::result::Result<Self, #pr::GraphError> {
-                let __site = <#body_ty<'s> as #pr::GraphBody>::site();
                 #(#hold_states)*
-                #(#stage)*
                 let __body = #body_ty { #(#held,)* #marker };
-                let __statics = #pr::Statics::new((#(#ins,)*), (#(#outs,)*));
-                #pr::TypedGraph::capture(rt, __body, __statics).map(Self)
+                #pr::TypedGraph::capture_from(rt, __body, #inputs, (#(#outs,)*)).map(Self)
             }
         }
     }

@@ -169,7 +169,7 @@ impl<'m> Parts<'m> {
         match p.role {
             Role::State { mutable: true } => {
                 let restore = !p.no_restore;
-                quote!(#pr::Recorded::StateMut { restore: #restore })
+                quote!(#pr::Recorded::mutable(#restore))
             }
             _ => quote!(#pr::Recorded::State),
         }
@@ -206,7 +206,7 @@ impl<'m> Parts<'m> {
     /// the return type (so that a return type that is not a result is reported there).
     pub fn body_result(&self) -> TokenStream {
         let pr = &self.pr;
-        quote_spanned!(self.model.item.sig.output.span()=> #pr::BodyResult::into_graph_result)
+        quote_spanned!(self.model.item.sig.output.span()=> #pr::body_result)
     }
 
     /// The `GraphSite` static of the generated type, and `capture`: its documentation, its

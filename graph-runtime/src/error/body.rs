@@ -29,6 +29,14 @@ impl<E: Into<BoxError>> BodyResult for Result<(), E> {
     }
 }
 
+/// [`BodyResult::into_graph_result`] as a function: what the expansion calls on the body's
+/// return value.
+#[doc(hidden)]
+#[inline]
+pub fn body_result<R: BodyResult>(value: R) -> Result<(), GraphError> {
+    value.into_graph_result()
+}
+
 /// A body's return value with a result (`-> Result<Tensor, E>`): the value, or the error
 /// converted as [`BodyResult`] converts it.
 #[doc(hidden)]

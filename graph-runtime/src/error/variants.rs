@@ -88,11 +88,11 @@ pub enum GraphError {
     /// CUDA error 900 during capture.
     #[error(
         "capturing `{graph}` failed with CUDA error 900 (operation not permitted when stream is capturing): \
-         the body called something that makes the CPU wait for the GPU or that a graph cannot record \
-         (a stream or context synchronize, a device-to-host copy such as `clone_dtoh`, an event or stream query, \
-         a pinned host allocation); a graph only records GPU work, and there is no GPU result yet to wait for. \
-         Fix: read results on the host after `replay()` returns, keep values that steer the computation on the \
-         device, and allocate host or device memory before capture"
+         the body called something a graph cannot record. Fix: read results on the host after `replay()` \
+         returns, keep values that steer the computation on the device, and allocate host or device memory \
+         before capture. Such calls make the CPU wait for the GPU or are not GPU work (a stream or context \
+         synchronize, a device-to-host copy such as `clone_dtoh`, an event or stream query, a pinned host \
+         allocation); a graph only records GPU work, and there is no GPU result yet to wait for"
     )]
     CaptureUnsupported {
         /// The graph (the annotated function) being captured.
@@ -307,11 +307,12 @@ pub enum GraphError {
     /// A `#[state]` parameter (or an output the body was given) no longer holds the device
     /// buffers the graph was captured with: one was replaced, freed or reallocated.
     #[error(
-        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with: {detail}; it \
-         was replaced, freed or reallocated {when}. The graph reads and writes its state by address and \
-         would touch freed memory, so nothing was launched. Fix: write into state in place (`state_mut()` \
-         lends `CudaSlice` state as a `CudaViewMut`, which cannot be replaced), never assign a new buffer to \
-         a field of a struct the graph holds, and capture a new graph when the buffers must change"
+        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with, so nothing \
+         was launched. Fix: write into state in place (`state_mut()` lends `CudaSlice` state as a \
+         `CudaViewMut`, which cannot be replaced), never assign a new buffer to a field of a struct the graph \
+         holds, and capture a new graph when the buffers must change. What moved: {detail}; it was replaced, \
+         freed or reallocated {when}, and the graph, which reads and writes its state by address, would have \
+         touched freed memory"
     )]
     StateMoved {
         /// The graph.
