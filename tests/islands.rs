@@ -349,8 +349,9 @@ fn an_island_that_fails_names_itself_and_the_graph_goes_on(rt: Runtime) -> Resul
 }
 
 /// Islands in a loop: each turn takes `tanh` of `y` on the device, then the island adds the turn's
-/// number on the host side (a read, a change, a write back).
-#[cuda_graph(warmup = 1)]
+/// number on the host side (a read, a change, a write back). The last segment records
+/// nothing; the capture is checked twice, segment by segment (`check_determinism`).
+#[cuda_graph(warmup = 1, check_determinism)]
 fn looped(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
     let n = x.len() as i32;
     let s = rt.stream();
@@ -390,6 +391,66 @@ fn islands_in_a_loop_replay_in_order(rt: Runtime) -> Result<(), GraphError> {
         looped(&rt, &s.clone_htod(&host_x)?, &mut y)?;
         assert_eq!(got, s.clone_dtoh(&y)?, "replay {replay}");
     }
+    Ok(())
+}
+
+/// Two islands in a row before any work of the body (the first segment holds only the input's
+/// copy, the second nothing), counting their runs in `#[island]` state.
+#[cuda_graph(warmup = 2, check_determinism)]
+fn islands_first(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[island] runs: &mut u32,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    rt.eager(|| {
+        *runs += 1;
+        Ok(())
+    })?;
+    rt.eager(|| {
+        *runs += 10;
+        Ok(())
+    })?;
+    let n = x.len() as i32;
+    let affine = rt.function(K, "affine")?;
+    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&affine)
+            .arg(x)
+            .arg(&3.0f32)
+            .arg(&1.0f32)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(grid(n))?;
+    }
+    Ok(())
+}
+
+#[gpu_test]
+fn islands_before_any_work_and_in_a_row(rt: Runtime) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("islands_before_any_work_and_in_a_row");
+    let n = 513;
+    let s = rt.stream().clone();
+    let mut graph = IslandsFirstGraph::capture(&rt, &random_vec(&mut rng, n), 0u32, n)?;
+    assert_eq!(*graph.state_mut().runs, 0, "the warmup's runs were undone");
+    assert_eq!(graph.islands().len(), 2);
+    assert_eq!(
+        graph.segments().count(),
+        2,
+        "the empty middle segment is not launched"
+    );
+    for replay in 1..=3u32 {
+        let host_x = random_vec(&mut rng, n);
+        let got = s.clone_dtoh(graph.replay(&host_x)?.y)?;
+        for (g, v) in got.iter().zip(&host_x) {
+            assert!((g - (3.0 * v + 1.0)).abs() < 1e-5, "replay {replay}");
+        }
+        assert_eq!(*graph.state_mut().runs, 11 * replay);
+    }
+    // `launch` with the inputs as they are runs the islands too.
+    graph.launch()?;
+    assert_eq!(*graph.state_mut().runs, 44);
     Ok(())
 }
 
