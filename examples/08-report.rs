@@ -9,8 +9,8 @@
 //! examples `21-islands-decoder`, `22-islands-sampler` and `23-islands-compaction`, the two-GPU
 //! `10-tensor-parallel-mlp` and `11-data-parallel-train` (built with `--features nccl`;
 //! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
-//! `13-candle-decoder` and the real-models tier `17-candle-bert`, `18-candle-resnet` and
-//! `19-candle-llama-window` (when built with `--features candle`); `01`, `03` and `09` are
+//! `13-candle-decoder`, the real-models tier `17-candle-bert`, `18-candle-resnet` and
+//! `19-candle-llama-window`, and `20-candle-upload-cap` (when built with `--features candle`); `01`, `03` and `09` are
 //! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py`,
 //! `scripts/torch_decode_loop.py` and `scripts/torch_real_models.py` when `python3` is there
 //! (they skip by themselves without PyTorch, transformers or torchvision). It reads the JSON lines they print (`bench_report::record`) and writes
@@ -132,6 +132,12 @@ const PROGRAMS: &[Program] = &[
     Program {
         feature: Some("candle"),
         ..program("19-candle-llama-window", &["--json"])
+    },
+    // T5, Qwen2 and Phi windows: those candle-core's upload limit lets capture (all of them
+    // with scripts/candle-upload-cap.sh), same bench.
+    Program {
+        feature: Some("candle"),
+        ..program("20-candle-upload-cap", &["--json"])
     },
 ];
 /// The PyTorch scripts, in order, with their arguments.

@@ -11,8 +11,9 @@
 #   3. runs graph-runtime's tests and doc examples and the root package's tests with it
 #      (`tests/candle.rs`; without a
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
-#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode and
-#      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window);
+#   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode,
+#      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window, and
+#      20-candle-upload-cap);
 #   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
 # candle's kernels are compiled once for the workspace's steps: the workspace says
 # `[profile.dev.build-override] debug = false` (left to cargo's default, a build dependency
@@ -52,7 +53,7 @@ step cargo test "${ws[@]}" --doc
 step cargo test "${ws[@]}" --test candle
 step cargo build "${ws[@]}" --example 12-candle-mlp --example 13-candle-decoder \
   --example 16-candle-llama-decode --example 17-candle-bert --example 18-candle-resnet \
-  --example 19-candle-llama-window
+  --example 19-candle-llama-window --example 20-candle-upload-cap
 
 echo "== build beside candle-core's cuda feature"
 (cd ci/beside-candle && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-candle")

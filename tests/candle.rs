@@ -5,6 +5,8 @@
 
 #[path = "../examples/common/candle_models.rs"]
 mod candle_models;
+#[path = "../examples/common/upload_cap.rs"]
+mod upload_cap;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
 use candle_transformers::models::llama;
@@ -241,6 +243,101 @@ fn uploads_above_candles_cap_are_a_typed_error(_rt: Runtime) -> Result<(), Graph
     let eager = host(&host_mask(&dev, &x, &1024).map_err(c)?)?;
     assert_eq!(host(graph.replay(&x)?.result)?, eager);
     Ok(())
+}
+
+/// T5's, Qwen2's and Phi's windows (two-layer models) of 128 and 512 tokens upload 64 KiB to
+/// 1 MiB (T5, Qwen2) and 16 to 256 KiB (Phi) of host data in every forward, above candle-core
+/// 0.11's 4096-byte cap; 32 tokens upload at most 4096 bytes. What the build claims about candle-core's limit (`upload_cap()`:
+/// `CUDA_GRAPH_CANDLE_UPLOAD_CAP` at build time, set by scripts/candle-upload-cap-bundle.sh)
+/// decides what must happen: with candle-core as published the long window is refused with
+/// `HostUploadInCapture` naming the limit, and the runtime stays usable (the short window
+/// captures after it); with the limit raised it captures and every replay, on new tokens, is
+/// bitwise candle eager's, as is `verify`. Either claim fails when the build is not what it
+/// says.
+#[gpu_test]
+fn real_models_uploading_above_candles_cap(_rt: Runtime) -> Result<(), GraphError> {
+    use upload_cap::{upload_cap, Family, Kind, Size, WindowStepGraph};
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("real_models_uploading_above_candles_cap");
+    let cap = upload_cap();
+    let short = 32;
+    eprintln!("candle-core's capture upload limit in this build: {cap} bytes");
+    for kind in Kind::ALL {
+        let family = Family::new(kind, Size::Tiny, &dev).map_err(c)?;
+        let mut eager = family.state(&dev).map_err(c)?;
+        assert!(kind.upload_bytes(short) <= upload_cap::STOCK_CAP);
+        for long in [128, 512] {
+            assert!(kind.upload_bytes(long) > upload_cap::STOCK_CAP);
+            let x = family.tokens(&mut rng, long, &dev).map_err(c)?;
+            let captured = WindowStepGraph::capture(&rt, &x, family.state(&dev).map_err(c)?);
+            if kind.upload_bytes(long) <= cap {
+                let mut graph = captured.unwrap_or_else(|e| {
+                    panic!("{kind:?} at {long} tokens with a {cap}-byte limit: {e}")
+                });
+                agrees(&dev, &family, &mut eager, &mut graph, &mut rng, long)?;
+            } else {
+                let err = match captured {
+                    Ok(_) => panic!(
+                    "{kind:?} at {long} tokens uploads {} bytes, above the {cap}-byte limit, and \
+                     captured: the build's candle-core is not what {} says",
+                    kind.upload_bytes(long),
+                    upload_cap::CAP_ENV
+                ),
+                    Err(e) => e,
+                };
+                fn above_cap(e: &GraphError) -> bool {
+                    match e {
+                        GraphError::HostUploadInCapture { above_cap, .. } => *above_cap,
+                        GraphError::Body { source, .. } => above_cap(source),
+                        _ => false,
+                    }
+                }
+                assert!(above_cap(&err), "{kind:?}: {err:?}");
+                let text = err.to_string();
+                assert!(text.contains("4096 bytes"), "{kind:?}: {text}");
+                assert!(
+                    text.contains("Uploads above candle's cap"),
+                    "{kind:?}: {text}"
+                );
+                assert!(
+                    !text.contains('\n'),
+                    "{kind:?}: a backtrace in the text: {text}"
+                );
+                // The runtime stays usable: the short window captures and agrees.
+                let x = family.tokens(&mut rng, short, &dev).map_err(c)?;
+                let mut graph = WindowStepGraph::capture(&rt, &x, family.state(&dev).map_err(c)?)?;
+                agrees(&dev, &family, &mut eager, &mut graph, &mut rng, short)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Four replays of a window graph on new tokens, each bitwise candle eager's, then `verify`.
+fn agrees(
+    dev: &Device,
+    family: &upload_cap::Family,
+    eager: &mut ModelState<upload_cap::Window>,
+    graph: &mut upload_cap::WindowStepGraph<'_>,
+    rng: &mut rand::rngs::SmallRng,
+    tokens: usize,
+) -> Result<(), GraphError> {
+    let kind = family.kind;
+    for replay in 0..4 {
+        let x = family.tokens(rng, tokens, dev).map_err(c)?;
+        let want = host(&upload_cap::window_step(dev, &x, eager).map_err(c)?)?;
+        let got = host(graph.replay(&x)?.result)?;
+        let diff = first_mismatch(&want, &got);
+        assert!(
+            diff.is_none(),
+            "{kind:?}, {tokens} tokens, replay {replay}: graph != candle eager: {diff:?}"
+        );
+    }
+    let x = family.tokens(rng, tokens, dev).map_err(c)?;
+    graph
+        .verify(&x, Tolerance::BITWISE)?
+        .into_result()
+        .map(drop)
 }
 
 /// A prefill of `seq` tokens into one layer of a [`StaticKvCache`] at the position held in

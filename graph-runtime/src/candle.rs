@@ -98,7 +98,9 @@
 //!   registry with the limit raised (16 MiB by default) and prints the `[patch.crates-io]`
 //!   lines. The cache is consulted only while a warmup or a capture runs, so eager candle work
 //!   and replays are unchanged; each distinct upload of a warmup stays cached on the device for
-//!   the thread's life.
+//!   the thread's life. `20-candle-upload-cap` runs a T5 encoder, a Qwen2 and a Phi window of
+//!   candle-transformers at 64, 128 and 512 tokens both ways (`scripts/candle-upload-cap-bundle.sh`
+//!   builds it against the raised limit without changing your checkout).
 //! * **Shapes and positions are frozen** at capture: one graph serves one set of shapes. Keep
 //!   positions in device tensors (select rows with `index_select(pos)`, write with
 //!   `scatter_set`) so that one graph serves every position (`13-candle-decoder`).
