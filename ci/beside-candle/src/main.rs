@@ -10,7 +10,10 @@ fn main() {
         }
         Ok(ctx) => {
             let rt = graph_runtime::Runtime::from_stream(ctx.default_stream());
-            println!("beside-candle: runtime on the context's stream: {}", rt.is_ok());
+            println!(
+                "beside-candle: runtime on the context's stream: {}",
+                rt.is_ok()
+            );
         }
     }
 }
