@@ -25,20 +25,32 @@
 # every step selects the whole workspace with the same features (see below), and
 # ci/beside-candle does not depend on candle-core (resolved as a user's crate resolves it, its
 # build scripts' dependencies would differ and nvcc would run again).
-# Each step prints its duration.
+# Each step prints its duration and CPU time.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-step() { echo "+ $*"; local t0=$SECONDS; "$@"; echo "candle tier: step took $((SECONDS - t0)) s"; }
+# CPU seconds (user + system) of this shell's finished child processes, their children included.
+cpu_s() {
+  local stat
+  read -r stat < "/proc/$BASHPID/stat" || { CPU=0; return; }
+  local f=(${stat##*) })
+  CPU=$(( (f[13] + f[14]) / $(getconf CLK_TCK) ))
+}
+step() {
+  echo "+ $*"
+  local t0=$SECONDS; cpu_s; local c0=$CPU
+  "$@"
+  cpu_s; echo "candle tier: step took $((SECONDS - t0)) s (CPU $((CPU - c0)) s)"
+}
 
 echo "== build beside cubecl-cuda's cudarc features, no toolkit"
 (cd ci/beside-cubecl && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-cubecl")
 
 echo "== toolchain"
-t0=$SECONDS
+t0=$SECONDS; cpu_s; c0=$CPU
 eval "$(bash scripts/cuda-toolchain.sh)"
-echo "candle tier: toolchain took $((SECONDS - t0)) s"
+cpu_s; echo "candle tier: toolchain took $((SECONDS - t0)) s (CPU $((CPU - c0)) s)"
 
 echo "== the candle tier"
 step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D warnings
