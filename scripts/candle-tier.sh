@@ -14,28 +14,44 @@
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode,
 #      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window, and
 #      20-candle-upload-cap);
-#   5. builds and runs ci/beside-candle (graph-runtime beside candle-core `cuda`, linked).
-# candle's kernels are compiled once for the workspace's steps: the workspace says
-# `[profile.dev.build-override] debug = false` (left to cargo's default, a build dependency
+#   5. builds and runs ci/beside-candle: graph-runtime beside cudarc with candle-core `cuda`'s
+#      features (dynamic linking, version from nvcc), after ci/beside-candle/check-features.py
+#      has checked that its cudarc line is the locked candle-core's and that the workspace's
+#      candle build (steps 2-4: the real candle-core `cuda` linked with graph-runtime) builds
+#      cudarc with graph-runtime's and candle-core's features and nothing more.
+# candle's kernels are compiled once per run: the workspace gives build scripts and all
+# dependencies no debug info, said explicitly (left to cargo's default, a build dependency
 # that is also a normal one, like glob, is built with debug info only when the normal one is
 # compiled rather than checked, so clippy's check build and the test build ran nvcc twice),
-# and every step selects the whole workspace with the same features (see below).
-# ci/beside-candle resolves its dependencies as a user's crate does, without the workspace's
-# other members, so its build scripts' dependencies differ and it compiles them once more.
-# Each step prints its duration.
+# every step selects the whole workspace with the same features (see below), and
+# ci/beside-candle does not depend on candle-core (resolved as a user's crate resolves it, its
+# build scripts' dependencies would differ and nvcc would run again).
+# Each step prints its duration and CPU time.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-step() { echo "+ $*"; local t0=$SECONDS; "$@"; echo "candle tier: step took $((SECONDS - t0)) s"; }
+# CPU seconds (user + system) of this shell's finished child processes, their children included.
+cpu_s() {
+  local stat
+  read -r stat < "/proc/$BASHPID/stat" || { CPU=0; return; }
+  local f=(${stat##*) })
+  CPU=$(( (f[13] + f[14]) / $(getconf CLK_TCK) ))
+}
+step() {
+  echo "+ $*"
+  local t0=$SECONDS; cpu_s; local c0=$CPU
+  "$@"
+  cpu_s; echo "candle tier: step took $((SECONDS - t0)) s (CPU $((CPU - c0)) s)"
+}
 
 echo "== build beside cubecl-cuda's cudarc features, no toolkit"
 (cd ci/beside-cubecl && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-cubecl")
 
 echo "== toolchain"
-t0=$SECONDS
+t0=$SECONDS; cpu_s; c0=$CPU
 eval "$(bash scripts/cuda-toolchain.sh)"
-echo "candle tier: toolchain took $((SECONDS - t0)) s"
+cpu_s; echo "candle tier: toolchain took $((SECONDS - t0)) s (CPU $((CPU - c0)) s)"
 
 echo "== the candle tier"
 step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D warnings
@@ -56,5 +72,6 @@ step cargo build "${ws[@]}" --example 12-candle-mlp --example 13-candle-decoder 
   --example 19-candle-llama-window --example 20-candle-upload-cap
 
 echo "== build beside candle-core's cuda feature"
+step python3 ci/beside-candle/check-features.py
 (cd ci/beside-candle && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-candle")
 echo "candle tier: ok"

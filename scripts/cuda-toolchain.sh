@@ -17,6 +17,10 @@
 #      a machine without a GPU. libcudart.so (candle's fused kernels link it) is the real one
 #      from the runtime wheel.
 #   3. CUDA_COMPUTE_CAP (candle asks nvidia-smi otherwise): 90, the H100 and H200.
+#   4. CUDAFORGE_THREADS: how many nvcc processes candle-kernels' build script (cudaforge) runs
+#      at once. Unset, it uses half the cores, so one on a 2-core machine; set to all of them
+#      it compiles the kernels in parallel. It changes no flag and no output, and cargo does
+#      not rebuild when it changes.
 #
 # At run time on a GPU machine the binaries need the driver's libcuda.so.1 and the CUDA 13
 # libraries on the loader path, e.g.
@@ -94,6 +98,7 @@ cat <<EOF
 export PATH="$cu13/bin:\$PATH"
 export CUDA_HOME="$cuda"
 export CUDA_COMPUTE_CAP=90
+export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 export LIBRARY_PATH="$cuda/lib:$stubs\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
 export CUDA_GRAPH_STUBS="$stubs:$cuda/lib"
 EOF
