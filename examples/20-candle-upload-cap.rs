@@ -297,7 +297,8 @@ fn report(
     }
     if json {
         for f in figures {
-            println!("{}", f.record().line());
+            // Their own family: the real-models tier's targets are about the models of 17-19.
+            println!("{}", f.record_in("upload_cap").line());
         }
     }
     if wrong.is_empty() {

@@ -314,7 +314,7 @@ fn main() -> Result<(), BoxError> {
             let rec = Record::new(
                 "islands",
                 Side::Ours,
-                "islands-decoder",
+                format!("islands-decoder/{}", spec.dim),
                 what,
                 m.eager_us,
                 m.island_us,

@@ -303,6 +303,7 @@ fn family_title(bench: &str) -> String {
         "tp_mlp" => "tensor-parallel MLP, 2 GPUs (µs per forward)",
         "ddp_train" => "data-parallel training, 2 GPUs (µs per step)",
         "candle" => "candle code as graphs (µs per call)",
+        "upload_cap" => "candle-transformers models that upload a host tensor in every forward, at the lengths the build's capture upload limit allows (µs per forward)",
         "islands" => "eager islands between graphed segments (µs per call: eager = the whole function eagerly, graph = the segments' launches with the islands' host code between them)",
         REAL_MODELS => "candle-transformers models, candle eager and graph against PyTorch eager and graph (µs per forward)",
         "" => "other",

@@ -97,8 +97,13 @@ impl Figures {
 
     /// The `--json` record.
     pub fn record(&self) -> Record {
+        self.record_in(BENCH)
+    }
+
+    /// The `--json` record, in workload family `bench`.
+    pub fn record_in(&self, bench: &str) -> Record {
         let mut r = Record::new(
-            BENCH,
+            bench,
             Side::Ours,
             self.workload.clone(),
             self.what.clone(),
