@@ -51,10 +51,23 @@ struct Args {
     json: bool,
 }
 
-/// The decoder of `05-decode-step` (8 blocks of width 512), and a smaller one of the same depth
-/// (width 256): at batch 1 a small model's step is launch-bound, which is where a graph helps
-/// most and candle-transformers' eager decode spends 7-14 ms per token.
-const SPECS: [(&str, DecoderSpec); 2] = [
+/// The decoder of `05-decode-step` (8 blocks of width 512), and two smaller ones of the same
+/// depth (widths 128 and 256): at batch 1 a small model's step is launch-bound, which is where
+/// a graph helps most and candle-transformers' eager decode spends 7-14 ms per token.
+const SPECS: [(&str, DecoderSpec); 3] = [
+    (
+        "8 × 128",
+        DecoderSpec {
+            dim: 128,
+            heads: 4,
+            layers: 8,
+            ffn: 384,
+            vocab: 4096,
+            max_seq: 256,
+            theta: 10_000.0,
+            eps: 1e-5,
+        },
+    ),
     (
         "8 × 256",
         DecoderSpec {
@@ -86,7 +99,11 @@ const SPECS: [(&str, DecoderSpec); 2] = [
 const TOKENS: usize = 128;
 /// Timed generations of each loop.
 const RUNS: usize = 5;
-const _: () = assert!(SPECS[0].1.max_seq <= KERNEL_MAX_SEQ && SPECS[1].1.max_seq <= KERNEL_MAX_SEQ);
+const _: () = assert!(
+    SPECS[0].1.max_seq <= KERNEL_MAX_SEQ
+        && SPECS[1].1.max_seq <= KERNEL_MAX_SEQ
+        && SPECS[2].1.max_seq <= KERNEL_MAX_SEQ
+);
 
 // 1. The step, split at the attention: what is static is graphed, the attention with the
 //    growing cache runs in an island (`rt.eager`), once per block. The island's code sees
