@@ -537,6 +537,7 @@ impl Buckets {
                     captures: 0,
                     evictions: 0,
                     rows_padded: 0,
+                    // Read from `graphs` by `stats`.
                     live: false,
                 })
                 .collect(),
@@ -609,7 +610,6 @@ impl Buckets {
             );
             // Dropping the graph destroys it and trims the device's graph memory.
             self.graphs[lru] = None;
-            self.counts[lru].live = false;
             self.counts[lru].evictions += 1;
         }
     }
@@ -645,7 +645,6 @@ impl Buckets {
         self.clock += 1;
         self.last_used[index] = self.clock;
         self.counts[index].captures += 1;
-        self.counts[index].live = true;
         Ok(())
     }
 
@@ -675,7 +674,16 @@ impl Buckets {
                 Capture::All => None,
                 Capture::Lazy(n) => Some(n),
             },
-            buckets: self.counts.clone(),
+            // Live is what the family holds now, not a count.
+            buckets: self
+                .counts
+                .iter()
+                .zip(&self.graphs)
+                .map(|(c, g)| BucketCounts {
+                    live: g.is_some(),
+                    ..*c
+                })
+                .collect(),
             eager_runs: self.eager_runs,
             eager_rows: self.eager_rows,
         }
