@@ -56,30 +56,9 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let bucket_param = args.buckets.as_ref().map(|b| b.param.clone());
     let mut model = model::analyze(item, bucket_param.as_ref(), &mut cx);
     let with_islands = islands::has_islands(&model);
-    if with_islands {
-        // Inside an island anything goes: the checks see the body without the islands' code.
-        let ctx = islands::ctx_ident(&model).expect("an island is a call on the context");
-        let blank = Box::new(islands::without_island_code(&model.item.block, &ctx));
-        let body = std::mem::replace(&mut model.item.block, blank);
-        // `#[island]` state is not the segments' business: a use of it there is the islands'
-        // own error (see `islands::rewrite`), not a host-collection or host-state finding.
-        let params = std::mem::take(&mut model.params);
-        let (island, rest): (Vec<_>, Vec<_>) =
-            params.into_iter().enumerate().partition(|(_, p)| p.island);
-        model.params = Vec::new();
-        let mut checked = Vec::new();
-        for (k, p) in rest {
-            model.params.push(p);
-            checked.push(k);
-        }
-        check_body(&model, &args, &mut cx);
-        let rest = checked.into_iter().zip(std::mem::take(&mut model.params));
-        let mut all: Vec<_> = rest.chain(island).collect();
-        all.sort_by_key(|(k, _)| *k);
-        model.params = all.into_iter().map(|(_, p)| p).collect();
-        model.item.block = body;
-    } else {
-        check_body(&model, &args, &mut cx);
+    match with_islands.then(|| islands::as_checked(&model)) {
+        Some(seen) => check_body(&seen, &args, &mut cx),
+        None => check_body(&model, &args, &mut cx),
     }
     let guards = crate::check::state_guards(&model, &args);
     let names = islands::IslandNames::new(&base_name(&model, &args), model.item.sig.ident.span());

@@ -37,6 +37,7 @@ pub enum Role {
     Bucket,
 }
 
+#[derive(Clone)]
 pub struct Param {
     pub ident: Ident,
     pub role: Role,
@@ -51,11 +52,13 @@ pub struct Param {
     pub ty: Type,
 }
 
+#[derive(Clone)]
 pub struct ContextParam {
     /// The referenced type of the first parameter (`Runtime` for `&Runtime`).
     pub ty: Type,
 }
 
+#[derive(Clone)]
 pub struct GraphFn {
     /// The user's function with the role attributes removed: what gets emitted.
     pub item: ItemFn,

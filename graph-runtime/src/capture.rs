@@ -540,15 +540,8 @@ impl Ended {
             // SAFETY: the capture bound the runtime's context to this thread.
             let empty =
                 unsafe { RecordedGraph::empty() }.map_err(|e| GraphError::from_driver(graph, e))?;
-            let record = CaptureRecord {
-                id: 0,
-                root: empty.raw(),
-                mode: sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                validating: 0,
-                poisoned: false,
-                handles: Vec::new(),
-                nodes: Vec::new(),
-            };
+            let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+            let record = CaptureRecord::new(0, empty.raw(), mode);
             segments[0] = Some((empty, record));
         }
         Ok((segments, islands))

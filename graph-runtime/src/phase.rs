@@ -124,6 +124,20 @@ pub(crate) struct NodeRecord {
 }
 
 impl CaptureRecord {
+    /// A record of no conditionals yet, for a capture of graph `root` in `mode` (`id` tells
+    /// captures apart).
+    pub(crate) fn new(id: u64, root: sys::CUgraph, mode: sys::CUstreamCaptureMode) -> Self {
+        CaptureRecord {
+            id,
+            root,
+            mode,
+            validating: 0,
+            poisoned: false,
+            handles: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
+
     /// The first condition created but never tested by a conditional node.
     pub(crate) fn unused_condition(&self) -> Option<&'static Location<'static>> {
         self.handles.iter().find(|h| !h.used).map(|h| h.location)

@@ -88,9 +88,11 @@ pub(super) fn has_islands(model: &GraphFn) -> bool {
     find.1
 }
 
-/// The body as the compile-time checks see it: every island's code left out (inside an
-/// island anything goes: syncs, device reads, prints, host randomness).
-pub(super) fn without_island_code(block: &Block, ctx: &Ident) -> Block {
+/// The function as the compile-time checks see it: every island's code left out (inside an
+/// island anything goes: syncs, device reads, prints, host randomness), and without its
+/// `#[island]` parameters (a use of them in a segment is this file's own error, see
+/// [`rewrite`], not a host-collection or host-state finding).
+pub(super) fn as_checked(model: &GraphFn) -> GraphFn {
     struct Blank<'c>(&'c Ident);
     impl VisitMut for Blank<'_> {
         fn visit_expr_mut(&mut self, e: &mut Expr) {
@@ -103,9 +105,12 @@ pub(super) fn without_island_code(block: &Block, ctx: &Ident) -> Block {
             visit_mut::visit_expr_mut(self, e);
         }
     }
-    let mut block = block.clone();
-    Blank(ctx).visit_block_mut(&mut block);
-    block
+    let mut seen = model.clone();
+    seen.params.retain(|p| !p.island);
+    if let Some(ctx) = ctx_ident(model) {
+        Blank(&ctx).visit_block_mut(&mut seen.item.block);
+    }
+    seen
 }
 
 /// The names the generated island items use.
@@ -448,64 +453,46 @@ impl Rewriter<'_> {
                 "an island's code runs on the calling thread; remove `async`",
             );
         }
-        // `y = …` / `*y = …` on a parameter the segments read by address.
+        // `y = …` / `*y = …` on a parameter the segments read by address: reported, and left
+        // out of the emitted code, so that the error is the only one about it.
         struct Replaced<'n> {
-            params: &'n HashSet<String>,
+            params: HashSet<&'n String>,
             found: Vec<(Ident, String)>,
         }
-        impl<'ast> syn::visit::Visit<'ast> for Replaced<'_> {
-            fn visit_expr_assign(&mut self, a: &'ast syn::ExprAssign) {
-                let mut target = &*a.left;
-                while let Expr::Unary(u) = target {
-                    if !matches!(u.op, syn::UnOp::Deref(_)) {
-                        break;
+        impl VisitMut for Replaced<'_> {
+            fn visit_expr_mut(&mut self, e: &mut Expr) {
+                if let Expr::Assign(a) = e {
+                    let mut target = &*a.left;
+                    while let Expr::Unary(syn::ExprUnary {
+                        op: syn::UnOp::Deref(_),
+                        expr,
+                        ..
+                    }) = target
+                    {
+                        target = expr;
                     }
-                    target = &u.expr;
-                }
-                if let Expr::Path(p) = target {
-                    if let Some(i) = p.path.get_ident() {
-                        if self.params.contains(&i.to_string()) {
-                            self.found
-                                .push((i.clone(), a.left.to_token_stream().to_string()));
-                        }
+                    let param = match target {
+                        Expr::Path(p) => p
+                            .path
+                            .get_ident()
+                            .filter(|i| self.params.contains(&i.to_string())),
+                        _ => None,
+                    };
+                    if let Some(i) = param {
+                        self.found
+                            .push((i.clone(), a.left.to_token_stream().to_string()));
+                        *e = syn::parse_quote!(());
+                        return;
                     }
                 }
-                syn::visit::visit_expr_assign(self, a);
+                visit_mut::visit_expr_mut(self, e);
             }
         }
-        let read_by_address: HashSet<String> = self
-            .param_names
-            .iter()
-            .filter(|n| !self.island_state.contains(*n))
-            .cloned()
-            .collect();
         let mut replaced = Replaced {
-            params: &read_by_address,
+            params: self.param_names.difference(&self.island_state).collect(),
             found: Vec::new(),
         };
-        syn::visit::Visit::visit_expr(&mut replaced, &c.body);
-        // Refused: the assignments are left out of the emitted code, so that the error is the
-        // only one about them.
-        if !replaced.found.is_empty() {
-            struct Strip<'n>(&'n HashSet<String>);
-            impl VisitMut for Strip<'_> {
-                fn visit_expr_mut(&mut self, e: &mut Expr) {
-                    if let Expr::Assign(a) = e {
-                        let mut target = &*a.left;
-                        while let Expr::Unary(u) = target {
-                            target = &u.expr;
-                        }
-                        if matches!(target, Expr::Path(p) if p.path.get_ident().is_some_and(|i| self.0.contains(&i.to_string())))
-                        {
-                            *e = syn::parse_quote!(());
-                            return;
-                        }
-                    }
-                    visit_mut::visit_expr_mut(self, e);
-                }
-            }
-            Strip(&read_by_address).visit_expr_mut(&mut c.body);
-        }
+        replaced.visit_expr_mut(&mut c.body);
         for (i, lhs) in replaced.found {
             self.cx.error_spanned_by(
                 &i,

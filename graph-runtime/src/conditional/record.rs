@@ -10,15 +10,7 @@ pub(super) static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
 
 /// Starts the record of a capture that began recording into `root` in `mode`.
 pub(crate) fn open_record(root: sys::CUgraph, mode: sys::CUstreamCaptureMode) {
-    let record = CaptureRecord {
-        id: NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed),
-        root,
-        mode,
-        validating: 0,
-        poisoned: false,
-        handles: Vec::new(),
-        nodes: Vec::new(),
-    };
+    let record = CaptureRecord::new(NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed), root, mode);
     with_frame(|f| *f.record.borrow_mut() = Some(record));
 }
 
