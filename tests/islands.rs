@@ -32,6 +32,31 @@ fn grid(n: i32) -> LaunchConfig {
     LaunchConfig::for_num_elems(n as u32)
 }
 
+/// `y = a · x + b` over the `x.len()` floats of `x`, on the runtime's stream.
+fn affine(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    a: f32,
+    b: f32,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    assert!(y.len() >= x.len(), "affine: y is shorter than x");
+    let n = x.len() as i32;
+    let f = rt.function(K, "affine")?;
+    // SAFETY: `affine` reads `n` floats of `x` and writes `n` of `y`, which hold at least `n`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(x)
+            .arg(&a)
+            .arg(&b)
+            .arg(y)
+            .arg(&n)
+            .launch(grid(n))?;
+    }
+    Ok(())
+}
+
 /// Segment 1 scales `x`; the island reads the result on the host, keeps the positive values
 /// (a count known only there) and writes them, zero-padded, with their count; segment 2 takes
 /// `tanh` of what the island wrote.
@@ -45,17 +70,7 @@ fn compact_then_tanh(
 ) -> Result<(), GraphError> {
     let n = x.len() as i32;
     let s = rt.stream();
-    let affine = rt.function(K, "affine")?;
-    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
-    unsafe {
-        s.launch_builder(&affine)
-            .arg(x)
-            .arg(&2.0f32)
-            .arg(&-0.5f32)
-            .arg(&mut *scaled)
-            .arg(&n)
-            .launch(grid(n))?;
-    }
+    affine(rt, x, 2.0, -0.5, scaled)?;
     rt.eager(|| {
         let s = rt.stream();
         let host = s.clone_dtoh(&scaled)?;
@@ -187,20 +202,9 @@ fn sample_step(
     token: &mut CudaSlice<i32>,
     row: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let vocab = logits.len() as i32;
     let dim = row.len() as i32;
     let s = rt.stream();
-    let affine = rt.function(K, "affine")?;
-    // SAFETY: `affine` reads and writes `vocab` floats of buffers that hold `vocab`.
-    unsafe {
-        s.launch_builder(&affine)
-            .arg(logits)
-            .arg(&4.0f32)
-            .arg(&0.0f32)
-            .arg(&mut *scores)
-            .arg(&vocab)
-            .launch(grid(vocab))?;
-    }
+    affine(rt, logits, 4.0, 0.0, scores)?;
     rt.eager(|| {
         let host = rt.stream().clone_dtoh(&scores)?;
         let t = top_p(&host, p, rng);
@@ -288,18 +292,7 @@ fn may_fail(
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
     let n = x.len() as i32;
-    let affine = rt.function(K, "affine")?;
-    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
-    unsafe {
-        rt.stream()
-            .launch_builder(&affine)
-            .arg(x)
-            .arg(&1.0f32)
-            .arg(&1.0f32)
-            .arg(&mut *y)
-            .arg(&n)
-            .launch(grid(n))?;
-    }
+    affine(rt, x, 1.0, 1.0, y)?;
     rt.eager(|| {
         if *fail {
             return Err(GraphError::User("the island was told to fail".into()));
@@ -411,20 +404,7 @@ fn islands_first(
         *runs += 10;
         Ok(())
     })?;
-    let n = x.len() as i32;
-    let affine = rt.function(K, "affine")?;
-    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
-    unsafe {
-        rt.stream()
-            .launch_builder(&affine)
-            .arg(x)
-            .arg(&3.0f32)
-            .arg(&1.0f32)
-            .arg(&mut *y)
-            .arg(&n)
-            .launch(grid(n))?;
-    }
-    Ok(())
+    affine(rt, x, 3.0, 1.0, y)
 }
 
 #[gpu_test]
@@ -475,19 +455,7 @@ fn stale_scale(
     mid: &mut CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let n = x.len() as i32;
-    let s = rt.stream();
-    let affine = rt.function(K, "affine")?;
-    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
-    unsafe {
-        s.launch_builder(&affine)
-            .arg(x)
-            .arg(&1.0f32)
-            .arg(&0.0f32)
-            .arg(&mut *mid)
-            .arg(&n)
-            .launch(grid(n))?;
-    }
+    affine(rt, x, 1.0, 0.0, mid)?;
     rt.eager(|| {
         let first = rt.stream().clone_dtoh(&mid)?[0];
         SCALE_BITS.store(first.to_bits(), Ordering::SeqCst);
@@ -495,17 +463,7 @@ fn stale_scale(
     })?;
     // The bug: a host read of what the island wrote, frozen into the graph at capture.
     let scale = f32::from_bits(SCALE_BITS.load(Ordering::SeqCst));
-    // SAFETY: `affine` reads and writes `n` floats of buffers that hold `n`.
-    unsafe {
-        s.launch_builder(&affine)
-            .arg(&*mid)
-            .arg(&scale)
-            .arg(&0.0f32)
-            .arg(&mut *y)
-            .arg(&n)
-            .launch(grid(n))?;
-    }
-    Ok(())
+    affine(rt, mid, scale, 0.0, y)
 }
 
 #[gpu_test]
