@@ -1,7 +1,8 @@
 //! # 22 — eager islands: a host-side sampler between two graphed segments
 //!
 //! Borrows from this workspace: `workloads` (random inputs, timing, the runtime or a skip)
-//! and `bench-report` (tables, records).
+//! and `bench-report` (tables, records); the launch timing and the tables are
+//! `examples/common/islands.rs`, shared with the other islands example.
 //!
 //! A generation step often ends on the host: the sampler (top-p here, with a host random
 //! generator) reads the scores, draws a token, and the next model step starts from it. The
@@ -24,12 +25,14 @@
 use std::time::{Duration, Instant};
 
 use bench_report::record::{Record, Side};
-use bench_report::table::{us, Table};
 use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
 use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
 use workloads::timing::{median, wall_once};
+
+#[path = "common/islands.rs"]
+mod islands;
 
 /// A graphed step with a host-side top-p sampler in an island.
 #[derive(Parser)]
@@ -260,16 +263,9 @@ fn main() -> Result<(), BoxError> {
         graph_runs.push(g / STEPS as f64);
         // The mechanism's host cost: launches with the inputs as they are (no input copy).
         graph.state_mut().sampler.time = Duration::ZERO;
-        let mut host = Duration::ZERO;
-        wall_once(&s, || {
-            for _ in 0..STEPS {
-                let t = Instant::now();
-                graph.launch()?;
-                host += t.elapsed();
-            }
-            Ok(())
-        })?;
-        graph_host.push(host.as_secs_f64() * 1e6 / STEPS as f64);
+        graph_host.push(islands::launch_host_us(&s, STEPS, || {
+            graph.launch().map(drop)
+        })?);
         island_own.push(graph.state_mut().sampler.time.as_secs_f64() * 1e6 / STEPS as f64);
     }
     let (eager_us, graph_us) = (median(eager_runs), median(graph_runs));
@@ -279,30 +275,7 @@ fn main() -> Result<(), BoxError> {
     println!(
         "top-p sampling between two segments of {DEPTH} kernels on {device}: vocabulary {VOCAB}, {STEPS} steps, median of {RUNS} runs\n"
     );
-    let mut t = Table::new(&["step", ">µs per step", ">speedup"]);
-    t.row(vec!["eager".into(), us(eager_us), "1.00×".into()]);
-    t.row(vec![
-        format!("graph, {segments} segments around the island"),
-        us(graph_us),
-        format!("{:.2}×", eager_us / graph_us),
-    ]);
-    print!("{}", t.to_markdown());
-    println!("\nhost time of a launch (the inputs as they are), µs per step:\n");
-    let mut h = Table::new(&[
-        "launch",
-        ">host",
-        ">island's own work",
-        ">the rest",
-        ">per segment",
-    ]);
-    h.row(vec![
-        "graph".into(),
-        us(host_us),
-        us(own_us),
-        us(host_us - own_us),
-        us((host_us - own_us) / segments as f64),
-    ]);
-    print!("{}", h.to_markdown());
+    islands::print_tables("step", eager_us, graph_us, host_us, own_us, segments);
     let mut distinct = tokens.clone();
     distinct.sort_unstable();
     distinct.dedup();

@@ -1,7 +1,8 @@
 //! # 23 — eager islands: a shape known only on the host, between graphed segments
 //!
 //! Borrows from this workspace: `workloads` (random inputs, timing, the runtime or a skip)
-//! and `bench-report` (tables, records).
+//! and `bench-report` (tables, records); the launch timing and the tables are
+//! `examples/common/islands.rs`, shared with the other islands example.
 //!
 //! A stream compaction keeps the elements that pass a test; how many pass is known only after
 //! the scores are computed, and the next stage works on that many. A graph has fixed shapes,
@@ -21,12 +22,14 @@
 use std::time::{Duration, Instant};
 
 use bench_report::record::{Record, Side};
-use bench_report::table::{us, Table};
 use clap::Parser;
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
 use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
 use workloads::timing::{median, wall_once};
+
+#[path = "common/islands.rs"]
+mod islands;
 
 /// A compaction whose count is read on the host, between two graphed segments.
 #[derive(Parser)]
@@ -178,16 +181,9 @@ fn main() -> Result<(), BoxError> {
         graph_runs.push(g / CALLS as f64);
         // The mechanism's host cost: launches with the inputs as they are (no input copy).
         graph.state_mut().clock.0 = Duration::ZERO;
-        let mut host = Duration::ZERO;
-        wall_once(&s, || {
-            for _ in 0..CALLS {
-                let t = Instant::now();
-                graph.launch()?;
-                host += t.elapsed();
-            }
-            Ok(())
-        })?;
-        graph_host.push(host.as_secs_f64() * 1e6 / CALLS as f64);
+        graph_host.push(islands::launch_host_us(&s, CALLS, || {
+            graph.launch().map(drop)
+        })?);
         island_own.push(graph.state_mut().clock.0.as_secs_f64() * 1e6 / CALLS as f64);
     }
     let (eager_us, graph_us) = (median(eager_runs), median(graph_runs));
@@ -197,30 +193,7 @@ fn main() -> Result<(), BoxError> {
     println!(
         "compaction of {N} values between two segments of {DEPTH} kernels on {device}: {CALLS} inputs (kept {lo} to {hi}), median of {RUNS} runs\n"
     );
-    let mut t = Table::new(&["call", ">µs per call", ">speedup"]);
-    t.row(vec!["eager".into(), us(eager_us), "1.00×".into()]);
-    t.row(vec![
-        format!("graph, {segments} segments around the island"),
-        us(graph_us),
-        format!("{:.2}×", eager_us / graph_us),
-    ]);
-    print!("{}", t.to_markdown());
-    println!("\nhost time of a launch (the inputs as they are), µs per call (the island's own work: its read, its host code, its writes):\n");
-    let mut h = Table::new(&[
-        "launch",
-        ">host",
-        ">island's own work",
-        ">the rest",
-        ">per segment",
-    ]);
-    h.row(vec![
-        "graph".into(),
-        us(host_us),
-        us(own_us),
-        us(host_us - own_us),
-        us((host_us - own_us) / segments as f64),
-    ]);
-    print!("{}", h.to_markdown());
+    islands::print_tables("call", eager_us, graph_us, host_us, own_us, segments);
     if args.json {
         let rec = Record::new(
             "islands",
