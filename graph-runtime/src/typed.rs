@@ -496,9 +496,6 @@ impl<B: GraphBody> TypedGraph<B> {
     /// After the first segment's launch: each island's code, then the segment after it.
     #[inline]
     fn run_islands(&mut self) -> Result<(), GraphError> {
-        if self.islands.is_empty() {
-            return Ok(());
-        }
         Self::islands_of(
             &self.islands,
             &mut self.body,
@@ -513,6 +510,9 @@ impl<B: GraphBody> TypedGraph<B> {
         statics: &mut StaticsOf<B>,
         rt: &Runtime,
     ) -> Result<(), GraphError> {
+        if islands.is_empty() {
+            return Ok(());
+        }
         let ctx = B::Ctx::try_from_runtime(rt)?;
         let graph = B::site().name;
         for (k, island) in islands.iter().enumerate() {
@@ -562,9 +562,7 @@ impl<B: GraphBody> TypedGraph<B> {
         verifier.rewind()?;
         let dst = &mut self.statics.inputs;
         replay(&self.graph, |staging| inputs.stage(dst, staging))?;
-        if !self.islands.is_empty() {
-            Self::islands_of(&self.islands, &mut self.body, &mut self.statics, &rt)?;
-        }
+        Self::islands_of(&self.islands, &mut self.body, &mut self.statics, &rt)?;
         let statics = &self.statics;
         statics
             .outputs
