@@ -398,16 +398,9 @@ pub fn capture(
         inspect_time: Duration::ZERO,
         upload_time: Duration::ZERO,
     };
-    let segmented = segments.len() > 1;
     let mut graphs = Vec::with_capacity(segments.len());
     let mut input_nodes = Some(input_nodes);
     for segment in segments {
-        // A segment after an island that recorded nothing is not launched at all.
-        let segment = segment.filter(|(raw, _)| {
-            // SAFETY: `raw` is a live graph just captured on the runtime's context.
-            graphs.is_empty()
-                || unsafe { driver::graph_nodes(raw.raw()) }.is_ok_and(|n| !n.is_empty())
-        });
         let Some((raw, record)) = segment else {
             graphs.push(None);
             continue;
@@ -421,15 +414,23 @@ pub fn capture(
             info.rng = Vec::new();
         }
         let nodes = input_nodes.take().unwrap_or_default();
-        let mut built = Graph::instantiate(rt, raw, info, nodes, &record, segmented)?;
+        let mut built = Graph::instantiate(rt, raw, info, nodes, &record)?;
         built.settle_for(book);
         graphs.push(Some(built));
+    }
+    // Only the runtime's own input copies, in every segment: the body queued nothing on the
+    // capture stream.
+    let body_work = |g: &Graph| g.info().nodes() > g.info().kinds.input_copies;
+    if !graphs.iter().flatten().any(body_work) {
+        return Err(GraphError::EmptyGraph { graph });
     }
     let mut graphs = graphs.into_iter();
     let built = graphs
         .next()
         .flatten()
         .expect("the first segment is always there");
+    // A segment after an island that recorded nothing is not launched at all.
+    let graphs = graphs.map(|g| g.filter(|g| g.info().nodes() > 0));
     let islands: Vec<CapturedIsland> = islands
         .into_iter()
         .zip(graphs)

@@ -175,15 +175,12 @@ impl Graph {
     /// refused with [`GraphError::OutOfMemory`] (see `refuse_temporaries_that_cannot_fit`). A
     /// failure at any step destroys what was made and gives the graph memory pool's unused
     /// memory back to the device.
-    /// `segment`: the graph is one segment of a body with eager islands, which may hold no
-    /// work of the body (two islands in a row, an island first).
     pub(crate) fn instantiate(
         rt: &Runtime,
         raw: RecordedGraph,
         mut info: GraphInfo,
         inputs: Vec<InputNode>,
         record: &CaptureRecord,
-        segment: bool,
     ) -> Result<Self, GraphError> {
         let started = Instant::now();
         // Temporaries the body allocates during capture become allocation nodes; with
@@ -192,14 +189,7 @@ impl Graph {
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let mut baseline = MemoryReading::default();
         let built = (|| {
-            let inspected = inspect(
-                raw.raw(),
-                info.name,
-                &inputs,
-                info.early_edges > 0,
-                record,
-                segment,
-            )?;
+            let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -667,14 +657,9 @@ fn inspect(
     inputs: &[InputNode],
     count_edges: bool,
     record: &CaptureRecord,
-    segment: bool,
 ) -> Result<Inspected, GraphError> {
     // SAFETY: `raw` is the live graph the capture just returned.
     let nodes = unsafe { driver::graph_nodes(raw) }?;
-    if nodes.is_empty() && !segment {
-        return Err(GraphError::EmptyGraph { graph });
-    }
-    let nodes_len = nodes.len();
     let mut kinds = NodeKinds::default();
     let mut temps: Vec<(u64, u64)> = Vec::new();
     // The nodes of the graph, then those of its conditional bodies (at any depth).
@@ -721,10 +706,6 @@ fn inspect(
             }
             _ => kinds.other += 1,
         }
-    }
-    if kinds.input_copies == nodes_len && !segment {
-        // Only the runtime's own input copies: the body queued nothing on the capture stream.
-        return Err(GraphError::EmptyGraph { graph });
     }
     // Programmatic edges come only from early launches: the edges are read (one driver call
     // for every edge of the graph) only when the capture made some.
