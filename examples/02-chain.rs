@@ -33,18 +33,26 @@
 //! The capture-cost table splits a capture of ours (from its `GraphInfo`: capture, inspect,
 //! instantiate, upload) and the same chain captured by hand (begin, launches, end;
 //! `cuGraphInstantiateWithFlags` with AUTO_FREE_ON_LAUNCH, as ours; `cuGraphUpload`, as
-//! ours), after the same two eager runs, interleaved (`--capture-rounds`, medians).
+//! ours), after the same two eager runs, interleaved (`--capture-rounds`, medians). It also
+//! compares ours with a hand capture of N + 1 kernels: as many nodes as ours, whose graph
+//! holds its input copy node besides the chain. On an H200 (three runs): at N = 100, 1000 and
+//! 10,000 ours costs what raw does (1.01, 1.00–1.03 and 0.94–1.00×); at N = 10 it costs 5–7 µs
+//! more (1.14–1.18×), of which the input copy node is 2–3 µs (against N + 1 kernels:
+//! 1.04–1.12×) and the rest the bookkeeping around the capture (reading the node kinds,
+//! the capture frame). The copy node pays for itself at the first replay: it saves about
+//! 4 µs of host time on every replay against raw's input copy. (Every capture of ours used
+//! to read the device's free memory after its upload, 8–60 µs of `cuMemGetInfo`, even when
+//! it did not measure executable memory: that was the 7–36 µs it cost above raw at N ≤ 100.)
+//!
 //! `--capture-only` prints only that table, with hand captures that add, one at a time,
-//! what ours does besides the chain, and each recorded graph instantiated again. On an H200
-//! (two runs of `--capture-only`): at N = 1000 and 10,000 ours costs what raw does (1.02–1.04× and
-//! 0.94–0.96×); at N ≤ 100 it costs a fixed 7–36 µs more (1.03–1.45×). Of that, the input
-//! copy node, the node walk and the two events take 0–3 µs together (a hand capture that
-//! does all three: 0.042 against 0.041 ms at N = 10); the instantiate flag, work left on the
-//! stream and an allocation freed before the capture make no difference; instantiating and
-//! uploading in one call (`CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`) saves nothing. The rest is
-//! inside `cuGraphInstantiateWithFlags` for our recorded graph (instantiating it again by
-//! hand: +1–5 µs at N = 10, +14–15 µs at N = 100 against the hand-recorded one), not yet
-//! explained.
+//! what ours does besides the chain, and the two recorded graphs instantiated again,
+//! alternately. On an H200: the input copy node, the node walk, the two events and two
+//! capture-info queries together cost what one more kernel node does; the instantiate flag,
+//! work left on the stream and an allocation freed before the capture make no difference;
+//! instantiating and uploading in one call (`CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`) saves
+//! nothing; instantiating costs up to twice as much with cold CPU caches (8 MiB of host
+//! memory touched just before: +16–19 µs at N = 10), so capture times of small graphs vary
+//! with what the host did just before.
 //!
 //! Run: `cargo run --release --example 02-chain` (add `-- 10 100` to choose N, `--json` for
 //! the report's JSON lines, `--no-torch` to leave PyTorch out, `--capture-only` for the
@@ -1105,6 +1113,12 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
         /// Instantiate and upload in one call (`cuGraphInstantiateWithParams` with
         /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`).
         one_call: bool,
+        /// Kernels beyond the chain's N (1: as many nodes as ours, whose graph also holds its
+        /// input copy node).
+        extra: usize,
+        /// Touch 8 MiB of host memory between ending the capture and instantiating (cold
+        /// caches).
+        cold: bool,
         /// Ask the driver what the stream is capturing into (`cuStreamGetCaptureInfo_v3`)
         /// after beginning and after the copy node, as ours does.
         info_queries: bool,
@@ -1180,6 +1194,7 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
             _ => None,
         };
         // The same warmup as ours: two eager runs, then a synchronize.
+        let n = n + how.extra;
         launch_chain(s, rt, x, y, n)?;
         launch_chain(s, rt, x, y, n)?;
         s.synchronize()?;
@@ -1237,6 +1252,13 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
             exec: std::ptr::null_mut(),
             _events: Vec::new(),
         };
+        if how.cold {
+            let mut v = vec![1u8; 8 << 20];
+            for (i, b) in v.iter_mut().enumerate() {
+                *b = b.wrapping_add(i as u8);
+            }
+            std::hint::black_box(&v);
+        }
         let t = Instant::now();
         if how.walk {
             let mut count = 0usize;
@@ -1326,8 +1348,12 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
         pub n: usize,
         pub ours: Split,
         pub raw: Split,
+        /// Raw with one kernel more: as many nodes as ours (its input copy node).
+        pub raw_nodes: Split,
         /// Median of the per-round ratios ours total / raw total.
         pub ratio: f64,
+        /// Median of the per-round ratios ours total / raw (N + 1 kernels) total.
+        pub ratio_nodes: f64,
         /// Probe variants (with `--capture-only`): (name, split).
         pub variants: Vec<(&'static str, Split)>,
         /// Probe: (ours' recorded graph, raw's recorded graph) instantiated again by hand,
@@ -1340,7 +1366,6 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
         let s = rt.stream();
         let host_x: Vec<f32> = (0..ELEMS).map(|i| i as f32).collect();
         let src = s.clone_htod(&host_x)?;
-        let want: Vec<f32> = host_x.iter().map(|v| v + n as f32).collect();
         let mut xs = s.alloc_zeros::<f32>(ELEMS)?;
         s.memcpy_dtod(&src, &mut xs)?;
         let mut ys = s.alloc_zeros::<f32>(ELEMS)?;
@@ -1354,10 +1379,24 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
             busy: Busy::Idle,
             one_call: false,
             info_queries: false,
+            extra: 0,
+            cold: false,
+        };
+        let one_more = Hand {
+            extra: 1,
+            ..raw_how
         };
         let kinds: Vec<(&'static str, Hand<'_>)> = if probe {
             vec![
                 ("raw", raw_how),
+                ("raw, N + 1 kernels (as many nodes as ours)", one_more),
+                (
+                    "raw + 8 MiB of host memory touched before instantiating",
+                    Hand {
+                        cold: true,
+                        ..raw_how
+                    },
+                ),
                 (
                     "raw, instantiate + upload in one call",
                     Hand {
@@ -1407,16 +1446,17 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
                 ),
             ]
         } else {
-            vec![("raw", raw_how)]
+            vec![("raw", raw_how), ("raw, N + 1 kernels", one_more)]
         };
         let slots = kinds.len() + 1;
         let mut ours = Vec::new();
         let mut hands: Vec<Vec<Split>> = vec![Vec::new(); kinds.len()];
-        let mut ratios = Vec::new();
-        let (mut again_ours, mut again_raw) = (Vec::new(), Vec::new());
+        let (mut ratios, mut ratios_nodes) = (Vec::new(), Vec::new());
+        // The last round's graphs of ours and raw, instantiated again after the rounds.
+        let (mut kept_ours, mut kept_raw) = (None, None);
         for round in 0..rounds {
             let mut ours_total = f64::NAN;
-            let mut raw_total = f64::NAN;
+            let (mut raw_total, mut raw_nodes_total) = (f64::NAN, f64::NAN);
             for slot in 0..slots {
                 let k = (slot + round) % slots;
                 if k == kinds.len() {
@@ -1424,31 +1464,45 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
                     let split = Split::of_ours(g.info());
                     ours_total = split.total();
                     ours.push(split);
-                    if probe {
-                        again_ours.push(reinstantiate(rt, g.graph().cu_graph())?);
+                    if probe && round + 1 == rounds {
+                        kept_ours = Some(g);
                     }
-                    drop(g);
                 } else {
                     let (g, split) = hand(rt, &xs, &mut ys, n, kinds[k].1)?;
                     if k == 0 {
                         raw_total = split.total();
-                        if probe {
-                            again_raw.push(reinstantiate(rt, g.graph)?);
-                        }
+                    }
+                    if k == 1 {
+                        raw_nodes_total = split.total();
                     }
                     hands[k].push(split);
                     if round == 0 {
                         s.memset_zeros(&mut ys)?;
                         // SAFETY: `exec` is live, instantiated on this stream's context.
                         unsafe { sys::cuGraphLaunch(g.exec, s.cu_stream()) }.result()?;
+                        let kernels = (n + kinds[k].1.extra) as f32;
+                        let want: Vec<f32> = host_x.iter().map(|v| v + kernels).collect();
                         assert_eq!(s.clone_dtoh(&ys)?, want, "hand capture {}", kinds[k].0);
                     }
                     s.synchronize()?;
-                    drop(g);
+                    if probe && k == 0 && round + 1 == rounds {
+                        kept_raw = Some(g);
+                    }
                 }
             }
             ratios.push(ours_total / raw_total);
+            ratios_nodes.push(ours_total / raw_nodes_total);
         }
+        // Both recorded graphs instantiated again, alternately: whether their contents cost
+        // the driver the same.
+        let (mut again_ours, mut again_raw) = (Vec::new(), Vec::new());
+        if let (Some(o), Some(r)) = (&kept_ours, &kept_raw) {
+            for _ in 0..rounds {
+                again_ours.push(reinstantiate(rt, o.graph().cu_graph())?);
+                again_raw.push(reinstantiate(rt, r.graph)?);
+            }
+        }
+        drop((kept_ours, kept_raw));
         let med2 = |v: &[(f64, f64)]| {
             (
                 median(v.iter().map(|p| p.0).collect()),
@@ -1459,11 +1513,13 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
             n,
             ours: Split::median_of(&ours),
             raw: Split::median_of(&hands[0]),
+            raw_nodes: Split::median_of(&hands[1]),
             ratio: median(ratios),
+            ratio_nodes: median(ratios_nodes),
             variants: kinds
                 .iter()
                 .zip(&hands)
-                .skip(1)
+                .skip(2)
                 .map(|((name, _), v)| (*name, Split::median_of(v)))
                 .collect(),
             again: probe.then(|| (med2(&again_ours), med2(&again_raw))),
@@ -1494,12 +1550,12 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
              ours (`capture`, from its GraphInfo) against the chain captured by hand (begin, launches, \
              end; instantiate with AUTO_FREE_ON_LAUNCH as ours; upload as ours)"
         );
-        println!("| N | ours capture | ours inspect | ours instantiate | ours upload | ours total | raw capture | raw instantiate | raw upload | raw total | ours/raw |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| N | ours capture | ours inspect | ours instantiate | ours upload | ours total | raw capture | raw instantiate | raw upload | raw total | ours/raw | raw N + 1 total | ours/raw N + 1 |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for c in costs {
             let (o, r) = (&c.ours, &c.raw);
             println!(
-                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
                 c.n,
                 o.capture,
                 o.inspect,
@@ -1510,7 +1566,9 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
                 r.instantiate,
                 r.upload,
                 r.total(),
-                c.ratio
+                c.ratio,
+                c.raw_nodes.total(),
+                c.ratio_nodes
             );
         }
         if costs.iter().all(|c| c.variants.is_empty()) {
@@ -1520,9 +1578,13 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
         println!("| N | variant | capture | inspect | instantiate | upload | total |");
         println!("|---:|---|---:|---:|---:|---:|---:|");
         for c in costs {
-            let rows = std::iter::once(("ours", c.ours))
-                .chain(std::iter::once(("raw", c.raw)))
-                .chain(c.variants.iter().copied());
+            let rows = [
+                ("ours", c.ours),
+                ("raw", c.raw),
+                ("raw, N + 1 kernels", c.raw_nodes),
+            ]
+            .into_iter()
+            .chain(c.variants.iter().copied());
             for (name, s) in rows {
                 println!(
                     "| {} | {name} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",

@@ -71,7 +71,7 @@ pub struct GraphInfo {
     /// driver's bookkeeping): the fall in the device's free memory (`cuMemGetInfo`) over
     /// instantiate and upload, less `pool_added_bytes`. Measured only on a runtime that
     /// asks for it ([`Runtime::set_measure_executable_memory`](crate::Runtime::set_measure_executable_memory):
-    /// the driver has no figure for it, and the two readings cost about 10 µs a capture);
+    /// the driver has no figure for it, and the two readings cost tens of µs a capture);
     /// `None` otherwise. The driver hands memory out in pages of 2 MiB, so a small graph
     /// reads 0 or one page. A device-wide reading, like `pool_added_bytes`.
     pub exec_bytes: Option<usize>,
@@ -603,12 +603,16 @@ impl GraphInfo {
                 self.pool_shared_bytes = self.temp_bytes.saturating_sub(self.pool_added_bytes);
             }
         }
-        if let (Some(free_before), Ok((free, _))) = (before.free, rt.mem_info()) {
-            self.exec_bytes = Some(
-                free_before
-                    .saturating_sub(free)
-                    .saturating_sub(self.pool_added_bytes),
-            );
+        // Read only when asked for (measured before): `cuMemGetInfo` costs tens of µs, as
+        // much as instantiating a small graph.
+        if let Some(free_before) = before.free {
+            if let Ok((free, _)) = rt.mem_info() {
+                self.exec_bytes = Some(
+                    free_before
+                        .saturating_sub(free)
+                        .saturating_sub(self.pool_added_bytes),
+                );
+            }
         }
     }
 }

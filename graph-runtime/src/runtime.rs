@@ -506,8 +506,8 @@ impl Runtime {
     /// Whether the graphs captured from now on measure their executable graph's own device
     /// memory ([`GraphInfo::exec_bytes`](crate::GraphInfo::exec_bytes)), for every handle of
     /// this runtime. Off by default: the driver has no figure for it, so each capture reads
-    /// the device's free memory before and after instantiating (`cuMemGetInfo`, about
-    /// 5–10 µs each). Turn it on for probes that size memory (see "Sizing memory" in the
+    /// the device's free memory before and after instantiating (`cuMemGetInfo`, 8 to 60 µs
+    /// each on an H200, as much as instantiating a small graph). Turn it on for probes that size memory (see "Sizing memory" in the
     /// crate docs).
     pub fn set_measure_executable_memory(&self, on: bool) {
         self.inner.measure_exec.store(on, Ordering::Relaxed);
