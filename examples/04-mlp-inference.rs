@@ -11,7 +11,8 @@
 //! A layer runs one of four ways, also a `#[constant]` (`--kernels`):
 //! * `sgemm`: a cuBLAS GEMM, then the `bias_gelu` kernel: two launches per layer, the
 //!   straightforward cudarc program;
-//! * `lt`: one cuBLASLt call with the bias + GELU epilogue (`workloads::ops::lt`), FP32;
+//! * `lt`: cuBLASLt's GEMM with its bias epilogue, then a GELU kernel in place
+//!   (`workloads::ops::lt`), FP32: two launches per layer, the kernels PyTorch runs;
 //! * `fused`: the `linear_bias_gelu` kernel (`workloads::kernels::LINEAR`), one launch per
 //!   layer, written for small batches;
 //! * `early`: the same kernel started with [`Runtime::launch_early`]: each layer loads its
@@ -20,16 +21,21 @@
 //!
 //! The default (`auto`) picks the fastest way measured on an H100: `early` up to batch
 //! [`FUSED_MAX`], `sgemm` up to [`SGEMM_MAX`], `lt` above, where the GEMMs are large enough
-//! for cuBLASLt's tiles and its fused epilogue saves a pass over the activations.
+//! for cuBLASLt's tiles and its bias epilogue saves a pass over the activations.
 //!
-//! At batch 1024 and above the algorithm cuBLASLt runs sets the time. `LtLinear` takes the
-//! heuristic's first pick, untimed (as PyTorch does): on an H200, 337.6 µs per replay
-//! against 341.9 µs for PyTorch's graph of the same model (cuBLASLt GEMM with the bias, then
-//! a GELU kernel) in the same run. Timing the candidates one layer at a time used to pick the
-//! second candidate in some runs, 365 µs in the model although it timed faster alone. The
-//! GEMMs set the time (FP32 without TF32, ~26 TFLOP/s): 21.1 µs a layer for ours with the
-//! GELU in the epilogue, 20.5 µs for PyTorch's GEMM (its profiler) plus 1.7 µs for the GELU
-//! kernel it runs after it.
+//! At batch 1024 and above the GEMMs set the time (FP32 without TF32, about 26 TFLOP/s), so
+//! what matters is which kernels run. `lt` runs PyTorch's, kernel for kernel: cuBLASLt's
+//! heuristic first pick, untimed, with the bias folded into the GEMM kernel
+//! (`sm80_xmma_gemm_f32f32_…_tilesize64x64x8` at batch 1024, as PyTorch's profiler shows for
+//! its `Linear`), then a GELU kernel. On an H200, two runs: 337.0 and 340.5 µs per replay
+//! against 341.6 and 342.0 µs for PyTorch's graph; at batch 4096, 860.9 and 861.0 against
+//! 884.3 and 882.3. With cuBLASLt's GELU_BIAS epilogue instead (`--lt-candidate 0
+//! --lt-gelu-epilogue`) cuBLASLt runs the same GEMM and then a generic epilogue kernel of its
+//! own: 340.1–342.1 µs at batch 1024, 874.0–875.6 at 4096 (PyTorch's own GELU_BIAS path,
+//! `_addmm_activation`, is slower than its `addmm` + GELU too). The same kernels vary by up
+//! to 4% between runs (338 to 351 µs at batch 1024). Timing the candidates one layer at a
+//! time picked a worse one (365 µs in the model, although it timed faster alone). The
+//! example says on stderr which algorithm and which kernels each `lt` graph runs.
 //! `--kernels all` runs and times every way.
 //!
 //! For every batch size the example
@@ -55,7 +61,7 @@ use workloads::check::{first_mismatch, max_scaled_diff, verified};
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::ops::elementwise::bias_gelu;
 use workloads::ops::linear::linear_bias_gelu;
-use workloads::ops::lt::LtLinear;
+use workloads::ops::lt::{LtEpilogue, LtLinear};
 use workloads::reference::{mlp_inference, uniform};
 use workloads::testing::{random_vec, runtime_or_skip, seeded_rng};
 use workloads::timing::{gpu_us, iters_for, wall_us};
@@ -84,12 +90,16 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Probe: run `lt` layers on this candidate of cuBLASLt's heuristic (0: its first pick),
-    /// untimed, instead of `LtLinear::new`'s timed choice.
+    /// untimed, instead of `LtLinear::new`'s (the first pick with a 4 MiB workspace).
     #[arg(long, hide = true)]
     lt_candidate: Option<usize>,
     /// Probe: the cuBLASLt workspace of `--lt-candidate`, in MiB.
     #[arg(long, hide = true, default_value_t = 4)]
     lt_workspace_mib: usize,
+    /// Probe: with `--lt-candidate`, cuBLASLt's GELU_BIAS epilogue instead of its BIAS
+    /// epilogue and the GELU kernel.
+    #[arg(long, hide = true)]
+    lt_gelu_epilogue: bool,
 }
 
 /// `--kernels`.
@@ -159,27 +169,28 @@ impl Work {
         rt: &Runtime,
         batch: usize,
         kernels: Kernels,
-        probe: Option<(usize, usize)>,
+        probe: Option<(usize, usize, LtEpilogue)>,
     ) -> Result<Self, GraphError> {
         let lt = match (kernels, probe) {
             (Kernels::Lt, None) => Some(LtLinear::new(rt, batch, DIM, DIM)?),
-            (Kernels::Lt, Some((index, ws))) => Some(
-                LtLinear::with_candidate(rt, batch, DIM, DIM, ws, index)?.ok_or_else(|| {
-                    GraphError::User(format!("cuBLASLt proposes no candidate {index}").into())
-                })?,
+            (Kernels::Lt, Some((index, ws, epilogue))) => Some(
+                LtLinear::with_candidate(rt, (batch, DIM, DIM), ws, epilogue, index)?.ok_or_else(
+                    || GraphError::User(format!("cuBLASLt proposes no candidate {index}").into()),
+                )?,
             ),
             _ => None,
         };
         if let Some(plan) = &lt {
             eprintln!(
-                "04-mlp-inference: batch {batch}: cuBLASLt candidate {} ({}), workspace {} MiB",
+                "04-mlp-inference: batch {batch}: cuBLASLt candidate {} ({}), workspace {} MiB: {}",
                 plan.candidate(),
                 if probe.is_some() {
                     "asked for"
                 } else {
                     "LtLinear::new"
                 },
-                plan.workspace_bytes() >> 20
+                plan.workspace_bytes() >> 20,
+                plan.algorithm()
             );
         }
         Self::with_plan(rt, batch, lt)
@@ -311,13 +322,27 @@ fn main() -> Result<(), BoxError> {
         for way in &ways {
             let kernels = way.unwrap_or(Kernels::auto(n));
             let x = &xs[i];
-            let probe = args.lt_candidate.map(|i| (i, args.lt_workspace_mib << 20));
+            let epilogue = if args.lt_gelu_epilogue {
+                LtEpilogue::GeluBias
+            } else {
+                LtEpilogue::BiasThenGelu
+            };
+            let probe = args
+                .lt_candidate
+                .map(|i| (i, args.lt_workspace_mib << 20, epilogue));
             let mut graph_work = Work::new(&rt, n, kernels, probe)?;
             let mut eager_work = graph_work.twin(&rt)?;
             let mut graph =
                 MlpGraph::capture(&rt, x, &w, &b, &mut graph_work, n * DIM, n, kernels)?;
             verified(graph.verify(x, Tolerance::BITWISE)?)?;
             verifications += 1;
+            if kernels == Kernels::Lt {
+                // Which kernels cuBLASLt's algorithm launches: what to compare with PyTorch's
+                // profiler.
+                for (name, count) in graph.graph().kernel_counts()? {
+                    eprintln!("04-mlp-inference: batch {n}: {count} × {name}");
+                }
+            }
             let mut y = s.alloc_zeros::<f32>(n * DIM)?;
             let mut eager =
                 |y: &mut CudaSlice<f32>| mlp(&rt, x, &w, &b, &mut eager_work, y, n, kernels);

@@ -145,7 +145,7 @@ def mlp_bench(batches):
 
 def mlp_probe(b):
     """What sets PyTorch's MLP time at batch `b`: the model's graph against the same 16 layers
-    as one cuBLASLt call each with the bias + GELU epilogue (what 04-mlp-inference's `lt` does),
+    as one cuBLASLt call each with the bias + GELU epilogue (04-mlp-inference's `--lt-gelu-epilogue`),
     and as addmm + GELU; the GPU time of each graph and the kernels PyTorch runs (profiler).
     Printed on stderr, so that stdout keeps only records."""
     torch.manual_seed(4)

@@ -1,5 +1,14 @@
-//! A linear layer with bias and GELU in one cuBLASLt call: `y = gelu(x · Wᵀ + b)`, FP32
-//! throughout (compute type `CUBLAS_COMPUTE_32F`, no TF32), with the `GELU_BIAS` epilogue.
+//! A linear layer with bias and GELU on cuBLASLt: `y = gelu(x · Wᵀ + b)`, FP32 throughout
+//! (compute type `CUBLAS_COMPUTE_32F`, no TF32): the GEMM with cuBLASLt's `BIAS` epilogue,
+//! then a GELU kernel in place ([`LtEpilogue::BiasThenGelu`], what PyTorch's `Linear` +
+//! `GELU` run), or the GEMM with the `GELU_BIAS` epilogue ([`LtEpilogue::GeluBias`]).
+//!
+//! Which is faster depends on cuBLASLt: on an H200 (FP32, 512 features) it runs `GELU_BIAS`
+//! as a second, generic epilogue kernel after the GEMM, while `BIAS` is folded into the GEMM
+//! kernel itself; so both take two kernels a layer, and the plain GELU kernel is the faster
+//! second one (16-layer MLP, batch 1024: see `04-mlp-inference`). PyTorch shows the same:
+//! its `_addmm_activation(use_gelu=True)`, the `GELU_BIAS` path, ran 342.5 µs against 332.6 µs
+//! for its `addmm` + GELU in the same run.
 //!
 //! cudarc's safe cuBLASLt wrapper computes f32 products in TF32, which is not what PyTorch
 //! does by default (`allow_tf32 = False`) and would not match the host reference, so this
@@ -15,28 +24,41 @@
 //! call never allocates (a capture could not).
 //!
 //! cuBLASLt's GELU epilogue is the tanh approximation, the formula of every GELU in
-//! [`crate::kernels`].
+//! [`crate::kernels`] (`gelu_inplace4` is the kernel of `BiasThenGelu`).
 
 use std::ffi::c_void;
 
 use graph_runtime::cudarc::cublas::sys::cublasOperation_t as CublasOp;
 use graph_runtime::cudarc::cublaslt::result as lt;
 use graph_runtime::cudarc::cublaslt::sys;
-use graph_runtime::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use graph_runtime::cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut};
 use graph_runtime::{DeviceState, GraphError, Runtime};
 
+use crate::kernels::ELEMENTWISE;
 use crate::ops::linear::check_lens;
+use crate::ops::{elems, Launch};
 
-/// Workspace of each plan; what cuBLASLt may use for split-K reductions. With 32 MiB the
-/// heuristic's first pick at batch 1024 is a split-K algorithm (three kernels a layer) that
-/// runs the 16-layer MLP in 357–360 µs on an H200, against 336–338 µs for the single-pass
-/// pick it makes with 0, 1 or 4 MiB; 4 MiB keeps the choice among the single-pass ones.
+/// Workspace of each plan; what cuBLASLt may use for split-K reductions. With 32 MiB (and the
+/// GELU_BIAS epilogue) the heuristic's first pick at batch 1024 is a split-K algorithm (three
+/// kernels a layer) that runs the 16-layer MLP in 357–360 µs on an H200, against 336–338 µs
+/// for the single-pass pick it makes with 0, 1 or 4 MiB; 4 MiB keeps the choice among the
+/// single-pass ones.
 pub const LT_WORKSPACE_BYTES: usize = 4 << 20;
 /// Algorithms asked of the heuristic: [`LtLinear::with_candidate`] picks among them.
 pub const LT_CANDIDATES: usize = 8;
 
 fn lt_err(what: &'static str) -> impl Fn(lt::CublasError) -> GraphError {
     move |e| GraphError::User(format!("cuBLASLt {what}: {e:?}").into())
+}
+
+/// How a plan adds the bias and applies the GELU (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LtEpilogue {
+    /// cuBLASLt's `BIAS` epilogue, then the `gelu_inplace4` kernel on the output: what
+    /// PyTorch's `Linear` + `GELU` run, and the faster on an H200. [`LtLinear::new`]'s.
+    BiasThenGelu,
+    /// cuBLASLt's `GELU_BIAS` epilogue: one cuBLASLt call.
+    GeluBias,
 }
 
 /// The plan of `y[rows, n_out] = gelu(x[rows, k] · W[n_out, k]ᵀ + b[n_out])`, row-major, W
@@ -58,6 +80,11 @@ pub struct LtLinear {
     /// Which of the heuristic's candidates `algo` is (0: its first pick).
     #[device_state(skip)]
     pick: usize,
+    #[device_state(skip)]
+    epilogue: LtEpilogue,
+    /// The GELU kernel of [`LtEpilogue::BiasThenGelu`], looked up once.
+    #[device_state(skip)]
+    gelu: Option<CudaFunction>,
     workspace: CudaSlice<u8>,
     #[device_state(skip)]
     workspace_bytes: usize,
@@ -86,25 +113,29 @@ impl LtLinear {
     /// workspace of [`LT_WORKSPACE_BYTES`] (see the module docs). Allocates the workspace:
     /// call it before capturing.
     pub fn new(rt: &Runtime, rows: usize, n_out: usize, k: usize) -> Result<Self, GraphError> {
-        let mut plan = Self::describe(rt, rows, n_out, k, LT_WORKSPACE_BYTES)?;
+        let mut plan = Self::describe(
+            rt,
+            (rows, n_out, k),
+            LT_WORKSPACE_BYTES,
+            LtEpilogue::BiasThenGelu,
+        )?;
         plan.algo = plan.candidates()?[0];
         plan.pick = 0;
         Ok(plan)
     }
 
-    /// The plan with the `index`-th algorithm of cuBLASLt's heuristic (0: its first pick) for
-    /// a workspace of `workspace_bytes`, untimed; `None` when the heuristic proposes fewer.
-    /// For probes that compare algorithms.
+    /// The plan with `epilogue` and the `index`-th algorithm of cuBLASLt's heuristic (0: its
+    /// first pick) for a workspace of `workspace_bytes`, untimed; `None` when the heuristic
+    /// proposes fewer. For probes that compare algorithms.
     #[doc(hidden)]
     pub fn with_candidate(
         rt: &Runtime,
-        rows: usize,
-        n_out: usize,
-        k: usize,
+        (rows, n_out, k): (usize, usize, usize),
         workspace_bytes: usize,
+        epilogue: LtEpilogue,
         index: usize,
     ) -> Result<Option<Self>, GraphError> {
-        let mut plan = Self::describe(rt, rows, n_out, k, workspace_bytes)?;
+        let mut plan = Self::describe(rt, (rows, n_out, k), workspace_bytes, epilogue)?;
         let candidates = plan.candidates()?;
         let Some(&algo) = candidates.get(index) else {
             return Ok(None);
@@ -118,7 +149,8 @@ impl LtLinear {
     /// workspace): what an eager caller needs to match a graph captured with `self` bit for
     /// bit (a plan of [`LtLinear::with_candidate`] may run another algorithm than `new`'s).
     pub fn duplicate(&self, rt: &Runtime) -> Result<Self, GraphError> {
-        let mut plan = Self::describe(rt, self.rows, self.n_out, self.k, self.workspace_bytes)?;
+        let shape = (self.rows, self.n_out, self.k);
+        let mut plan = Self::describe(rt, shape, self.workspace_bytes, self.epilogue)?;
         plan.algo = self.algo;
         plan.pick = self.pick;
         Ok(plan)
@@ -127,15 +159,18 @@ impl LtLinear {
     /// The handle, workspace and descriptors, with no algorithm chosen yet.
     fn describe(
         rt: &Runtime,
-        rows: usize,
-        n_out: usize,
-        k: usize,
+        (rows, n_out, k): (usize, usize, usize),
         workspace_bytes: usize,
+        epilogue: LtEpilogue,
     ) -> Result<Self, GraphError> {
         let f32_ = sys::cudaDataType_t::CUDA_R_32F;
         let u = |v: usize| v as u64;
         let i = |v: usize| v as i64;
         let workspace = rt.stream().alloc_zeros::<u8>(workspace_bytes.max(256))?;
+        let gelu = match epilogue {
+            LtEpilogue::BiasThenGelu => Some(rt.function(ELEMENTWISE, "gelu_inplace4")?),
+            LtEpilogue::GeluBias => None,
+        };
         let handle = lt::create_handle().map_err(lt_err("create handle"))?;
         let mut plan = LtLinear {
             handle,
@@ -147,6 +182,8 @@ impl LtLinear {
             // a valid value, replaced by the caller's choice before any matmul.
             algo: unsafe { std::mem::zeroed() },
             pick: 0,
+            epilogue,
+            gelu,
             workspace,
             workspace_bytes,
             rows,
@@ -164,7 +201,10 @@ impl LtLinear {
         plan.y_layout = lt::create_matrix_layout(f32_, u(n_out), u(rows), i(n_out))
             .map_err(lt_err("y layout"))?;
         let trans_a = CublasOp::CUBLAS_OP_T;
-        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS;
+        let epilogue = match epilogue {
+            LtEpilogue::BiasThenGelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        };
         // SAFETY: each attribute buffer is a live value of the type and size cuBLASLt
         // documents for that attribute (an operation enum, an epilogue enum); the descriptor
         // was created above and is destroyed only in `Drop`.
@@ -234,7 +274,11 @@ impl LtLinear {
         if usable.is_empty() {
             let (rows, n_out, k) = (self.rows, self.n_out, self.k);
             return Err(GraphError::User(
-                format!("cuBLASLt has no FP32 GELU_BIAS algorithm for [{rows}, {k}] → [{rows}, {n_out}]").into(),
+                format!(
+                    "cuBLASLt has no FP32 {:?} algorithm for [{rows}, {k}] → [{rows}, {n_out}]",
+                    self.epilogue
+                )
+                .into(),
             ));
         }
         Ok(usable)
@@ -243,6 +287,41 @@ impl LtLinear {
     /// Which of cuBLASLt's heuristic candidates the plan runs (0: the heuristic's first pick).
     pub fn candidate(&self) -> usize {
         self.pick
+    }
+
+    /// The algorithm the plan runs, as cuBLASLt configures it: its id, tile, stages, split-K
+    /// count (1: one pass), reduction scheme and CTA swizzling. For reports that say why two
+    /// runs or two libraries differ.
+    pub fn algorithm(&self) -> String {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        let read = |attr: A| {
+            let mut value = 0u32;
+            let mut written = 0usize;
+            // SAFETY: `self.algo` is a live algorithm value; each of these attributes is a
+            // 32-bit integer, written into `value` (4 bytes), its size into `written`.
+            let status = unsafe {
+                sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    &self.algo,
+                    attr,
+                    (&mut value as *mut u32).cast(),
+                    std::mem::size_of::<u32>(),
+                    &mut written,
+                )
+            };
+            match status {
+                sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => value.to_string(),
+                _ => "?".to_owned(),
+            }
+        };
+        format!(
+            "algo {} tile {} stages {} split-K {} reduction {} swizzle {}",
+            read(A::CUBLASLT_ALGO_CONFIG_ID),
+            read(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            read(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            read(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            read(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+            read(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+        )
     }
 
     /// The workspace cuBLASLt may use, in bytes.
@@ -270,6 +349,35 @@ impl LtLinear {
     {
         let lens = [x.len(), w.len(), bias.len(), y.len()];
         check_lens("LtLinear", self.rows, self.n_out, self.k, lens);
+        self.matmul(rt, x, w, bias, y)?;
+        let Some(gelu) = &self.gelu else {
+            return Ok(());
+        };
+        let n = self.rows * self.n_out;
+        let launch = Launch::of(rt, gelu, "gelu_inplace4")
+            .write("y", y, n)
+            .int(n);
+        // SAFETY: thread t of the kernel reads and writes y[4t .. min(4t + 4, n)), and the
+        // grid covers n / 4 threads rounded up: n floats of `y`, which holds them (checked
+        // above).
+        unsafe { launch.launch(elems(n.div_ceil(4))) }
+    }
+
+    /// The cuBLASLt call of [`LtLinear::forward`] (lengths checked by the caller).
+    fn matmul<X, W, B, Y>(
+        &mut self,
+        rt: &Runtime,
+        x: &X,
+        w: &W,
+        bias: &B,
+        y: &mut Y,
+    ) -> Result<(), GraphError>
+    where
+        X: DevicePtr<f32>,
+        W: DevicePtr<f32>,
+        B: DevicePtr<f32>,
+        Y: DevicePtrMut<f32>,
+    {
         let s = rt.stream();
         let (xp, _x) = x.device_ptr(s);
         let (wp, _w) = w.device_ptr(s);
