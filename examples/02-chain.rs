@@ -35,10 +35,10 @@
 //! `cuGraphInstantiateWithFlags` with AUTO_FREE_ON_LAUNCH, as ours; `cuGraphUpload`, as
 //! ours), after the same two eager runs, interleaved (`--capture-rounds`, medians). It also
 //! compares ours with a hand capture of N + 1 kernels: as many nodes as ours, whose graph
-//! holds its input copy node besides the chain. On an H200 (three runs): at N = 100, 1000 and
-//! 10,000 ours costs what raw does (1.01, 1.00–1.03 and 0.94–1.00×); at N = 10 it costs 5–7 µs
-//! more (1.14–1.18×), of which the input copy node is 2–3 µs (against N + 1 kernels:
-//! 1.04–1.12×) and the rest the bookkeeping around the capture (reading the node kinds,
+//! holds its input copy node besides the chain. On an H200 (four runs): at N = 100, 1000 and
+//! 10,000 ours costs what raw does (0.98–1.01, 1.00–1.03 and 0.93–1.00×); at N = 10 it costs
+//! 5–13 µs more (1.14–1.22×), of which the input copy node is 2–3 µs (against N + 1 kernels:
+//! 1.04–1.13×) and the rest the bookkeeping around the capture (reading the node kinds,
 //! the capture frame). The copy node pays for itself at the first replay: it saves about
 //! 4 µs of host time on every replay against raw's input copy. (Every capture of ours used
 //! to read the device's free memory after its upload, 8–60 µs of `cuMemGetInfo`, even when
