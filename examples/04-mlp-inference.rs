@@ -21,7 +21,7 @@
 //!
 //! The default (`auto`) picks the fastest way measured on an H100: `early` up to batch
 //! [`FUSED_MAX`], `sgemm` up to [`SGEMM_MAX`], `lt` above, where the GEMMs are large enough
-//! for cuBLASLt's tiles and its bias epilogue saves a pass over the activations.
+//! for cuBLASLt's tiles.
 //!
 //! At batch 1024 and above the GEMMs set the time (FP32 without TF32, about 26 TFLOP/s), so
 //! what matters is which kernels run. `lt` runs PyTorch's, kernel for kernel: cuBLASLt's
@@ -32,8 +32,9 @@
 //! 884.3 and 882.3. With cuBLASLt's GELU_BIAS epilogue instead (`--lt-candidate 0
 //! --lt-gelu-epilogue`) cuBLASLt runs the same GEMM and then a generic epilogue kernel of its
 //! own: 340.1–342.1 µs at batch 1024, 874.0–875.6 at 4096 (PyTorch's own GELU_BIAS path,
-//! `_addmm_activation`, is slower than its `addmm` + GELU too). The same kernels vary by up
-//! to 4% between runs (338 to 351 µs at batch 1024). Timing the candidates one layer at a
+//! `_addmm_activation`, is slower than its `addmm` + GELU too). The same kernels vary between
+//! runs: 334 to 348 µs at batch 1024 in 19 runs on one H200 in one day, 361.9 in one run of
+//! `08-report`. Timing the candidates one layer at a
 //! time picked a worse one (365 µs in the model, although it timed faster alone). The
 //! example says on stderr which algorithm and which kernels each `lt` graph runs.
 //! `--kernels all` runs and times every way.
