@@ -1386,6 +1386,10 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
             extra: 1,
             ..raw_how
         };
+        // `kinds[RAW]` and `kinds[RAW_NODES]` come first in both lists; the probe's variants
+        // follow.
+        const RAW: usize = 0;
+        const RAW_NODES: usize = 1;
         let kinds: Vec<(&'static str, Hand<'_>)> = if probe {
             vec![
                 ("raw", raw_how),
@@ -1469,10 +1473,10 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
                     }
                 } else {
                     let (g, split) = hand(rt, &xs, &mut ys, n, kinds[k].1)?;
-                    if k == 0 {
+                    if k == RAW {
                         raw_total = split.total();
                     }
-                    if k == 1 {
+                    if k == RAW_NODES {
                         raw_nodes_total = split.total();
                     }
                     hands[k].push(split);
@@ -1485,7 +1489,7 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
                         assert_eq!(s.clone_dtoh(&ys)?, want, "hand capture {}", kinds[k].0);
                     }
                     s.synchronize()?;
-                    if probe && k == 0 && round + 1 == rounds {
+                    if probe && k == RAW && round + 1 == rounds {
                         kept_raw = Some(g);
                     }
                 }
@@ -1512,14 +1516,14 @@ extern "C" __global__ void probe_input_copy(const unsigned char *src, unsigned c
         Ok(Cost {
             n,
             ours: Split::median_of(&ours),
-            raw: Split::median_of(&hands[0]),
-            raw_nodes: Split::median_of(&hands[1]),
+            raw: Split::median_of(&hands[RAW]),
+            raw_nodes: Split::median_of(&hands[RAW_NODES]),
             ratio: median(ratios),
             ratio_nodes: median(ratios_nodes),
             variants: kinds
                 .iter()
                 .zip(&hands)
-                .skip(2)
+                .skip(RAW_NODES + 1)
                 .map(|((name, _), v)| (*name, Split::median_of(v)))
                 .collect(),
             again: probe.then(|| (med2(&again_ours), med2(&again_raw))),

@@ -80,9 +80,8 @@ pub struct LtLinear {
     /// Which of the heuristic's candidates `algo` is (0: its first pick).
     #[device_state(skip)]
     pick: usize,
-    #[device_state(skip)]
-    epilogue: LtEpilogue,
-    /// The GELU kernel of [`LtEpilogue::BiasThenGelu`], looked up once.
+    /// The GELU kernel of [`LtEpilogue::BiasThenGelu`], looked up once (`None`: the plan
+    /// is [`LtEpilogue::GeluBias`]).
     #[device_state(skip)]
     gelu: Option<CudaFunction>,
     workspace: CudaSlice<u8>,
@@ -150,7 +149,7 @@ impl LtLinear {
     /// bit (a plan of [`LtLinear::with_candidate`] may run another algorithm than `new`'s).
     pub fn duplicate(&self, rt: &Runtime) -> Result<Self, GraphError> {
         let shape = (self.rows, self.n_out, self.k);
-        let mut plan = Self::describe(rt, shape, self.workspace_bytes, self.epilogue)?;
+        let mut plan = Self::describe(rt, shape, self.workspace_bytes, self.epilogue())?;
         plan.algo = self.algo;
         plan.pick = self.pick;
         Ok(plan)
@@ -182,7 +181,6 @@ impl LtLinear {
             // a valid value, replaced by the caller's choice before any matmul.
             algo: unsafe { std::mem::zeroed() },
             pick: 0,
-            epilogue,
             gelu,
             workspace,
             workspace_bytes,
@@ -276,12 +274,20 @@ impl LtLinear {
             return Err(GraphError::User(
                 format!(
                     "cuBLASLt has no FP32 {:?} algorithm for [{rows}, {k}] → [{rows}, {n_out}]",
-                    self.epilogue
+                    self.epilogue()
                 )
                 .into(),
             ));
         }
         Ok(usable)
+    }
+
+    /// How the plan adds the bias and applies the GELU.
+    pub fn epilogue(&self) -> LtEpilogue {
+        match self.gelu {
+            Some(_) => LtEpilogue::BiasThenGelu,
+            None => LtEpilogue::GeluBias,
+        }
     }
 
     /// Which of cuBLASLt's heuristic candidates the plan runs (0: the heuristic's first pick).
@@ -349,7 +355,50 @@ impl LtLinear {
     {
         let lens = [x.len(), w.len(), bias.len(), y.len()];
         check_lens("LtLinear", self.rows, self.n_out, self.k, lens);
-        self.matmul(rt, x, w, bias, y)?;
+        {
+            // The buffers' event guards live until the matmul is queued.
+            let s = rt.stream();
+            let (xp, _x) = x.device_ptr(s);
+            let (wp, _w) = w.device_ptr(s);
+            let (bp, _b) = bias.device_ptr(s);
+            let (yp, _y) = y.device_ptr_mut(s);
+            let (ws, _ws) = self.workspace.device_ptr_mut(s);
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let bias_ptr = bytemuck::bytes_of(&bp);
+            // SAFETY: the bias attribute is a device pointer (8 bytes) to n_out floats, checked
+            // above. The matmul reads n_out·k floats of W, rows·k of x (leading dimension k, as
+            // the layouts say) and writes rows·n_out of y; `beta` is 0 so C (= y) is not read.
+            // The workspace is this plan's own buffer of the size the heuristic was given, and
+            // the stream is the runtime's, in the runtime's context.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    self.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    bias_ptr.as_ptr().cast(),
+                    bias_ptr.len(),
+                )
+                .map_err(lt_err("set bias"))?;
+                lt::matmul(
+                    self.handle,
+                    self.desc,
+                    (&alpha as *const f32).cast(),
+                    (&beta as *const f32).cast(),
+                    wp as *const c_void,
+                    self.w_layout,
+                    xp as *const c_void,
+                    self.x_layout,
+                    yp as *const c_void,
+                    self.y_layout,
+                    yp as *mut c_void,
+                    self.y_layout,
+                    &self.algo,
+                    ws as *mut c_void,
+                    self.workspace_bytes,
+                    s.cu_stream() as sys::cudaStream_t,
+                )
+                .map_err(lt_err("matmul"))?;
+            }
+        }
         let Some(gelu) = &self.gelu else {
             return Ok(());
         };
@@ -361,64 +410,6 @@ impl LtLinear {
         // grid covers n / 4 threads rounded up: n floats of `y`, which holds them (checked
         // above).
         unsafe { launch.launch(elems(n.div_ceil(4))) }
-    }
-
-    /// The cuBLASLt call of [`LtLinear::forward`] (lengths checked by the caller).
-    fn matmul<X, W, B, Y>(
-        &mut self,
-        rt: &Runtime,
-        x: &X,
-        w: &W,
-        bias: &B,
-        y: &mut Y,
-    ) -> Result<(), GraphError>
-    where
-        X: DevicePtr<f32>,
-        W: DevicePtr<f32>,
-        B: DevicePtr<f32>,
-        Y: DevicePtrMut<f32>,
-    {
-        let s = rt.stream();
-        let (xp, _x) = x.device_ptr(s);
-        let (wp, _w) = w.device_ptr(s);
-        let (bp, _b) = bias.device_ptr(s);
-        let (yp, _y) = y.device_ptr_mut(s);
-        let (ws, _ws) = self.workspace.device_ptr_mut(s);
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let bias_ptr = bytemuck::bytes_of(&bp);
-        // SAFETY: the bias attribute is a device pointer (8 bytes) to n_out floats, checked
-        // above. The matmul reads n_out·k floats of W, rows·k of x (leading dimension k, as
-        // the layouts say) and writes rows·n_out of y; `beta` is 0 so C (= y) is not read.
-        // The workspace is this plan's own buffer of the size the heuristic was given, and
-        // the stream is the runtime's, in the runtime's context.
-        unsafe {
-            lt::set_matmul_desc_attribute(
-                self.desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                bias_ptr.as_ptr().cast(),
-                bias_ptr.len(),
-            )
-            .map_err(lt_err("set bias"))?;
-            lt::matmul(
-                self.handle,
-                self.desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                wp as *const c_void,
-                self.w_layout,
-                xp as *const c_void,
-                self.x_layout,
-                yp as *const c_void,
-                self.y_layout,
-                yp as *mut c_void,
-                self.y_layout,
-                &self.algo,
-                ws as *mut c_void,
-                self.workspace_bytes,
-                s.cu_stream() as sys::cudaStream_t,
-            )
-            .map_err(lt_err("matmul"))
-        }
     }
 }
 
