@@ -1,7 +1,9 @@
-//! Four threads capturing graphs on one device at the same time, each with its own runtime:
-//! the runtime serialises the capture procedures of a device itself (one capture lock per
-//! device for the whole process), so every capture succeeds, and every replay equals eager
-//! execution on fresh random inputs. No lock in this file stands in for the runtime's.
+//! Four threads capturing graphs on one device at the same time, each with its own runtime,
+//! and four threads sharing one runtime: the runtime serialises the capture procedures of a
+//! device itself (one capture lock per device for the whole process) and records captures on
+//! a capture stream of its own, so every capture succeeds, other threads' replays, reads and
+//! drops are never recorded into a capture, and every replay equals eager execution on fresh
+//! random inputs. No lock in this file stands in for the runtime's.
 //!
 //! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with
 //! `CUDA_GRAPH_REQUIRE_GPU=1` they fail instead.
@@ -275,6 +277,79 @@ fn four_threads_capture_at_once_on_one_device(_rt: Runtime) -> Result<(), GraphE
 #[gpu_test]
 fn four_threads_capture_and_replay_at_once(_rt: Runtime) -> Result<(), GraphError> {
     four_threads("four_threads_capture_and_replay_at_once", false)
+}
+
+/// What one thread of a shared runtime does, as the README's first program would if four
+/// threads ran it at once: `rounds` times, capture a `layers` graph of its own, replay it on
+/// fresh inputs, read the outputs through `rt.stream()` and compare them with an eager call.
+fn shared_worker(thread: usize, rt: &Runtime, rounds: usize) -> Result<usize, GraphError> {
+    let mut rng = fresh_rng(&format!("one_runtime_shared_by_four_threads_{thread}"));
+    let n = 2051 + 64 * thread;
+    let w = rt.stream().clone_htod(&random_vec(&mut rng, n))?;
+    let b = rt.stream().clone_htod(&random_vec(&mut rng, n))?;
+    let mut replays = 0;
+    for round in 0..rounds {
+        let depth = 1 + (thread + round) % 4;
+        let x0 = rt.stream().clone_htod(&random_vec(&mut rng, n))?;
+        let mut graph = LayersGraph::capture(rt, &x0, &w, &b, n, depth)?;
+        for replay in 0..3 {
+            let x = random_vec(&mut rng, n);
+            let ours = rt.stream().clone_dtoh(graph.replay(&x)?.y)?;
+            let xd = rt.stream().clone_htod(&x)?;
+            let mut eager = rt.stream().alloc_zeros::<f32>(n)?;
+            layers(rt, &xd, &w, &b, &mut eager, depth)?;
+            assert_eq!(
+                ours,
+                rt.stream().clone_dtoh(&eager)?,
+                "thread {thread}, round {round}, replay {replay}: graph vs eager"
+            );
+            replays += 1;
+        }
+    }
+    Ok(replays)
+}
+
+/// One `Runtime` shared by four threads, each capturing, replaying and reading at once:
+/// captures are serialised, other threads' replays and `rt.stream()` wait while one records,
+/// and every replay equals eager.
+#[gpu_test]
+fn one_runtime_shared_by_four_threads(rt: Runtime) -> Result<(), GraphError> {
+    let rounds = 12;
+    let results: Vec<Result<usize, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let rt = &rt;
+                scope.spawn(move || shared_worker(t, rt, rounds).map_err(|e| e.to_string()))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(panic) => Err(panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panicked".to_owned())),
+            })
+            .collect()
+    });
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(t, r)| r.as_ref().err().map(|e| format!("thread {t}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {THREADS} threads failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    let replays: usize = results.iter().flatten().sum();
+    assert_eq!(replays, THREADS * rounds * 3);
+    // The runtime is still whole.
+    rt.synchronize()?;
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {

@@ -626,13 +626,23 @@ impl Buckets {
         // The family stages its rows itself (copies and padding), outside the graphs.
         let no_inputs = crate::inputs::InputNodes::new();
         let mut run = |step: Step| body(bucket, step);
-        let g = crate::capture::capture(rt, site, book, &no_inputs, self.static_bytes, &mut run)
-            .and_then(crate::capture::Captured::single)
-            .map_err(|e| GraphError::Bucket {
-                graph: site.name,
-                bucket,
-                source: Box::new(e),
-            })?;
+        // Families have no islands (the macro refuses them).
+        let no_islands: crate::capture::OwnsIsland = |_| false;
+        let g = crate::capture::capture(
+            rt,
+            site,
+            book,
+            &no_inputs,
+            self.static_bytes,
+            no_islands,
+            &mut run,
+        )
+        .and_then(crate::capture::Captured::single)
+        .map_err(|e| GraphError::Bucket {
+            graph: site.name,
+            bucket,
+            source: Box::new(e),
+        })?;
         tracing::info!(
             graph = site.name,
             bucket,

@@ -393,7 +393,7 @@ impl Runtime {
             return Err(GraphError::DefaultStream);
         }
         let ctx = stream.context().clone();
-        Self::assemble_with(ctx, stream, Some(device.clone()))
+        Self::assemble_with(ctx, stream, None, Some(device.clone()))
     }
 }
 

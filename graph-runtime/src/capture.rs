@@ -37,6 +37,7 @@ use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
 use crate::snapshot::StateSnapshot;
 use crate::state::AddressBook;
+use crate::watchdog::Watch;
 
 /// A capture in progress on the runtime's stream. Dropping it without [`ActiveCapture::end`]
 /// (an error or a panic in the body) ends and discards the capture.
@@ -44,15 +45,24 @@ struct ActiveCapture<'r> {
     rt: &'r Runtime,
     site: &'static GraphSite,
     _phase: FrameScope,
+    /// Reports a body that does not return while the capture is invalidated (a spin on a
+    /// query, say): see `crate::watchdog`.
+    _watch: Watch,
     open: bool,
 }
 
 impl<'r> ActiveCapture<'r> {
-    fn begin(rt: &'r Runtime, site: &'static GraphSite) -> Result<Self, GraphError> {
+    fn begin(
+        rt: &'r Runtime,
+        site: &'static GraphSite,
+        owns_island: OwnsIsland,
+    ) -> Result<Self, GraphError> {
         rt.refuse_event_tracking("capturing a graph")?;
-        let stream = rt.stream();
-        stream.context().bind_to_thread()?;
+        rt.context().bind_to_thread()?;
+        // From here on `rt.stream()` is, on this thread, the stream the capture records on
+        // (the runtime's capture stream, see `Runtime`'s "Threads").
         rt.gate().begin_capture();
+        let stream = rt.stream();
         // SAFETY: the stream is alive (borrowed from the runtime) and belongs to the context
         // just bound to this thread.
         let begun = unsafe { driver::begin_capture(stream.cu_stream(), site.mode.raw()) };
@@ -73,11 +83,12 @@ impl<'r> ActiveCapture<'r> {
             }
         };
         record::open_record(root, site.mode.raw());
-        SegmentLog::open(site.name, stream.cu_stream(), site.mode.raw());
+        SegmentLog::open(site.name, stream.cu_stream(), site.mode.raw(), owns_island);
         Ok(ActiveCapture {
             rt,
             site,
             _phase: FrameScope::phase(Phase::Capture { graph: site.name }),
+            _watch: Watch::start(site.name, stream.cu_stream(), stream.context().cu_ctx()),
             open: true,
         })
     }
@@ -274,7 +285,8 @@ enum WarmupFailure {
 ///
 /// `book` holds the addresses of the graph's state and outputs (the body checks them when
 /// asked with [`Step::Check`]) and says which state to snapshot around the warmup;
-/// `static_bytes` is what the graph's static buffers take, for its report.
+/// `static_bytes` is what the graph's static buffers take, for its report; `owns_island` tells
+/// the body's own eager islands from those of another `#[cuda_graph]` function it calls.
 #[doc(hidden)]
 pub fn capture(
     rt: &Runtime,
@@ -282,6 +294,7 @@ pub fn capture(
     book: &AddressBook,
     inputs: &InputNodes,
     static_bytes: usize,
+    owns_island: OwnsIsland,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
 ) -> Result<Captured, GraphError> {
     let graph = site.name;
@@ -328,7 +341,7 @@ pub fn capture(
     tracing::trace!(graph, ms = warmup_time.as_secs_f64() * 1e3, "warmup done");
 
     let capture_started = Instant::now();
-    let active = ActiveCapture::begin(rt, site)?;
+    let active = ActiveCapture::begin(rt, site, owns_island)?;
     let early_launches = crate::phase::EarlyLaunches::start();
     let input_nodes = match &input_copy {
         Some(copy) => inputs.record(rt, copy),
@@ -358,10 +371,16 @@ pub fn capture(
     let (segments, islands) = ended.into_segments(graph)?;
     let checks_started = Instant::now();
     if site.determinism {
+        // A graph too large to map is refused before the body is recorded a second time
+        // (which could run out of memory itself and lose what was asked for).
+        for (raw, record) in segments.iter().flatten() {
+            crate::graph::refuse_unmappable(rt, graph, raw, record)?;
+        }
         let copy = input_copy.as_ref().map(|c| (inputs, c));
         check_determinism(
             rt,
             site,
+            owns_island,
             body,
             &segments,
             copy,
@@ -573,9 +592,11 @@ fn freed_in_capture(rt: &Runtime, graph: &'static str, e: GraphError) -> GraphEr
 /// The optional checks of `check_determinism`: the kernels the last warmup run and the
 /// capture looked up through the runtime must be the same, and a second capture must record
 /// what the first did, segment by segment.
+#[allow(clippy::too_many_arguments)]
 fn check_determinism(
     rt: &Runtime,
     site: &'static GraphSite,
+    owns_island: OwnsIsland,
     body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
     first: &[Option<(RecordedGraph, CaptureRecord)>],
     inputs: Option<(&InputNodes, &cudarc::driver::CudaFunction)>,
@@ -591,7 +612,7 @@ fn check_determinism(
         });
     }
     let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
-    let active = ActiveCapture::begin(rt, site)?;
+    let active = ActiveCapture::begin(rt, site, owns_island)?;
     let recorded = match inputs {
         Some((inputs, copy)) => inputs.record(rt, copy).map(drop),
         None => Ok(()),
@@ -632,8 +653,8 @@ fn check_determinism(
                 // SAFETY: `a` and `b` are live graphs just captured on the runtime's context.
                 let (fa, fb) = unsafe {
                     (
-                        Fingerprint::of(a.raw(), skip, ra)?,
-                        Fingerprint::of(b.raw(), skip, rb)?,
+                        Fingerprint::of(a.raw(), skip, ra, &capture_lookups)?,
+                        Fingerprint::of(b.raw(), skip, rb, &capture_lookups)?,
                     )
                 };
                 if let Some(d) = fa.first_difference(&fb) {
@@ -672,7 +693,8 @@ fn name_the_failed_allocation(
         return error;
     };
     let largest = (|| {
-        let active = ActiveCapture::begin(rt, site).ok()?;
+        // Only the sizes are read: any island may end a segment.
+        let active = ActiveCapture::begin(rt, site, |_| true).ok()?;
         let recorded = panic::catch_unwind(AssertUnwindSafe(|| body(Step::Run(When::Capture))));
         // The segments ended at islands are destroyed as they drop: the largest allocation
         // of the last segment is what is reported.
@@ -768,15 +790,26 @@ struct SegmentLog {
     graph: &'static str,
     stream: sys::CUstream,
     mode: sys::CUstreamCaptureMode,
+    owns_island: OwnsIsland,
     done: Vec<Boundary>,
 }
 
+/// Whether a boxed island function is the captured body's own (`GraphBody::owns_island`).
+#[doc(hidden)]
+pub type OwnsIsland = fn(&(dyn Any + Send + Sync)) -> bool;
+
 impl SegmentLog {
-    fn open(graph: &'static str, stream: sys::CUstream, mode: sys::CUstreamCaptureMode) {
+    fn open(
+        graph: &'static str,
+        stream: sys::CUstream,
+        mode: sys::CUstreamCaptureMode,
+        owns_island: OwnsIsland,
+    ) {
         let log: Box<dyn Any> = Box::new(SegmentLog {
             graph,
             stream,
             mode,
+            owns_island,
             done: Vec::new(),
         });
         with_frame(|f| *f.segments.borrow_mut() = Some(log));
@@ -831,9 +864,25 @@ where
         }
         _ => {
             let _span = tracing::trace_span!("cuda_graph_island", line = location.line()).entered();
-            code(params)
+            let ran = code(params);
+            if ran.is_err() {
+                FAILED_ISLAND.with(|f| f.set(Some(location)));
+            }
+            ran
         }
     }
+}
+
+thread_local! {
+    /// Where the last island that failed eagerly on this thread is (see [`take_failed_island`]).
+    static FAILED_ISLAND: std::cell::Cell<Option<&'static Location<'static>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Where the last island that failed eagerly on this thread is, cleared: `verify`'s eager
+/// run names a failing island the way a replay does.
+pub(crate) fn take_failed_island() -> Option<&'static Location<'static>> {
+    FAILED_ISLAND.with(|f| f.take())
 }
 
 /// Ends the segment the capture of `graph` is recording at an island, keeps it with the
@@ -850,6 +899,17 @@ fn island_boundary(
             reason: "the thread captures, but not through the graph's own `capture`",
         });
     };
+    if !(log.owns_island)(&*island) {
+        SegmentLog::put_back(log);
+        return Err(GraphError::IslandMisuse {
+            graph,
+            location,
+            reason: "the island belongs to another `#[cuda_graph]` function that this body calls, and a replay \
+                     of this graph runs only its own islands. Fix: capture the called function as a graph of \
+                     its own and replay the two graphs one after the other, or move the island into this \
+                     function's body",
+        });
+    }
     let ended = (|| {
         let record = record::close_record().expect("a capture has a record");
         if record.poisoned {

@@ -197,6 +197,7 @@ mod site;
 #[cfg(test)]
 mod tests;
 mod unroll;
+pub(crate) use unroll::step_condition;
 
 /// The device API for kernels of yours that set a condition: the `GraphCondition` struct that
 /// [`Condition::kernel_arg`] fills and `graph_condition_set(GraphCondition, bool)`.

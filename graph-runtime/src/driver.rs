@@ -295,6 +295,32 @@ pub(crate) fn reset_graph_mem_high(
         .result()
 }
 
+/// Makes `ctx` current on the calling thread.
+///
+/// [`cuCtxSetCurrent`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html)
+///
+/// # Safety
+/// `ctx` is a live context.
+pub(crate) unsafe fn set_current(ctx: sys::CUcontext) -> Result<(), DriverError> {
+    // SAFETY: forwarded from the caller.
+    unsafe { sys::cuCtxSetCurrent(ctx) }.result()
+}
+
+/// Whether `stream` captures, and whether CUDA has invalidated its capture.
+///
+/// [`cuStreamIsCapturing`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html)
+///
+/// # Safety
+/// `stream` is a live stream of the context current on this thread.
+pub(crate) unsafe fn capture_status(
+    stream: sys::CUstream,
+) -> Result<sys::CUstreamCaptureStatus, DriverError> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: forwarded from the caller; the driver writes the status.
+    unsafe { sys::cuStreamIsCapturing(stream, &mut status) }.result()?;
+    Ok(status)
+}
+
 /// The memory type the driver records for `ptr`, or `None` when the driver does not know
 /// the address (pageable host memory).
 ///

@@ -12,6 +12,14 @@
 //! graph enclosing a conditional body) is compared as "temporary `k` + offset". Conditional
 //! handles differ between captures too: a word equal to the `k`-th handle the capture created
 //! is compared as "handle `k`".
+//!
+//! A kernel the body did not look up itself (a cuBLAS or cuBLASLt kernel, a candle kernel)
+//! may carry host addresses among its arguments: cuBLASLt's split-K reduce kernel takes the
+//! address of a scale factor on the calling thread's stack, unused when the scale is passed
+//! by value, and in a debug build that address moves with the call depth between two
+//! captures. In such a kernel a word that CUDA does not know as memory and that lies in the
+//! user-space address range is compared as "a host address", not by its value; in the body's
+//! own kernels (looked up through `Runtime::function`) every word counts.
 
 use std::collections::HashMap;
 
@@ -73,6 +81,8 @@ enum Node {
 enum Word {
     Temp(usize, u64),
     Handle(usize),
+    /// A host address in a library kernel's argument (see the module docs).
+    Host,
     Raw(u64),
 }
 
@@ -95,6 +105,14 @@ struct Names<'a> {
     temps: Vec<(u64, u64)>,
     handles: &'a [u64],
     record: &'a CaptureRecord,
+    /// The kernels the body looked up itself (`Runtime::function`): their words all count.
+    own: &'a [String],
+}
+
+/// Whether `v` can be a host address: in the canonical user-space range of a 64-bit
+/// process (above the first 64 KiB, below 2^47) and unknown to CUDA as memory.
+fn host_address(v: u64) -> bool {
+    (0x1_0000..1 << 47).contains(&v) && driver::pointer_memory_type(v).is_none()
 }
 
 impl Names<'_> {
@@ -105,11 +123,13 @@ impl Names<'_> {
             .map_or(Addr::Raw(v), |k| Addr::Temp(k, v - self.temps[k].0))
     }
 
-    fn word(&self, v: u64) -> Word {
+    /// A word of an argument of kernel `kernel`.
+    fn word(&self, v: u64, kernel: &str) -> Word {
         match self.addr(v) {
             Addr::Temp(k, off) => Word::Temp(k, off),
             Addr::Raw(_) => match self.handles.iter().position(|&h| h == v) {
                 Some(k) => Word::Handle(k),
+                None if !self.own.iter().any(|o| o == kernel) && host_address(v) => Word::Host,
                 None => Word::Raw(v),
             },
         }
@@ -119,7 +139,8 @@ impl Names<'_> {
 impl Fingerprint {
     /// Reads `graph` from the driver, leaving out its first `skip` nodes (the input copies the
     /// runtime records ahead of the body, so that node numbers are the body's own). `record`
-    /// holds the capture's conditional nodes and handles.
+    /// holds the capture's conditional nodes and handles; `own` names the kernels the body
+    /// looked up itself.
     ///
     /// # Safety
     /// `graph` is a live graph of the context bound to this thread, whose kernels' modules
@@ -128,12 +149,14 @@ impl Fingerprint {
         graph: sys::CUgraph,
         skip: usize,
         record: &CaptureRecord,
+        own: &[String],
     ) -> Result<Self, GraphError> {
         let handles = record.handles();
         let names = Names {
             temps: Vec::new(),
             handles: &handles,
             record,
+            own,
         };
         // SAFETY: forwarded from the caller.
         unsafe { Self::read(graph, skip, names) }
@@ -185,7 +208,7 @@ impl Fingerprint {
                                 Arg::Words(
                                     bytes
                                         .chunks_exact(8)
-                                        .map(|w| names.word(bytemuck::pod_read_unaligned(w)))
+                                        .map(|w| names.word(bytemuck::pod_read_unaligned(w), &name))
                                         .collect(),
                                 )
                             } else {
@@ -248,6 +271,7 @@ impl Fingerprint {
                                 temps: names.temps.clone(),
                                 handles: names.handles,
                                 record: names.record,
+                                own: names.own,
                             };
                             // SAFETY: `body` is a body graph of a node of the live graph,
                             // made by the same capture.
@@ -360,6 +384,7 @@ fn describe(a: &Node, b: &Node) -> String {
                         .map(|w| match w {
                             Word::Temp(t, off) => format!("temporary {t} + {off}"),
                             Word::Handle(h) => format!("condition {h}"),
+                            Word::Host => "a host address".to_owned(),
                             Word::Raw(v) => format!("{v:#x}"),
                         })
                         .collect::<Vec<_>>()

@@ -374,7 +374,7 @@ impl Runtime {
         &'env self,
         work: impl for<'f> FnOnce(&'f ForkedStream<'f, 'env>) -> Result<R, GraphError>,
     ) -> Result<R, GraphError> {
-        fork_at(self.stream(), Location::caller(), work)
+        fork_at(self.stream(), self.fork_key(), Location::caller(), work)
     }
 }
 
@@ -389,15 +389,21 @@ pub fn fork_join<'env, R>(
     main: &'env Arc<CudaStream>,
     work: impl for<'f> FnOnce(&'f ForkedStream<'f, 'env>) -> Result<R, GraphError>,
 ) -> Result<R, GraphError> {
-    fork_at(main, Location::caller(), work)
+    // The side streams of a runtime's stream and of its capture stream are one pool.
+    let key = Runtime::find_by_stream(main).map(|rt| rt.fork_key().clone());
+    fork_at(main, key.as_ref().unwrap_or(main), Location::caller(), work)
 }
 
+/// Forks off `main`, with a side stream of the pool kept for `key` (the runtime's stream,
+/// also when `main` is its capture stream: the warmup creates the side streams that the
+/// capture reuses).
 fn fork_at<'env, R>(
     main: &'env Arc<CudaStream>,
+    key: &Arc<CudaStream>,
     location: &'static Location<'static>,
     work: impl for<'f> FnOnce(&'f ForkedStream<'f, 'env>) -> Result<R, GraphError>,
 ) -> Result<R, GraphError> {
-    let lease = Lease::take(main, location)?;
+    let lease = Lease::take(main, key, location)?;
     let slot = &*lease.slot;
     slot.forked.record(main)?;
     slot.stream.wait(&slot.forked)?;
@@ -485,6 +491,7 @@ impl Drop for Lease {
 impl Lease {
     fn take(
         main: &Arc<CudaStream>,
+        key: &Arc<CudaStream>,
         location: &'static Location<'static>,
     ) -> Result<Lease, GraphError> {
         let released = {
@@ -495,7 +502,7 @@ impl Lease {
             *all = alive;
             let free = all
                 .iter()
-                .find(|p| std::ptr::eq(p.main.as_ptr(), Arc::as_ptr(main)))
+                .find(|p| std::ptr::eq(p.main.as_ptr(), Arc::as_ptr(key)))
                 .and_then(|p| {
                     p.slots.iter().find(|s| {
                         s.busy
@@ -530,11 +537,11 @@ impl Lease {
         let mut all = pools();
         match all
             .iter_mut()
-            .find(|p| std::ptr::eq(p.main.as_ptr(), Arc::as_ptr(main)))
+            .find(|p| std::ptr::eq(p.main.as_ptr(), Arc::as_ptr(key)))
         {
             Some(pool) => pool.slots.push(slot.clone()),
             None => all.push(Pool {
-                main: Arc::downgrade(main),
+                main: Arc::downgrade(key),
                 slots: vec![slot.clone()],
             }),
         }

@@ -1,6 +1,7 @@
 //! [`Graph`]: one instantiated CUDA graph bound to the runtime's stream.
 
 use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use crate::error::GraphError;
 use crate::generator::RngAdvance;
 use crate::inputs::InputNode;
 use crate::recorded::RecordedGraph;
-use crate::runtime::Runtime;
+use crate::runtime::{graphs_with_temporaries, Runtime};
 
 /// Facts about one captured graph, for logs and reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,7 +196,7 @@ impl Graph {
             info.temp_bytes = inspected.temp_bytes;
             info.temp_requested_bytes = inspected.temp_requested_bytes;
             info.early_edges = inspected.early_edges;
-            baseline = refuse_temporaries_that_cannot_fit(rt, &info)?;
+            baseline = refuse_temporaries_that_cannot_fit(rt, info.name, info.temp_bytes)?;
             let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
             // SAFETY: `raw` is a live graph of the runtime's context, which the capture bound
             // to this thread; instantiation does not take ownership of it.
@@ -212,7 +213,11 @@ impl Graph {
                 return Err(e);
             }
         };
-        // From here on `Drop` owns both handles, also if the upload fails.
+        // From here on `Drop` owns both handles, also if the upload fails, and counts the
+        // graph out of the device's graphs with temporaries.
+        if info.temp_bytes > 0 {
+            graphs_with_temporaries(rt.context().ordinal()).fetch_add(1, Ordering::AcqRel);
+        }
         let mut g = Graph {
             exec,
             graph: ManuallyDrop::new(raw),
@@ -502,22 +507,44 @@ impl Drop for Graph {
         let graph = unsafe { ManuallyDrop::take(&mut self.graph) };
         ctx.record_err(graph.destroy());
         if self.info.temp_bytes > 0 {
-            // Give the physical memory of this graph's temporaries back to the device, unless
-            // another graph (or a launch still in flight) uses it.
-            ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
+            // The last graph with temporaries on the device gives the pool's memory back. A
+            // trim while another one lives would unmap that graph's temporaries too (CUDA
+            // counts them unused between its replays), and its next replay would map them
+            // again.
+            let live = graphs_with_temporaries(ctx.ordinal());
+            if live.fetch_sub(1, Ordering::AcqRel) == 1 {
+                ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
+            }
         }
     }
 }
 
 /// After a failed instantiation or upload: waits for the runtime's stream (a half-finished
-/// upload is queued there) and gives the graph memory pool's unused memory back.
+/// upload is queued there) and gives the graph memory pool's unused memory back, unless a
+/// live graph with temporaries would lose its mapping with it (see [`Graph`]'s drop).
 fn give_back_graph_memory(rt: &Runtime) {
     let ctx = rt.context();
     ctx.record_err(rt.stream().synchronize());
-    ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
+    if graphs_with_temporaries(ctx.ordinal()).load(Ordering::Acquire) == 0 {
+        ctx.record_err(driver::graph_mem_trim(ctx.cu_device()));
+    }
     if let Some(e) = rt.take_recorded_error() {
         tracing::debug!(error = ?e, "cleared an error recorded while giving graph memory back");
     }
+}
+
+/// The granule in which the driver maps a graph's temporaries to physical memory, and the
+/// headroom a capture leaves beside them (the executable graph, the driver's own tables):
+/// on the H200 with driver 580, a graph whose temporaries came within a few MiB of the free
+/// memory passed a check against their bare sum and then failed in the driver, which kept
+/// the memory. A capture refuses temporaries that need more than the free memory once
+/// rounded up to this granule, plus one granule (see "Sizing memory" in the crate docs).
+pub const GRAPH_MAP_GRANULE: usize = 32 << 20;
+
+/// What mapping `temp_bytes` of temporaries takes at most: the bytes rounded up to the
+/// driver's granule, plus one granule of headroom.
+pub(crate) fn mapped_bytes(temp_bytes: usize) -> usize {
+    temp_bytes.div_ceil(GRAPH_MAP_GRANULE).saturating_add(1) * GRAPH_MAP_GRANULE
 }
 
 /// Refuses a graph whose temporaries could not be mapped, before the driver tries.
@@ -528,20 +555,22 @@ fn give_back_graph_memory(rt: &Runtime) {
 /// synchronised and the pool was trimmed, and every later graph in the process failed.
 /// So the graph is measured first, by the address ranges of its temporaries (what it maps:
 /// CUDA gives a temporary the addresses of one the graph freed earlier, so overlapping
-/// ranges count once), and refused when that is more than the free memory plus what the
-/// pool already holds (graphs launched on one stream share the pool's memory).
+/// ranges count once), rounded up to the driver's mapping granule with one granule of
+/// headroom ([`mapped_bytes`]), and refused when that is more than the free memory plus what
+/// the pool already holds (graphs launched on one stream share the pool's memory).
 ///
 /// Returns the free memory and the pool's reserved bytes it read, the baseline of the
 /// graph's memory figures (see `GraphInfo::read_footprint`).
 fn refuse_temporaries_that_cannot_fit(
     rt: &Runtime,
-    info: &GraphInfo,
+    name: &'static str,
+    temp_bytes: usize,
 ) -> Result<MemoryReading, GraphError> {
     // No synchronize between this reading and the one after the upload: the stream-ordered
     // allocator gives back what the warmup freed (its snapshot, its temporaries) only at
     // one, so both readings see the same state of it.
     let measure = rt.measures_executable_memory();
-    if info.temp_bytes == 0 {
+    if temp_bytes == 0 {
         return Ok(MemoryReading {
             free: measure
                 .then(|| rt.mem_info())
@@ -553,7 +582,7 @@ fn refuse_temporaries_that_cannot_fit(
     let (free, _total) = rt.mem_info()?;
     let reserved = rt.graph_pool_reserved()?;
     let available = free.saturating_add(reserved);
-    if info.temp_bytes <= available {
+    if mapped_bytes(temp_bytes) <= available {
         return Ok(MemoryReading {
             free: measure.then_some(free),
             pool_reserved: Some(reserved),
@@ -561,16 +590,31 @@ fn refuse_temporaries_that_cannot_fit(
     }
     Err(GraphError::OutOfMemory {
         during: format!(
-            "instantiating the graph of `{}`: its temporaries (the allocations its body made while captured) add \
-             up to more than the device could map ({} free, {} held by the graph memory pool), so the graph \
-             was refused before the driver mapped anything",
-            info.name,
+            "instantiating the graph of `{name}`: its temporaries (the allocations its body made while captured) \
+             need {} once mapped in the driver's {} granules with one granule of headroom, more than the device \
+             has ({} free, {} held by the graph memory pool), so the graph was refused before the driver mapped \
+             anything",
+            crate::error::bytes(mapped_bytes(temp_bytes)),
+            crate::error::bytes(GRAPH_MAP_GRANULE),
             crate::error::bytes(free),
             crate::error::bytes(reserved)
         ),
-        requested_bytes: Some(info.temp_bytes),
+        requested_bytes: Some(temp_bytes),
         free_bytes: Some(free),
     })
+}
+
+/// Refuses a recorded graph whose temporaries could not be mapped, as instantiating it would
+/// ([`refuse_temporaries_that_cannot_fit`]): before the determinism check records the body a
+/// second time, so that a graph too large for the device is the same error in every build.
+pub(crate) fn refuse_unmappable(
+    rt: &Runtime,
+    name: &'static str,
+    raw: &RecordedGraph,
+    record: &CaptureRecord,
+) -> Result<(), GraphError> {
+    let inspected = inspect(raw.raw(), name, &[], false, record)?;
+    refuse_temporaries_that_cannot_fit(rt, name, inspected.temp_bytes).map(drop)
 }
 
 /// What a captured graph holds, by kind, and what its temporaries need.

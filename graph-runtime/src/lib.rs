@@ -57,7 +57,7 @@
 //! | output (`&mut T`) | a static device buffer the graph owns; `replay` lends it out until the next replay | generated `FooOutputs<'g>` |
 //! | constant (`#[constant] T`) | a host value fixed at capture (plain `Copy` data: device memory goes in state); the graph replays with the captured value | [`GraphConstant`], generated `capture` |
 //! | temporaries | buffers the body allocates become graph allocation nodes: fixed addresses for the graph's life, freed inside the graph | [`GraphInfo::temp_bytes`] |
-//! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping a graph trims it | [`Runtime::graph_memory`] |
+//! | graph memory pool | where the temporaries of every graph live; graphs of one runtime launch on one stream, so they share its physical memory: the pool holds the largest graph's temporaries, not the sum; dropping the device's last graph with temporaries trims it | [`Runtime::graph_memory`] |
 //! | shape buckets | `buckets(batch = [1, 2, 4, 8])`: one graph per batch size, captured largest first, sharing static buffers and the pool; a replay pads to the smallest bucket that fits; `lazy = N` captures each bucket on first use and keeps at most N live (LRU); per-bucket counts in `buckets().stats()` | `buckets(...)` in the attribute, generated `FooBuckets` |
 //! | random numbers | Philox generators whose seed and offset live on the device and advance inside the graph: fresh numbers every replay, no registration, warmup undone | [`rng`], [`Runtime::rng`], [`Generator`] |
 //! | random numbers in your kernels | a CUDA device API (`philox_begin`, `philox_group`, `philox_end`, the library's conversions) plus the generator's state pointer: a kernel of yours draws what the library draws and stays graph-safe | [`rng::PHILOX_DEVICE_API`], [`philox_device_api!`], [`Generator::kernel_arg`] |
@@ -275,26 +275,35 @@
 //! cache in place), read their figures, drop them, and capture for real:
 //!
 //! ```ignore
-//! rt.set_measure_executable_memory(true); // exec_bytes too, for about 10 µs a capture
+//! use graph_runtime::GRAPH_MAP_GRANULE;
+//! rt.set_measure_executable_memory(true); // exec_bytes too, for 8-60 µs a capture
 //! let probes = [DecodeGraph::capture(&rt, &tokens_1, &small_cache)?,
 //!               DecodeGraph::capture(&rt, &tokens_8, &small_cache)?];
 //! // Graphs of one runtime share the pool: the largest `temp_bytes` is what all of them need,
-//! // the static buffers and executables add up.
+//! // mapped by the driver in 32 MiB granules; the static buffers and executables add up.
 //! let pool = probes.iter().map(|g| g.info().temp_bytes).max().unwrap_or(0);
+//! let pool = pool.next_multiple_of(GRAPH_MAP_GRANULE);
 //! let own: usize = probes
 //!     .iter()
 //!     .map(|g| g.info().static_bytes + g.info().exec_bytes.unwrap_or(0))
 //!     .sum();
+//! // A capture's warmup runs the body eagerly first: its temporaries are allocated then
+//! // too, beside the pool, and stay cached by CUDA's stream-ordered allocator.
+//! let warmup = probes.iter().map(|g| g.info().temp_requested_bytes).max().unwrap_or(0);
 //! let snapshot = probes.iter().map(|g| g.info().state_snapshot_bytes).max().unwrap_or(0);
-//! drop(probes); // dropping a graph gives its pool memory back (`Runtime::trim_graph_memory`)
+//! drop(probes); // dropping the last graph with temporaries gives the pool back
 //! rt.set_measure_executable_memory(false);
+//! // A capture refuses temporaries that would leave less than one granule free.
+//! let headroom = 2 * GRAPH_MAP_GRANULE;
 //! let (free, _) = rt.mem_info()?;
-//! let for_cache = free - pool - own - snapshot - headroom;
+//! let for_cache = free - pool - own - warmup - snapshot - headroom;
 //! ```
 //!
 //! `snapshot` matters only while capturing with `&mut` state: opt out with
-//! `#[state(no_restore)]` when the warmup does not need undoing. The pool's memory is mapped
-//! in pages of the driver's choosing (2 MiB and up), so leave a page per graph of headroom.
+//! `#[state(no_restore)]` when the warmup does not need undoing. The pool is kept while any
+//! graph with temporaries lives on the device: between two replays CUDA counts a graph's
+//! temporaries as unused, and giving them back would make its next replay map them again
+//! ([`Runtime::trim_graph_memory`] gives the pool back only when no such graph is left).
 //!
 //! # What the runtime takes care of
 //! * cudarc's per-buffer event tracking is turned off on the runtime's context: with it on and
@@ -307,9 +316,11 @@
 //! * Every captured copy is inspected: one that reads or writes pageable host memory (a
 //!   `Vec` the body copied to or from) would touch freed memory on replay and is refused
 //!   ([`GraphError::PageableCopyCaptured`]).
-//! * A replay attempted while another thread captures on the same stream is refused
-//!   ([`GraphError::StreamCapturing`]) instead of being recorded into that graph; the check
-//!   costs two uncontended atomic operations per replay.
+//! * Captures record on a capture stream of the runtime's own, so a runtime shared by threads
+//!   keeps working for the others while one thread captures: their replays, reads and drops
+//!   are never recorded into its graph (see [`Runtime`], "Threads"). A replay inside a body
+//!   (on the capturing thread) is refused ([`GraphError::StreamCapturing`]); the check costs
+//!   one atomic load per replay.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations)]
@@ -350,6 +361,7 @@ pub mod state;
 mod timer;
 mod typed;
 pub mod verify;
+mod watchdog;
 
 #[doc(hidden)]
 pub mod __private;
@@ -419,7 +431,7 @@ pub use conditional::{Compare, Condition, ConditionArg, ConditionValue};
 pub use constant::GraphConstant;
 pub use error::{BoxError, GraphError, When};
 pub use fork::{fork_join, ForkedStream, SideLaunch, SideMut, SideRead, SideRef};
-pub use graph::{Graph, GraphInfo, NodeKinds};
+pub use graph::{Graph, GraphInfo, NodeKinds, GRAPH_MAP_GRANULE};
 pub use graph_macros::DeviceState;
 pub use launch::EarlyLaunch;
 pub use phase::{ensure_not_capturing, is_capturing, phase, Phase};

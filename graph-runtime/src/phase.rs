@@ -260,6 +260,11 @@ pub(crate) fn refuse_while_capturing(
 
 /// Whether this thread is running a capture procedure (warmup, capture or verification of a
 /// graph), so it already holds its runtime's capture lock.
+/// The graph whose capture procedure this thread runs, if any.
+pub(crate) fn procedure_of_thread() -> Option<&'static str> {
+    with_frame(|f| f.procedure.get())
+}
+
 pub(crate) fn in_procedure() -> bool {
     with_frame(|f| f.procedure.get().is_some())
 }

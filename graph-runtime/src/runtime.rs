@@ -38,9 +38,11 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// One device, one capture stream, one cuBLAS handle and a kernel cache: what every graph
 /// of a program shares.
 ///
-/// Everything a graph records runs on [`Runtime::stream`], a non-blocking stream the runtime
-/// owns: warmup runs there, capture records there, replays launch there. The legacy default
-/// stream is never used, so CUDA error 906 cannot come from the runtime itself.
+/// Everything a graph does runs on [`Runtime::stream`], a non-blocking stream the runtime
+/// owns: warmup runs there and replays launch there; a capture records on the runtime's
+/// capture stream, which `stream()` is on the capturing thread while it records (see
+/// "Threads"). The legacy default stream is never used, so CUDA error 906 cannot come from
+/// the runtime itself.
 ///
 /// # cudarc's event tracking
 /// The runtime creates its context with cudarc's per-buffer event tracking **off**. With
@@ -57,17 +59,34 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// lives only drops a reference.
 ///
 /// # Threads
-/// `Runtime` is `Send + Sync`. Captures on one device are serialised by the runtime, across
-/// every runtime and thread of the process: threads that each hold a runtime (or a candle
-/// device) of the same GPU can all call `capture` at once, and each capture procedure
-/// (warmup, capture, instantiate, upload) waits for the one before it. Captures on
-/// different GPUs run in parallel. A replay attempted from another thread while a capture
-/// records on the same runtime is refused with [`GraphError::StreamCapturing`] instead of
-/// being recorded into the wrong graph. What the lock cannot cover is eager work of other
-/// threads that synchronizes the whole device (`CudaContext::synchronize`, a blocking
-/// allocation or free, a copy on the legacy default stream) while a capture records: CUDA
-/// fails that capture (error 901, [`GraphError::CaptureInvalidated`]); keep such calls out
-/// of threads that run while others capture.
+/// `Runtime` is `Send + Sync`, and one runtime can be shared by threads that each capture,
+/// replay and read at once. A runtime made by [`Runtime::new`] or [`Runtime::from_context`]
+/// records its captures on a capture stream of its own: while a thread records, `stream()`
+/// and `blas()` give that thread the capture stream and a cuBLAS handle bound to it, and
+/// every other thread the runtime's stream, which never captures. So other threads' replays,
+/// copies, reads and buffer drops run as usual while one thread captures, and none of them
+/// is recorded into its graph. (PyTorch captures on a side stream for the same reason.) A
+/// library handle of your own that was bound to the runtime's stream when you made it (a
+/// cuBLAS handle, say) keeps launching there during a capture, so its work would run once
+/// instead of being recorded: in a body, use `rt.blas()`, or pass `rt.stream()` to the
+/// library at each call (as cuBLASLt's `cublasLtMatmul` takes it).
+///
+/// Captures on one device are serialised, across every runtime and thread of the process:
+/// each capture procedure (warmup, capture, instantiate, upload) waits for the one before
+/// it. Captures on different GPUs run in parallel. A replay inside a body (on the capturing
+/// thread) is refused with [`GraphError::StreamCapturing`] instead of running once, eagerly.
+///
+/// A runtime made by [`Runtime::from_stream`] (or from candle) records its captures on the
+/// stream it was given, which other code owns. There, a replay or a `stream()` from another
+/// thread waits while a capture records, but a clone of the stream kept by another thread
+/// (a buffer's drop, a copy on it) is recorded into the capture: share such a runtime only
+/// between threads that do not use it while another one captures.
+///
+/// What no runtime can cover is eager work of other threads that synchronizes the whole
+/// device (`CudaContext::synchronize`, a blocking allocation or free, a copy on the legacy
+/// default stream) while a capture records: CUDA fails that capture (error 901,
+/// [`GraphError::CaptureInvalidated`]); keep such calls out of threads that run while others
+/// capture.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
@@ -78,6 +97,9 @@ struct Inner {
     // the stream, the stream before the context.
     blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
+    /// The runtime's own capture stream and its cuBLAS handle (`None`: captures record on
+    /// `stream`, a stream the user or candle owns).
+    capture: Option<CaptureStream>,
     kernels: Mutex<KernelCache>,
     /// The capture lock of this runtime's device, shared by every runtime of the process on
     /// that device (see [`device_capture_lock`]).
@@ -94,6 +116,37 @@ struct Inner {
     /// The candle device whose stream this runtime uses (`Runtime::from_candle`).
     #[cfg(feature = "candle")]
     candle: Option<candle_core::Device>,
+}
+
+/// The stream a runtime's captures record on, with a cuBLAS handle bound to it (see
+/// [`Runtime`], "Threads").
+struct CaptureStream {
+    // Drop order: the handle, its workspace, the stream.
+    blas: CudaBlas,
+    _blas_workspace: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+}
+
+/// A cuBLAS handle bound to `stream`, with its workspace set so that GEMMs can be captured.
+fn blas_with_workspace(stream: &Arc<CudaStream>) -> Result<(CudaBlas, CudaSlice<u8>), GraphError> {
+    let blas = CudaBlas::new(stream.clone())?;
+    let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+    {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _sync) = workspace.device_ptr(stream);
+        // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES
+        // bytes that outlive the handle (the field order of `Inner` and `CaptureStream` drops
+        // the handle first) and are only used by this handle's stream.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
+    }
+    Ok((blas, workspace))
 }
 
 impl std::fmt::Debug for Runtime {
@@ -131,6 +184,15 @@ fn device_capture_lock(ordinal: usize) -> Arc<Mutex<()>> {
     let lock = Arc::new(Mutex::new(()));
     locks.push((ordinal, lock.clone()));
     lock
+}
+
+/// How many live graphs with temporaries device `ordinal` has, across every runtime of the
+/// process: the device's graph memory pool is trimmed only when none is left (see
+/// [`Runtime::trim_graph_memory`]). Devices past the 64th share the last counter.
+pub(crate) fn graphs_with_temporaries(ordinal: usize) -> &'static std::sync::atomic::AtomicUsize {
+    use std::sync::atomic::AtomicUsize;
+    static COUNTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+    &COUNTS[ordinal.min(COUNTS.len() - 1)]
 }
 
 /// Kernel `name` of `source` through the runtime of `stream` (see [`Runtime::find_by_stream`]):
@@ -172,7 +234,8 @@ impl Runtime {
         // condition `disable_event_tracking` places on its caller.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        Self::assemble(ctx, stream)
+        let capture = ctx.new_stream()?;
+        Self::assemble(ctx, stream, Some(capture))
     }
 
     /// A runtime on a context you created (candle's `CudaDevice`, a context of your own):
@@ -190,7 +253,8 @@ impl Runtime {
             });
         }
         let stream = ctx.new_stream()?;
-        Self::assemble(ctx, stream)
+        let capture = ctx.new_stream()?;
+        Self::assemble(ctx, stream, Some(capture))
     }
 
     /// A runtime that captures and replays on `stream`, a stream you created (for candle,
@@ -212,7 +276,7 @@ impl Runtime {
             return Err(GraphError::DefaultStream);
         }
         let ctx = stream.context().clone();
-        Self::assemble(ctx, stream)
+        Self::assemble(ctx, stream, None)
     }
 
     /// The candle device of a runtime made by [`Runtime::from_candle`].
@@ -234,39 +298,41 @@ impl Runtime {
             .map(|inner| Runtime { inner })
     }
 
-    fn assemble(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, GraphError> {
+    fn assemble(
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        capture: Option<Arc<CudaStream>>,
+    ) -> Result<Self, GraphError> {
         #[cfg(feature = "candle")]
-        return Self::assemble_with(ctx, stream, None);
+        return Self::assemble_with(ctx, stream, capture, None);
         #[cfg(not(feature = "candle"))]
-        Self::assemble_with(ctx, stream)
+        Self::assemble_with(ctx, stream, capture)
     }
 
+    /// `capture`: the runtime's own capture stream (see [`Runtime`], "Threads"), or `None`
+    /// to capture on `stream` itself (a stream the user or candle owns).
     pub(crate) fn assemble_with(
         ctx: Arc<CudaContext>,
         stream: Arc<CudaStream>,
+        capture: Option<Arc<CudaStream>>,
         #[cfg(feature = "candle")] candle: Option<candle_core::Device>,
     ) -> Result<Self, GraphError> {
         if !cublas_available() {
             return Err(GraphError::MissingLibrary { library: "cublas" });
         }
         ctx.bind_to_thread()?;
-        let blas = CudaBlas::new(stream.clone())?;
-        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
-        {
-            use cudarc::driver::DevicePtr;
-            let (ptr, _sync) = workspace.device_ptr(&stream);
-            // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES
-            // bytes that outlive the handle (the field order of `Inner` drops the handle
-            // first) and are only used by this handle's stream.
-            unsafe {
-                cudarc::cublas::sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
-                    ptr as *mut std::ffi::c_void,
-                    CUBLAS_WORKSPACE_BYTES,
-                )
+        let (blas, workspace) = blas_with_workspace(&stream)?;
+        let capture = match capture {
+            Some(s) => {
+                let (blas, workspace) = blas_with_workspace(&s)?;
+                Some(CaptureStream {
+                    blas,
+                    _blas_workspace: workspace,
+                    stream: s,
+                })
             }
-            .result()?;
-        }
+            None => None,
+        };
         let compute_capability = ctx.compute_capability()?;
         let multiprocessors = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -283,9 +349,10 @@ impl Runtime {
         let inner = Arc::new(Inner {
             blas,
             _blas_workspace: workspace,
+            gate: StreamGate::new(capture.is_some()),
+            capture,
             kernels: Mutex::new(KernelCache::default()),
             capture_lock: device_capture_lock(ctx.ordinal()),
-            gate: StreamGate::default(),
             generators: Mutex::new(vec![rng.downgrade()]),
             rng,
             stream,
@@ -299,6 +366,9 @@ impl Runtime {
         let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         registry.retain(|(s, i)| s.strong_count() > 0 && i.strong_count() > 0);
         registry.push((Arc::downgrade(&inner.stream), Arc::downgrade(&inner)));
+        if let Some(c) = &inner.capture {
+            registry.push((Arc::downgrade(&c.stream), Arc::downgrade(&inner)));
+        }
         Ok(Runtime { inner })
     }
 
@@ -316,15 +386,42 @@ impl Runtime {
         &self.inner.ctx
     }
 
-    /// The stream every warmup, capture and replay runs on. Launch the body's kernels here.
+    /// The stream the runtime's work runs on: warmups, replays, and what you queue between
+    /// them. Launch the body's kernels here.
+    ///
+    /// While a thread records a capture of this runtime, `stream()` gives that thread the
+    /// runtime's capture stream, on which the capture records, and every other thread this
+    /// stream, which no capture touches (see [`Runtime`], "Threads"). A runtime made with
+    /// [`Runtime::from_stream`] (or from candle) captures on the stream it was given: a thread
+    /// that asks for it while another thread's capture records waits until that capture has
+    /// ended.
+    #[inline]
     pub fn stream(&self) -> &Arc<CudaStream> {
+        if let Some(c) = &self.inner.capture {
+            if self.inner.gate.captured_by_this_thread() {
+                return &c.stream;
+            }
+            return &self.inner.stream;
+        }
+        self.inner.gate.wait_for_other_capture();
+        &self.inner.stream
+    }
+
+    /// The stream whose side streams [`Runtime::fork`] lends, on every thread: the runtime's
+    /// stream (the capture stream forks from the same pool, so a capture reuses the side
+    /// streams its warmup created).
+    pub(crate) fn fork_key(&self) -> &Arc<CudaStream> {
         &self.inner.stream
     }
 
     /// The cuBLAS handle, bound to [`Runtime::stream`], with its workspace set so that GEMMs
     /// can be captured.
+    #[inline]
     pub fn blas(&self) -> &CudaBlas {
-        &self.inner.blas
+        match &self.inner.capture {
+            Some(c) if self.inner.gate.captured_by_this_thread() => &c.blas,
+            _ => &self.inner.blas,
+        }
     }
 
     /// An [early launch](crate::launch) of `func` on [`Runtime::stream`]: the kernel may start
@@ -332,7 +429,7 @@ impl Runtime {
     /// graph edge. The kernel must wait with `griddepcontrol.wait` before reading what
     /// earlier kernels wrote; see [`crate::launch`].
     pub fn launch_early<'a>(&'a self, func: &'a CudaFunction) -> crate::launch::EarlyLaunch<'a> {
-        crate::launch::EarlyLaunch::new(&self.inner.stream, func)
+        crate::launch::EarlyLaunch::new(self.stream(), func)
     }
 
     /// The device's compute capability, e.g. `(9, 0)` on an H100.
@@ -541,14 +638,23 @@ impl Runtime {
         Ok(())
     }
 
-    /// Gives physical graph memory that no live graph uses back to the device. Dropping a
-    /// graph with temporaries does this already.
-    pub fn trim_graph_memory(&self) -> Result<(), GraphError> {
+    /// Gives the device's graph memory back to the device when no live graph on it has
+    /// temporaries, and returns whether it did. Dropping the last graph with temporaries
+    /// does this already.
+    ///
+    /// While a graph with temporaries lives, the pool is kept: between two replays CUDA counts
+    /// a graph's temporaries as unused, so a trim would unmap them and the graph's next replay
+    /// would map them again (an allocation on the replay path, which can fail once another
+    /// allocation took the memory).
+    pub fn trim_graph_memory(&self) -> Result<bool, GraphError> {
         self.inner.ctx.bind_to_thread()?;
         // Device-wide: not while another thread captures on this device (see `capture_lock`).
         let _serial = (!crate::phase::in_procedure()).then(|| self.capture_lock());
+        if graphs_with_temporaries(self.inner.ctx.ordinal()).load(Ordering::Acquire) > 0 {
+            return Ok(false);
+        }
         driver::graph_mem_trim(self.inner.ctx.cu_device())?;
-        Ok(())
+        Ok(true)
     }
 
     /// Free and total device memory in bytes, as the driver reports them.

@@ -387,6 +387,14 @@ pub trait GraphBody: Sized {
         unreachable!("a body without islands has no island to run")
     }
 
+    /// Whether `island` is one of this body's own island functions (as the capture boxed
+    /// it), and not one of another `#[cuda_graph]` function the body calls. Generated for a
+    /// body with islands.
+    fn owns_island(island: &(dyn Any + Send + Sync)) -> bool {
+        let _ = island;
+        false
+    }
+
     /// A copy of the state only islands use (`#[island]` parameters, cloned), to put back
     /// with [`GraphBody::restore_islands`] after the warmup and after `verify`'s eager run.
     fn save_islands(&self) -> Option<Box<dyn Any>> {
@@ -432,19 +440,28 @@ impl<B: GraphBody> TypedGraph<B> {
         // the warmup's work on `&mut` state is.
         let island_state = body.save_islands();
         let captured = {
-            let ctx = B::Ctx::try_from_runtime(rt)?;
             let book = &book;
             let (body, statics) = (&mut body, &mut statics);
             let mut run = |step: Step| -> Result<(), GraphError> {
                 match step {
-                    Step::Run(_) => body.run(statics, ctx, rt),
+                    // The context is taken for each run: a stream context is the capture
+                    // stream while the capture records, the runtime's stream otherwise.
+                    Step::Run(_) => body.run(statics, B::Ctx::try_from_runtime(rt)?, rt),
                     Step::Check(when) => {
                         body.check(book, when)?;
                         statics.outputs.check(first_output, book, when)
                     }
                 }
             };
-            crate::capture::capture(rt, site, book, &inputs, static_bytes, &mut run)
+            crate::capture::capture(
+                rt,
+                site,
+                book,
+                &inputs,
+                static_bytes,
+                B::owns_island,
+                &mut run,
+            )
         };
         body.restore_islands(island_state);
         let captured = captured?;
@@ -469,6 +486,14 @@ impl<B: GraphBody> TypedGraph<B> {
         outputs: <B::Outs as StaticList>::Shapes,
     ) -> Result<Self, GraphError> {
         let site = B::site();
+        // Refused before the inputs are staged: inside another capture, staging would
+        // already be recorded into it.
+        if let Some(outer) = crate::phase::procedure_of_thread() {
+            return Err(GraphError::NestedCapture {
+                graph: site.name,
+                outer,
+            });
+        }
         let inputs = inputs.copies(rt, site, B::INPUTS)?;
         let outputs = B::Outs::alloc(rt, site, B::OUTPUTS, outputs)?;
         Self::capture(rt, body, Statics::new(inputs, outputs))
@@ -498,6 +523,7 @@ impl<B: GraphBody> TypedGraph<B> {
     fn run_islands(&mut self) -> Result<(), GraphError> {
         Self::islands_of(
             &self.islands,
+            &self.book,
             &mut self.body,
             &mut self.statics,
             self.graph.runtime(),
@@ -506,6 +532,7 @@ impl<B: GraphBody> TypedGraph<B> {
 
     fn islands_of(
         islands: &[CapturedIsland],
+        book: &AddressBook,
         body: &mut B,
         statics: &mut StaticsOf<B>,
         rt: &Runtime,
@@ -528,6 +555,9 @@ impl<B: GraphBody> TypedGraph<B> {
                     })
             };
             ran?;
+            // An island may not replace state that the segments after it read by address
+            // (`#[derive(DeviceState)]` state is lent as `&mut`): checked before they launch.
+            body.check(book, When::Island { island: k + 1 })?;
             if let Some(after) = &island.after {
                 launch_as_is(after)?;
             }
@@ -554,15 +584,33 @@ impl<B: GraphBody> TypedGraph<B> {
         let mut eager = Statics::new(copies, shadows);
         let ctx = B::Ctx::try_from_runtime(&rt)?;
         let island_state = self.body.save_islands();
+        crate::capture::take_failed_island();
         let ran = self.body.run(&mut eager, ctx, &rt);
         self.body.restore_islands(island_state);
-        ran?;
+        // An island that fails in the eager run is named as a replay names it.
+        let failed = crate::capture::take_failed_island()
+            .and_then(|at| Some((self.islands.iter().position(|i| i.location == at)?, at)));
+        ran.map_err(|e| match failed {
+            Some((k, location)) => GraphError::Island {
+                graph: site.name,
+                island: k + 1,
+                location,
+                source: Box::new(e),
+            },
+            None => e,
+        })?;
         eager.outputs.outputs_to(B::OUTPUTS, &mut verifier, true)?;
         eager.result.output_to(&mut verifier, true)?;
         verifier.rewind()?;
         let dst = &mut self.statics.inputs;
         replay(&self.graph, |staging| inputs.stage(dst, staging))?;
-        Self::islands_of(&self.islands, &mut self.body, &mut self.statics, &rt)?;
+        Self::islands_of(
+            &self.islands,
+            &self.book,
+            &mut self.body,
+            &mut self.statics,
+            &rt,
+        )?;
         let statics = &self.statics;
         statics
             .outputs

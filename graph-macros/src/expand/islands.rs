@@ -768,6 +768,9 @@ pub(super) fn graph_body_items(
             let #pr::Statics { inputs: (#(#ins,)*), outputs: (#(#outs,)*), .. } = s;
             __run(super::#params_ty { #ctx: __ctx, #(#fields,)* })
         }
+        fn owns_island(__island: &(dyn ::core::any::Any + ::core::marker::Send + ::core::marker::Sync)) -> bool {
+            __island.is::<super::#fn_ty>()
+        }
         #save
     }
 }

@@ -250,10 +250,12 @@ impl<'m> Parts<'m> {
         checks: &[TokenStream],
     ) -> TokenStream {
         let (pr, krate) = (&self.pr, self.krate);
+        // The context is taken for each step: a stream context is the capture stream while
+        // the capture records and the runtime's stream otherwise.
         quote! {
-            let __ctx = #ctx_call;
             let __book = &__book;
             let mut __body = |#closure_params| -> ::core::result::Result<(), #krate::GraphError> {
+                let __ctx = #ctx_call;
                 match __step {
                     #run_arm
                     #pr::Step::Check(__when) => {

@@ -24,27 +24,55 @@ use super::record::with_record;
 use super::site::Site;
 use super::*;
 
-/// Puts `cond` into step mode while alive, and back when dropped.
+/// Puts `cond` into step mode while alive, and back when dropped. While a step is recorded,
+/// [`step_condition`] hands the library's own drawing kernels the step's condition, so that a
+/// step after the one that cleared the loop's condition draws nothing and leaves the
+/// generators where `graph_while` leaves them.
 struct Steps<'c> {
     cond: &'c Condition,
+    flag: u64,
+    outer: Option<(u64, u64)>,
+}
+
+thread_local! {
+    /// The `(handle, flag)` of the unrolled step this thread records, if any.
+    static STEP: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The condition of the unrolled step this thread records ([`Runtime::graph_while_unrolled`]),
+/// or [`ConditionArg::always`] outside one: the library's kernels that run in a loop's steps
+/// (the random draws) take it and do nothing in a step after the loop stopped.
+pub(crate) fn step_condition() -> ConditionArg<'static> {
+    match STEP.with(|s| s.get()) {
+        Some((handle, flag)) => ConditionArg {
+            handle,
+            flag,
+            _condition: PhantomData,
+        },
+        None => ConditionArg::always(),
+    }
 }
 
 impl<'c> Steps<'c> {
-    fn new(cond: &'c Condition) -> Self {
+    fn new(cond: &'c Condition, rt: &Runtime) -> Self {
         cond.step.index.store(0, Ordering::Relaxed);
         cond.step.on.store(true, Ordering::Relaxed);
-        Steps { cond }
+        let flag = cond.flag_ptr(rt);
+        let outer = STEP.with(|s| s.replace(Some((u64::MAX - 1, flag))));
+        Steps { cond, flag, outer }
     }
 
     /// Step `j` of the iteration is recorded next.
     fn step(&self, j: u32) {
         self.cond.step.index.store(j, Ordering::Relaxed);
+        STEP.with(|s| s.set(Some((u64::MAX - 1 - u64::from(j), self.flag))));
     }
 }
 
 impl Drop for Steps<'_> {
     fn drop(&mut self) {
         self.cond.step.on.store(false, Ordering::Relaxed);
+        STEP.with(|s| s.set(self.outer));
     }
 }
 
@@ -178,7 +206,7 @@ impl Runtime {
                 .launch(one_thread())
         }?;
         let mut record = |rt: &Runtime, _: usize| -> Result<(), GraphError> {
-            let steps = Steps::new(cond);
+            let steps = Steps::new(cond, rt);
             for j in 0..unroll {
                 steps.step(j);
                 body(rt)?;

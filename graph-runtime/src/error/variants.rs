@@ -307,12 +307,12 @@ pub enum GraphError {
     /// A `#[state]` parameter (or an output the body was given) no longer holds the device
     /// buffers the graph was captured with: one was replaced, freed or reallocated.
     #[error(
-        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with, so nothing \
-         was launched. Fix: write into state in place (`state_mut()` lends `CudaSlice` state as a \
+        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with, so {}. Fix: write into state in place (`state_mut()` lends `CudaSlice` state as a \
          `CudaViewMut`, which cannot be replaced), never assign a new buffer to a field of a struct the graph \
          holds, and capture a new graph when the buffers must change. What moved: {detail}; it was replaced, \
          freed or reallocated {when}, and the graph, which reads and writes its state by address, would have \
-         touched freed memory"
+         touched freed memory",
+        not_launched(when)
     )]
     StateMoved {
         /// The graph.
@@ -752,6 +752,11 @@ pub enum When {
     Capture,
     /// Before a replay.
     Replay,
+    /// After eager island `island` (from 1) of a replay ran, before the segment after it.
+    Island {
+        /// The island.
+        island: usize,
+    },
 }
 
 impl std::fmt::Display for When {
@@ -760,7 +765,19 @@ impl std::fmt::Display for When {
             When::Warmup { run } => write!(f, "during warmup run {run}"),
             When::Capture => f.write_str("while the body was captured"),
             When::Replay => f.write_str("between the capture and this replay"),
+            When::Island { island } => write!(
+                f,
+                "by eager island {island} of this replay (the segments before it ran; none after it was launched)"
+            ),
         }
+    }
+}
+
+/// What [`GraphError::StateMoved`] kept from launching.
+fn not_launched(when: &When) -> &'static str {
+    match when {
+        When::Island { .. } => "the segments after the island were not launched",
+        _ => "nothing was launched",
     }
 }
 

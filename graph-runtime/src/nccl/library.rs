@@ -1,8 +1,8 @@
 //! Finding libnccl, and its version.
 //!
 //! cudarc loads NCCL at run time, like its other libraries: the first NCCL call `dlopen`s the
-//! first name of [`cudarc::get_lib_name_candidates`]`("nccl")` that the dynamic loader finds
-//! (`libnccl.so`, then `libnccl.so.13`, `.12`, … for a CUDA 13 build) and **panics** when none
+//! first of the names cudarc tries for NCCL that the dynamic loader finds (`libnccl.so`, then
+//! `libnccl.so.13`, `.12`, … for a CUDA 13 build; see [`loader_names`]) and **panics** when none
 //! is found. The loader searches `LD_LIBRARY_PATH` as it was when the process started, the
 //! `ldconfig` cache and the system directories. NCCL's runtime package (`libnccl2`) and
 //! PyTorch's wheel (`site-packages/nvidia/nccl/lib/`) install only `libnccl.so.2`, which is
@@ -73,6 +73,15 @@ pub fn nccl_available() -> bool {
     *PRESENT.get_or_init(|| crate::runtime::library_available("nccl"))
 }
 
+/// The name cudarc's loader tries first for NCCL, the one a directory on `LD_LIBRARY_PATH`
+/// must provide: `libnccl.so` (cudarc then tries names with its CUDA version, never
+/// `libnccl.so.2`). Written here rather than asked of cudarc, whose list exists only with its
+/// `dynamic-loading` feature, which candle-core's `cuda` turns off (NCCL is then linked at
+/// build time, and this name is what the linker looks for).
+pub(crate) fn loader_names() -> Vec<String> {
+    vec!["libnccl.so".to_owned()]
+}
+
 /// The library's version, or the typed error that says how to make it loadable.
 pub(crate) fn load() -> Result<NcclVersion, GraphError> {
     if !crate::runtime::driver_available() {
@@ -80,7 +89,7 @@ pub(crate) fn load() -> Result<NcclVersion, GraphError> {
     }
     if !nccl_available() {
         return Err(CollectiveError::LibraryMissing {
-            searched: cudarc::get_lib_name_candidates("nccl"),
+            searched: loader_names(),
             found: find_nccl_copies(&search_dirs()),
         }
         .into());
@@ -193,7 +202,7 @@ mod tests {
     fn the_search_covers_the_system_and_python_packages() {
         let dirs = search_dirs();
         assert!(dirs.contains(&PathBuf::from("/usr/lib/x86_64-linux-gnu")));
-        let names = cudarc::get_lib_name_candidates("nccl");
+        let names = loader_names();
         assert!(names.iter().any(|n| n == "libnccl.so"));
         assert!(
             !names.iter().any(|n| n == "libnccl.so.2"),

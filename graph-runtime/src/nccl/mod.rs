@@ -65,8 +65,8 @@
 //!   call on every rank (see "How the ranks stay together").
 //!
 //! # Finding libnccl
-//! cudarc loads NCCL when it is first used, by the names
-//! [`cudarc::get_lib_name_candidates`]`("nccl")` gives: `libnccl.so`, then
+//! cudarc loads NCCL when it is first used, by the names it derives from `nccl`:
+//! `libnccl.so`, then
 //! `libnccl.so.13`, `.12`, … (for a CUDA 13 build), searched by the dynamic loader
 //! (`LD_LIBRARY_PATH` as the process started, the `ldconfig` cache, the system
 //! directories). There is no environment variable of its own. NCCL's runtime package and

@@ -219,12 +219,15 @@ __device__ __forceinline__ unsigned short philox_uniform_bf16(unsigned int x, fl
 /// twice is harmless. The contract a kernel keeps is in the [module docs](crate::rng).
 pub const PHILOX_DEVICE_API: &str = philox_device_api!();
 
-/// CUDA source of the library's random kernels: [`PHILOX_DEVICE_API`] followed by one kernel
-/// per draw (`rng_uniform_f32`, `rng_normal_bf16`, `rng_integers_i64`, …). Each takes the
-/// generator state first and uses a grid-stride loop, so its result does not depend on the
-/// launch configuration.
+/// CUDA source of the library's random kernels: [`PHILOX_DEVICE_API`] and the conditional
+/// device API followed by one kernel per draw (`rng_uniform_f32`, `rng_normal_bf16`,
+/// `rng_integers_i64`, …). Each takes the generator state first and the two words of the
+/// `GraphCondition` of the unrolled loop step it is recorded in next (in a step after the loop stopped it
+/// draws nothing and leaves the generator as it is; `ConditionArg::always()` elsewhere),
+/// and uses a grid-stride loop, so its result does not depend on the launch configuration.
 pub const RNG_KERNELS: &str = concat!(
     philox_device_api!(),
+    crate::condition_device_api!(),
     r#"
 // ---- the kernels of graph_runtime::rng::Generator ----
 
@@ -259,11 +262,13 @@ __device__ __forceinline__ void rng_store4(T *out, unsigned long long g, unsigne
 }
 
 // The frame of every kernel below, written once: waits for the kernel ahead (rng_early),
-// reads the generator, runs the statements after GROUPS for every counter g < GROUPS in a
+// returns at once in a step of graph_while_unrolled after the loop stopped (go_handle and
+// go_flag, the step's GraphCondition; GRAPH_CONDITION_NONE everywhere else), reads the generator, runs the statements after GROUPS for every counter g < GROUPS in a
 // grid-stride loop, with r the four words of counter g, and moves the generator past the
 // GROUPS counters. The statements see the kernel's parameters (state, out, n, …) by name.
 #define RNG_FOR_EACH_GROUP(GROUPS, ...)                                                           \
     rng_early();                                                                                 \
+    if (!graph_condition_active(GraphCondition{go_handle, go_flag})) return;                     \
     PhiloxDraw d = philox_begin(state);                                                          \
     unsigned long long groups = GROUPS;                                                          \
     for (unsigned long long g = rng_first(); g < groups; g += rng_stride()) {                    \
@@ -282,7 +287,7 @@ __device__ __forceinline__ void rng_store4(T *out, unsigned long long g, unsigne
 
 // rng_uniform_<t>(state, T *out, n, lo, hi): value j of a group is UNIFORM(word j, lo, hi).
 #define RNG_UNIFORM(NAME, T, MAKE4, UNIFORM)                                                      \
-    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+    extern "C" __global__ void NAME(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, T *out, unsigned long long n,     \
                                     float lo, float hi) {                                        \
         RNG_FILL4(RNG_EACH_WORD(MAKE4, UNIFORM, lo, hi))                                         \
     }
@@ -310,7 +315,7 @@ __device__ __forceinline__ ushort4 rng_round4_bf16(float4 v) {
 // rng_normal_<t>(state, T *out, n, mean, std): a group's values are philox_normal4's, rounded
 // by ROUND4.
 #define RNG_NORMAL(NAME, T, ROUND4)                                                               \
-    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+    extern "C" __global__ void NAME(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, T *out, unsigned long long n,     \
                                     float mean, float std) {                                     \
         RNG_FILL4(ROUND4(philox_normal4(r, mean, std)))                                          \
     }
@@ -319,7 +324,7 @@ RNG_NORMAL(rng_normal_f32, float, rng_round4_f32)
 RNG_NORMAL(rng_normal_f16, unsigned short, rng_round4_f16)
 RNG_NORMAL(rng_normal_bf16, unsigned short, rng_round4_bf16)
 
-extern "C" __global__ void rng_exponential_f32(unsigned long long *state, float *out, unsigned long long n,
+extern "C" __global__ void rng_exponential_f32(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, float *out, unsigned long long n,
                                                float lambda) {
     RNG_FILL4(RNG_EACH_WORD(make_float4, philox_exponential, lambda))
 }
@@ -332,7 +337,7 @@ __device__ __forceinline__ T rng_chance(unsigned int x, float p) {
 
 // rng_bernoulli_<t>(state, T *out, n, p): value j of a group is 1 with probability p.
 #define RNG_BERNOULLI(NAME, T, MAKE4)                                                             \
-    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n,     \
+    extern "C" __global__ void NAME(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, T *out, unsigned long long n,     \
                                     float p) {                                                   \
         RNG_FILL4(RNG_EACH_WORD(MAKE4, rng_chance<T>, p))                                        \
     }
@@ -358,7 +363,7 @@ __device__ __forceinline__ V4 rng_chances(uint4 r, const float *probs, unsigned 
 // rng_bernoulli_per_element_<t>(state, const float *probs, T *out, n): out[i] = 1 with
 // probability probs[i].
 #define RNG_BERNOULLI_PER_ELEMENT(NAME, T, V4)                                                    \
-    extern "C" __global__ void NAME(unsigned long long *state, const float *probs, T *out,       \
+    extern "C" __global__ void NAME(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, const float *probs, T *out,       \
                                     unsigned long long n) {                                      \
         RNG_FILL4(rng_chances<T, V4>(r, probs, g, n))                                            \
     }
@@ -369,7 +374,7 @@ RNG_BERNOULLI_PER_ELEMENT(rng_bernoulli_per_element_f32, float, float4)
 // rng_integers_<t>(state, T *out, n, T lo, range) for 32-bit T: element i takes 64 bits,
 // words 2(i % 2) and 2(i % 2) + 1 of group i / 2.
 #define RNG_INTEGERS32(NAME, T)                                                                   \
-    extern "C" __global__ void NAME(unsigned long long *state, T *out, unsigned long long n, T lo, \
+    extern "C" __global__ void NAME(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, T *out, unsigned long long n, T lo, \
                                     unsigned long long range) {                                  \
         RNG_FOR_EACH_GROUP((n + 1) / 2,                                                          \
             unsigned long long i = 2 * g;                                                        \
@@ -383,13 +388,13 @@ RNG_INTEGERS32(rng_integers_u32, unsigned int)
 RNG_INTEGERS32(rng_integers_i32, int)
 
 // 64-bit integers: element i takes the 128 bits of group i.
-extern "C" __global__ void rng_integers_i64(unsigned long long *state, long long *out, unsigned long long n,
+extern "C" __global__ void rng_integers_i64(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, long long *out, unsigned long long n,
                                             long long lo, unsigned long long range) {
     RNG_FOR_EACH_GROUP(n, out[g] = (long long)((unsigned long long)lo + philox_below128(r, range));)
 }
 
 // y = keep ? x / keep_prob : 0, mask = keep, with keep = (uniform < keep_prob).
-extern "C" __global__ void rng_dropout_f32(unsigned long long *state, const float *x, float *y,
+extern "C" __global__ void rng_dropout_f32(unsigned long long *state, unsigned long long go_handle, unsigned int *go_flag, const float *x, float *y,
                                            unsigned char *mask, unsigned long long n, float keep_prob) {
     float scale = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
     RNG_FOR_EACH_GROUP((n + 3) / 4,

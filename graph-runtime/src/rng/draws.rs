@@ -16,7 +16,8 @@ impl Generator {
     /// state, and `args` pushes the rest.
     ///
     /// # Safety
-    /// `args` pushes the kernel's parameters after the state, in order and type, and every
+    /// `args` pushes the kernel's parameters after the state and the step condition, in
+    /// order and type, and every
     /// buffer among them holds what the kernel addresses for the `n` it is given (the random
     /// kernels address `n` elements of each buffer and no more). A buffer the kernel stores
     /// to with 4-element vector stores starts at an allocation.
@@ -40,7 +41,13 @@ impl Generator {
             shared_mem_bytes: 0,
         };
         let mut launch = rt.launch_early(&f);
-        launch.arg(self.state_ptr(rt));
+        // In a step of `graph_while_unrolled`, the step's condition: a step after the loop
+        // stopped draws nothing (see `RNG_KERNELS`).
+        let step = crate::conditional::step_condition();
+        launch
+            .arg(self.state_ptr(rt))
+            .arg(step.handle())
+            .arg(step.flag());
         args(&mut launch);
         // SAFETY: the state is this generator's 4-word state, the kernel's first parameter;
         // the caller vouches for the other arguments and the buffers, and the library's

@@ -25,6 +25,24 @@ fn gate_refuses_launches_while_capturing() {
 }
 
 #[test]
+fn other_threads_wait_for_a_capture_instead_of_failing() {
+    let gate = std::sync::Arc::new(StreamGate::default());
+    gate.begin_capture();
+    let waiter = {
+        let gate = gate.clone();
+        std::thread::spawn(move || gate.launch("g", || Ok(42)))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !waiter.is_finished(),
+        "the other thread waits while the capture records"
+    );
+    gate.end_capture();
+    assert_eq!(waiter.join().unwrap().unwrap(), 42);
+    assert_eq!(gate.state.load(Ordering::Relaxed), 0);
+}
+
+#[test]
 fn a_panic_inside_a_launch_leaves_the_gate() {
     let gate = StreamGate::default();
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

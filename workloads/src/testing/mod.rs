@@ -82,15 +82,58 @@ pub fn gpu_required() -> bool {
     std::env::var(REQUIRE_GPU).is_ok_and(|v| v == "1")
 }
 
-/// Sends `tracing` output to stderr once per process (filter with `RUST_LOG`).
+/// Sends `tracing` output to stderr once per process (filter with `RUST_LOG`), and keeps
+/// every event at level ERROR for [`logged_errors`], whatever the filter.
 pub fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        let printed = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env());
+        let _ = tracing_subscriber::registry()
+            .with(printed)
+            .with(RecordErrors)
             .try_init();
     });
+}
+
+/// The ERROR events logged so far in this process (from any thread), each as
+/// `target: message field=value …`, oldest first: how a test sees what the library
+/// reported through `tracing` (the capture watchdog, for one).
+pub fn logged_errors() -> Vec<String> {
+    ERRORS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+static ERRORS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The layer behind [`logged_errors`].
+struct RecordErrors;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RecordErrors {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return;
+        }
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0.push_str(&format!(" {value:?}"));
+                } else {
+                    self.0.push_str(&format!(" {}={value:?}", field.name()));
+                }
+            }
+        }
+        let mut text = Text(format!("{}:", event.metadata().target()));
+        event.record(&mut text);
+        ERRORS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(text.0);
+    }
 }
 
 /// Whether `e`, from `Runtime::new`, means that this machine has no usable GPU (no driver, no
