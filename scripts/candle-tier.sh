@@ -7,7 +7,8 @@
 # wheels and link stubs) and then:
 #   1. builds ci/beside-cubecl (graph-runtime beside cudarc with cubecl-cuda's features),
 #      before the toolchain is on PATH: it must build without one;
-#   2. lints the workspace with the `candle` feature (`cargo clippy -D warnings`);
+#   2. lints the workspace with the `candle` feature (`cargo clippy -D warnings`), and with
+#      `candle` and `nccl` together (a candle user with several GPUs);
 #   3. runs graph-runtime's tests and doc examples and the root package's tests with it
 #      (`tests/candle.rs`; without a
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
@@ -55,6 +56,9 @@ cpu_s; echo "candle tier: toolchain took $((SECONDS - t0)) s (CPU $((CPU - c0)) 
 
 echo "== the candle tier"
 step cargo clippy --workspace --all-targets --features cuda-graphs/candle -- -D warnings
+# `nccl` beside `candle`: cudarc with candle-core's `dynamic-linking` and graph-runtime's
+# `nccl` (candle-kernels' build script does not depend on cudarc, so nvcc does not run again).
+step cargo clippy --workspace --all-targets --features cuda-graphs/candle,cuda-graphs/nccl -- -D warnings
 # Binaries linked against candle ask for libcuda.so.1 & co.: here, the stubs (no GPU).
 export LD_LIBRARY_PATH="$CUDA_GRAPH_STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Every cargo command of the tier selects the whole workspace with the same features, so cargo

@@ -19,6 +19,9 @@
 
 use std::time::{Duration, Instant};
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
 use graph_runtime::cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{
     cuda_graph, is_capturing, Compare, DeviceState, Generator, GraphError, Runtime, When,
@@ -456,7 +459,6 @@ fn noisy_unrolled(
 
 #[gpu_test]
 fn random_draws_in_unrolled_steps_match_graph_while(rt: Runtime) -> Result<(), GraphError> {
-    use rand::Rng;
     let mut rng = fresh_rng("random_draws_in_unrolled_steps_match_graph_while");
     let n = 1000;
     let s = rt.stream().clone();
@@ -729,6 +731,551 @@ fn cublas_gemms_pass_the_determinism_check_and_match_eager(rt: Runtime) -> Resul
             gy,
             s.clone_dtoh(&ey)?,
             "replay {replay}: graph vs eager, bitwise"
+        );
+    }
+    Ok(())
+}
+
+// ---- The torture test: seeded random programs built from the pieces above ----
+
+/// One captured graph of a torture program, with the eager twin it is compared against.
+trait Piece {
+    /// Replays the graph on fresh inputs and compares every output with the eager twin's,
+    /// bitwise.
+    fn replay_and_check(&mut self, rt: &Runtime, rng: &mut SmallRng) -> Result<(), String>;
+}
+
+/// A failure in words; out of memory (typed) is marked, so that a program on a nearly full
+/// device can count it instead of failing.
+fn err(e: GraphError) -> String {
+    if e.is_out_of_memory() {
+        format!("{OOM}{e}")
+    } else {
+        e.to_string()
+    }
+}
+
+const OOM: &str = "out of memory: ";
+
+/// Whether a failure is out of memory, typed by the runtime or reported by the driver.
+fn is_oom(e: &str) -> bool {
+    e.starts_with(OOM) || e.contains("CUDA_ERROR_OUT_OF_MEMORY")
+}
+
+fn same<T: PartialEq + std::fmt::Debug>(what: &str, a: Vec<T>, b: Vec<T>) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!("{what}: the graph differs from eager"))
+    }
+}
+
+/// `with_temp`: a temporary of `mib` MiB.
+struct TempPiece<'a> {
+    g: WithTempGraph<'a>,
+    n: usize,
+    mib: usize,
+    ey: CudaSlice<f32>,
+}
+
+impl Piece for TempPiece<'_> {
+    fn replay_and_check(&mut self, rt: &Runtime, rng: &mut SmallRng) -> Result<(), String> {
+        let x = random_vec(rng, self.n);
+        let gy = rt
+            .stream()
+            .clone_dtoh(self.g.replay(&x).map_err(err)?.y)
+            .map_err(|e| e.to_string())?;
+        let xd = rt.stream().clone_htod(&x).map_err(|e| e.to_string())?;
+        with_temp(rt, &xd, &mut self.ey, self.mib).map_err(err)?;
+        same(
+            "with_temp",
+            gy,
+            rt.stream()
+                .clone_dtoh(&self.ey)
+                .map_err(|e| e.to_string())?,
+        )
+    }
+}
+
+/// `biased`: an eager island between two segments, on `#[derive(DeviceState)]` state.
+struct IslandPiece<'a> {
+    g: BiasedGraph<'a>,
+    eager: Bias,
+    n: usize,
+    ey: CudaSlice<f32>,
+}
+
+impl Piece for IslandPiece<'_> {
+    fn replay_and_check(&mut self, rt: &Runtime, rng: &mut SmallRng) -> Result<(), String> {
+        let x = random_vec(rng, self.n);
+        let gy = rt
+            .stream()
+            .clone_dtoh(self.g.replay(&x).map_err(err)?.y)
+            .map_err(|e| e.to_string())?;
+        let xd = rt.stream().clone_htod(&x).map_err(|e| e.to_string())?;
+        biased(rt, &xd, &mut self.eager, &mut false, &mut self.ey).map_err(err)?;
+        same(
+            "biased",
+            gy,
+            rt.stream()
+                .clone_dtoh(&self.ey)
+                .map_err(|e| e.to_string())?,
+        )
+    }
+}
+
+/// `noisy_unrolled`: an unrolled on-device loop drawing random numbers from its generator.
+struct LoopPiece<'a> {
+    g: NoisyUnrolledGraph<'a>,
+    twin: Generator,
+    unroll: u32,
+    n: usize,
+    eager: [CudaSlice<f32>; 3],
+    iters: CudaSlice<u32>,
+}
+
+impl Piece for LoopPiece<'_> {
+    fn replay_and_check(&mut self, rt: &Runtime, rng: &mut SmallRng) -> Result<(), String> {
+        let mut x = random_vec(rng, self.n);
+        x[0] = rng.random_range(0.5f32..9.0).exp();
+        let s = rt.stream();
+        let out = self.g.replay(&x).map_err(err)?;
+        let (gy, ga, gi) = (
+            s.clone_dtoh(out.y).map_err(|e| e.to_string())?,
+            s.clone_dtoh(out.after).map_err(|e| e.to_string())?,
+            s.clone_dtoh(out.iters).map_err(|e| e.to_string())?,
+        );
+        let xd = s.clone_htod(&x).map_err(|e| e.to_string())?;
+        let [ey, en, ea] = &mut self.eager;
+        noisy_unrolled(
+            rt,
+            &xd,
+            &self.twin,
+            ey,
+            en,
+            ea,
+            &mut self.iters,
+            self.unroll,
+        )
+        .map_err(err)?;
+        let s = rt.stream();
+        same(
+            "noisy_unrolled y",
+            gy,
+            s.clone_dtoh(ey).map_err(|e| e.to_string())?,
+        )?;
+        same(
+            "noisy_unrolled after",
+            ga,
+            s.clone_dtoh(ea).map_err(|e| e.to_string())?,
+        )?;
+        same(
+            "noisy_unrolled iters",
+            gi,
+            s.clone_dtoh(&self.iters).map_err(|e| e.to_string())?,
+        )
+    }
+}
+
+/// `mlp3`: three cuBLAS GEMMs and a kernel, checked for determinism at capture.
+struct MlpPiece<'a> {
+    g: Mlp3Graph<'a>,
+    w: &'a [CudaSlice<f32>; 3],
+    batch: usize,
+    ey: CudaSlice<f32>,
+}
+
+impl Piece for MlpPiece<'_> {
+    fn replay_and_check(&mut self, rt: &Runtime, rng: &mut SmallRng) -> Result<(), String> {
+        let x = random_vec(rng, self.batch * 512);
+        let gy = rt
+            .stream()
+            .clone_dtoh(self.g.replay(&x).map_err(err)?.y)
+            .map_err(|e| e.to_string())?;
+        let xd = rt.stream().clone_htod(&x).map_err(|e| e.to_string())?;
+        let [w1, w2, w3] = self.w;
+        mlp3(rt, &xd, w1, w2, w3, &mut self.ey).map_err(err)?;
+        same(
+            "mlp3",
+            gy,
+            rt.stream()
+                .clone_dtoh(&self.ey)
+                .map_err(|e| e.to_string())?,
+        )
+    }
+}
+
+/// What one thread of a program owns for its pieces to borrow: two biases, two generators
+/// (each with an eager twin of the same seed, made when a piece takes it) and MLP weights.
+struct Arena {
+    biases: Vec<Bias>,
+    generators: Vec<Generator>,
+    weights: [CudaSlice<f32>; 3],
+}
+
+impl Arena {
+    fn new(rt: &Runtime, rng: &mut SmallRng, n: usize) -> Result<Self, GraphError> {
+        let s = rt.stream();
+        let mut w = |len: usize| -> Result<CudaSlice<f32>, GraphError> {
+            let v: Vec<f32> = random_vec(rng, len).iter().map(|v| v * 0.05).collect();
+            Ok(rt.stream().clone_htod(&v)?)
+        };
+        let weights = [w(512 * 512)?, w(512 * 512)?, w(512 * 64)?];
+        let biases = (0..2)
+            .map(|_| {
+                Ok(Bias {
+                    b: s.clone_htod(&random_vec(rng, n))?,
+                })
+            })
+            .collect::<Result<Vec<_>, GraphError>>()?;
+        let generators = (0..2)
+            .map(|k| rt.generator(100 + k))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arena {
+            biases,
+            generators,
+            weights,
+        })
+    }
+}
+
+/// Counts of a torture run (`typed_oom`: captures and eager twins that ran out of memory).
+#[derive(Default, Debug)]
+struct Tally {
+    captures: usize,
+    replays: usize,
+    typed_oom: usize,
+    drops: usize,
+}
+
+/// Captures a random piece, borrowing from the arena's parts not taken yet.
+fn capture_piece<'a>(
+    rt: &Runtime,
+    rng: &mut SmallRng,
+    n: usize,
+    biases: &mut std::slice::IterMut<'a, Bias>,
+    generators: &mut std::slice::Iter<'a, Generator>,
+    weights: &'a [CudaSlice<f32>; 3],
+) -> Result<Box<dyn Piece + 'a>, GraphError> {
+    let s = rt.stream();
+    match rng.random_range(0..4) {
+        1 => {
+            if let Some(m) = biases.next() {
+                let eager = Bias {
+                    b: s.clone_htod(&s.clone_dtoh(&m.b)?)?,
+                };
+                let g = BiasedGraph::capture(rt, &random_vec(rng, n), m, false, n)?;
+                return Ok(Box::new(IslandPiece {
+                    g,
+                    eager,
+                    n,
+                    ey: rt.stream().alloc_zeros(n)?,
+                }));
+            }
+        }
+        2 => {
+            if let Some(gen) = generators.next() {
+                let (seed, offset) = gen.seed_and_offset(rt)?;
+                let twin = rt.generator(seed)?;
+                assert_eq!(offset, 0, "a generator is taken once, before any draw");
+                let unroll = rng.random_range(2..=8);
+                let g =
+                    NoisyUnrolledGraph::capture(rt, &random_vec(rng, n), gen, n, n, n, 1, unroll)?;
+                let s = rt.stream();
+                return Ok(Box::new(LoopPiece {
+                    g,
+                    twin,
+                    unroll,
+                    n,
+                    eager: [s.alloc_zeros(n)?, s.alloc_zeros(n)?, s.alloc_zeros(n)?],
+                    iters: s.alloc_zeros(1)?,
+                }));
+            }
+        }
+        3 => {
+            let batch = rng.random_range(1..=16);
+            let [w1, w2, w3] = weights;
+            let g = Mlp3Graph::capture(rt, &random_vec(rng, batch * 512), w1, w2, w3, batch * 64)?;
+            return Ok(Box::new(MlpPiece {
+                g,
+                w: weights,
+                batch,
+                ey: rt.stream().alloc_zeros(batch * 64)?,
+            }));
+        }
+        _ => {}
+    }
+    let mib = rng.random_range(0..=48);
+    let g = WithTempGraph::capture(rt, &random_vec(rng, n), n, mib)?;
+    Ok(Box::new(TempPiece {
+        g,
+        n,
+        mib,
+        ey: rt.stream().alloc_zeros(n)?,
+    }))
+}
+
+/// The parts of an arena not taken by a piece yet, and the arena's weights.
+struct Parts<'a> {
+    biases: std::slice::IterMut<'a, Bias>,
+    generators: std::slice::Iter<'a, Generator>,
+    weights: &'a [CudaSlice<f32>; 3],
+}
+
+/// Captures a random piece into `pieces`; out of memory is counted, not an error.
+fn capture_into<'a>(
+    rt: &Runtime,
+    rng: &mut SmallRng,
+    n: usize,
+    parts: &mut Parts<'a>,
+    pieces: &mut Vec<Box<dyn Piece + 'a>>,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    match capture_piece(
+        rt,
+        rng,
+        n,
+        &mut parts.biases,
+        &mut parts.generators,
+        parts.weights,
+    ) {
+        Ok(p) => {
+            tally.captures += 1;
+            pieces.push(p);
+            Ok(())
+        }
+        Err(e) if e.is_out_of_memory() => {
+            tally.typed_oom += 1;
+            Ok(())
+        }
+        Err(e) => Err(format!("capture: {e}")),
+    }
+}
+
+/// One thread of a program: an arena, 2 to 4 pieces, `steps` replays of random pieces with
+/// captures and drops in between, the rest dropped in random order. Out of memory at a
+/// capture is counted (the device may be nearly full); any other error fails the program.
+fn torture_thread(rt: &Runtime, seed: u64, steps: usize) -> Result<Tally, String> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut tally = Tally::default();
+    let n = rng.random_range(64..4096);
+    let mut arena = Arena::new(rt, &mut rng, n).map_err(err)?;
+    let mut parts = Parts {
+        biases: arena.biases.iter_mut(),
+        generators: arena.generators.iter(),
+        weights: &arena.weights,
+    };
+    let mut pieces: Vec<Box<dyn Piece + '_>> = Vec::new();
+    for _ in 0..rng.random_range(2..=4) {
+        capture_into(rt, &mut rng, n, &mut parts, &mut pieces, &mut tally)?;
+    }
+    for step in 0..steps {
+        match rng.random_range(0..20) {
+            0 if !pieces.is_empty() => {
+                let k = rng.random_range(0..pieces.len());
+                drop(pieces.swap_remove(k));
+                tally.drops += 1;
+            }
+            1 => capture_into(rt, &mut rng, n, &mut parts, &mut pieces, &mut tally)?,
+            _ if !pieces.is_empty() => {
+                let k = rng.random_range(0..pieces.len());
+                match pieces[k].replay_and_check(rt, &mut rng) {
+                    Ok(()) => tally.replays += 1,
+                    // A nearly full device: the eager twin's temporaries may not fit. Typed,
+                    // and the runtime goes on.
+                    Err(e) if is_oom(&e) => tally.typed_oom += 1,
+                    Err(e) => return Err(format!("step {step}, piece {k}: {e}")),
+                }
+            }
+            _ => {}
+        }
+    }
+    while !pieces.is_empty() {
+        let k = rng.random_range(0..pieces.len());
+        drop(pieces.swap_remove(k));
+        tally.drops += 1;
+    }
+    Ok(tally)
+}
+
+/// Seeded random programs of the pieces above: one to four threads, each with a runtime of
+/// its own or all sharing one, graphs captured, replayed against eager and dropped in random
+/// order, a fifth of the programs on a device filled to within 40 to 256 MiB (where out of
+/// memory, typed, is counted and the program goes on). At the end
+/// the device's free memory is back where it was after the first programs (within 16 MiB:
+/// kernels loaded by later programs into the shared runtime stay loaded).
+/// `CUDA_GRAPH_TORTURE_PROGRAMS` (default 40) and `CUDA_GRAPH_TORTURE_SEED` (default: the
+/// clock) steer it; the seed is printed first and named in every failure.
+#[gpu_test]
+fn torture_random_programs_equal_eager(rt: Runtime) -> Result<(), GraphError> {
+    let seed: u64 = std::env::var("CUDA_GRAPH_TORTURE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| fresh_rng("torture").random());
+    let programs: usize = std::env::var("CUDA_GRAPH_TORTURE_PROGRAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    eprintln!("torture: seed {seed} (CUDA_GRAPH_TORTURE_SEED={seed} repeats this run), {programs} programs");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    // First programs settle what the process and the shared runtime keep (compiled and
+    // loaded kernels, cuBLAS's state).
+    for k in 0..4u64 {
+        torture_thread(&rt, seed ^ (0x5eed + k), 30)
+            .map_err(|e| GraphError::User(format!("seed {seed}, warm-up {k}: {e}").into()))?;
+    }
+    rt.synchronize()?;
+    rt.trim_graph_memory()?;
+    let (free_before, _) = rt.mem_info()?;
+    let started = Instant::now();
+    let mut total = Tally::default();
+    for program in 0..programs {
+        let threads = rng.random_range(1..=4usize);
+        let shared = rng.random_bool(0.5);
+        let fill = threads == 1 && rng.random_range(0..5) == 0;
+        let seeds: Vec<u64> = (0..threads).map(|_| rng.random()).collect();
+        let steps = rng.random_range(10..60);
+        let at = |e: String| {
+            format!("seed {seed}, program {program} ({threads} threads, shared {shared}, filled {fill}): {e}")
+        };
+        let results: Vec<Result<Tally, String>> = if threads == 1 {
+            let own = Runtime::new(0)?;
+            let filler = if fill {
+                let (free, _) = own.mem_info()?;
+                let leave = rng.random_range(40..256) << 20;
+                Some(own.stream().alloc_zeros::<u8>(free.saturating_sub(leave))?)
+            } else {
+                None
+            };
+            let r = torture_thread(&own, seeds[0], steps);
+            drop(filler);
+            vec![r]
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = seeds
+                    .iter()
+                    .map(|&t| {
+                        let shared_rt = &rt;
+                        scope.spawn(move || {
+                            if shared {
+                                torture_thread(shared_rt, t, steps)
+                            } else {
+                                let own = Runtime::new(0).map_err(err)?;
+                                torture_thread(&own, t, steps)
+                            }
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err("a thread panicked".to_owned()))
+                    })
+                    .collect()
+            })
+        };
+        for r in results {
+            let t = r.map_err(|e| GraphError::User(at(e).into()))?;
+            total.captures += t.captures;
+            total.replays += t.replays;
+            total.typed_oom += t.typed_oom;
+            total.drops += t.drops;
+        }
+    }
+    rt.synchronize()?;
+    rt.trim_graph_memory()?;
+    let (free_after, _) = rt.mem_info()?;
+    eprintln!(
+        "torture: seed {seed}: {programs} programs, {} captures, {} replays equal to eager, {} typed out-of-memory captures, {} drops in {:.1} s; free memory {} MiB before, {} MiB after",
+        total.captures,
+        total.replays,
+        total.typed_oom,
+        total.drops,
+        started.elapsed().as_secs_f64(),
+        free_before >> 20,
+        free_after >> 20
+    );
+    assert!(
+        free_after + 16 * MIB >= free_before,
+        "seed {seed}: free memory {} MiB after the programs, {} MiB before",
+        free_after >> 20,
+        free_before >> 20
+    );
+    assert!(
+        total.replays > 0 && total.captures > 0,
+        "seed {seed}: {total:?}"
+    );
+    Ok(())
+}
+
+// ---- cuBLAS from threads that share a runtime ----
+fn threads_weights(rt: &Runtime, seed: u64) -> Result<[CudaSlice<f32>; 3], GraphError> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut w = |len: usize| -> Result<CudaSlice<f32>, GraphError> {
+        let v: Vec<f32> = random_vec(&mut rng, len).iter().map(|v| v * 0.05).collect();
+        Ok(rt.stream().clone_htod(&v)?)
+    };
+    Ok([w(512 * 512)?, w(512 * 512)?, w(512 * 64)?])
+}
+
+/// Thread `t`'s MLP, run eagerly 31 times (and replayed 30 times as a graph with `graph`)
+/// on one input: how many runs after the first differ from it, eager and graph.
+fn mlp_runs_on_one_input(rt: &Runtime, t: u64, graph: bool) -> Result<(usize, usize), GraphError> {
+    let [w1, w2, w3] = threads_weights(rt, t)?;
+    let batch = 1 + (t as usize % 8);
+    let x = random_vec(&mut SmallRng::seed_from_u64(t + 77), batch * 512);
+    let xd = rt.stream().clone_htod(&x)?;
+    let mut ey = rt.stream().alloc_zeros::<f32>(batch * 64)?;
+    mlp3(rt, &xd, &w1, &w2, &w3, &mut ey)?;
+    let first = rt.stream().clone_dtoh(&ey)?;
+    let (mut eager_bad, mut graph_bad) = (0, 0);
+    let mut g = if graph {
+        Some(Mlp3Graph::capture(rt, &x, &w1, &w2, &w3, batch * 64)?)
+    } else {
+        None
+    };
+    for _ in 0..30 {
+        mlp3(rt, &xd, &w1, &w2, &w3, &mut ey)?;
+        if rt.stream().clone_dtoh(&ey)? != first {
+            eager_bad += 1;
+        }
+        if let Some(g) = g.as_mut() {
+            if rt.stream().clone_dtoh(g.replay(&x)?.y)? != first {
+                graph_bad += 1;
+            }
+        }
+    }
+    Ok((eager_bad, graph_bad))
+}
+
+/// Four threads run cuBLAS MLPs (eagerly, then also as graphs) on one shared runtime and
+/// each on its own: every run on one input gives the first run's bits. (cuBLAS allows one
+/// host thread at a time per handle, and a handle made on another handle's workspace
+/// corrupted that handle's running GEMM: `Runtime::blas` gives each thread its own handle
+/// and workspace.)
+#[gpu_test]
+fn cublas_from_threads_sharing_a_runtime_is_deterministic(rt: Runtime) -> Result<(), GraphError> {
+    for (shared, graph) in [(true, false), (false, false), (true, true), (false, true)] {
+        let r: Vec<Result<(usize, usize), String>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let rt = &rt;
+                    scope.spawn(move || {
+                        if shared {
+                            mlp_runs_on_one_input(rt, t, graph).map_err(|e| e.to_string())
+                        } else {
+                            let own = Runtime::new(0).map_err(|e| e.to_string())?;
+                            mlp_runs_on_one_input(&own, t, graph).map_err(|e| e.to_string())
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            r.iter().all(|r| r == &Ok((0, 0))),
+            "shared runtime {shared}, graphs {graph}: (eager, graph) runs unlike the first, per thread: {r:?}"
         );
     }
     Ok(())

@@ -51,6 +51,9 @@ pub(crate) struct Frame {
     lookups: RefCell<Option<Vec<String>>>,
     /// Early launches this thread made, ever (a capture counts the difference).
     early_launches: Cell<u64>,
+    /// While a warmup (or `verify`'s eager run) is to be undone: the generators (by id) this
+    /// thread handed to a kernel since, the only ones it puts back.
+    generators: RefCell<Option<Vec<u64>>>,
     /// How many `graph_while` / `graph_if` bodies this thread is inside (eagerly or
     /// recording).
     conditional_depth: Cell<u32>,
@@ -76,6 +79,7 @@ thread_local! {
             procedure: Cell::new(None),
             lookups: RefCell::new(None),
             early_launches: Cell::new(0),
+            generators: RefCell::new(None),
             conditional_depth: Cell::new(0),
             fork_depth: Cell::new(0),
             record: RefCell::new(None),
@@ -260,6 +264,28 @@ pub(crate) fn refuse_while_capturing(
 
 /// Whether this thread is running a capture procedure (warmup, capture or verification of a
 /// graph), so it already holds its runtime's capture lock.
+/// Notes that generator `id` drew, or was handed to a kernel, on this thread (kept only
+/// between [`start_noting_generators`] and [`take_generators_used`]).
+pub(crate) fn note_generator(id: u64) {
+    with_frame(|f| {
+        if let Some(used) = f.generators.borrow_mut().as_mut() {
+            if !used.contains(&id) {
+                used.push(id);
+            }
+        }
+    });
+}
+
+/// Starts noting the generators this thread uses (see [`note_generator`]).
+pub(crate) fn start_noting_generators() {
+    with_frame(|f| *f.generators.borrow_mut() = Some(Vec::new()));
+}
+
+/// The generators noted since [`start_noting_generators`], and stops noting.
+pub(crate) fn take_generators_used() -> Vec<u64> {
+    with_frame(|f| f.generators.borrow_mut().take().unwrap_or_default())
+}
+
 /// The graph whose capture procedure this thread runs, if any.
 pub(crate) fn procedure_of_thread() -> Option<&'static str> {
     with_frame(|f| f.procedure.get())

@@ -4,6 +4,7 @@
 //! kernel cache and NVRTC compilation, `runtime/gate.rs` the gate that keeps replays out of a
 //! capturing stream, `runtime/probe.rs` the library probes.
 
+use std::mem::ManuallyDrop;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -69,7 +70,9 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// library handle of your own that was bound to the runtime's stream when you made it (a
 /// cuBLAS handle, say) keeps launching there during a capture, so its work would run once
 /// instead of being recorded: in a body, use `rt.blas()`, or pass `rt.stream()` to the
-/// library at each call (as cuBLASLt's `cublasLtMatmul` takes it).
+/// library at each call (as cuBLASLt's `cublasLtMatmul` takes it). cuBLAS lets one host
+/// thread at a time use a handle, so [`Runtime::blas`] gives each thread a handle of its own
+/// on the runtime's stream.
 ///
 /// Captures on one device are serialised, across every runtime and thread of the process:
 /// each capture procedure (warmup, capture, instantiate, upload) waits for the one before
@@ -93,9 +96,13 @@ pub struct Runtime {
 }
 
 struct Inner {
-    // Field order is drop order: the cuBLAS handle goes before its workspace, both before
-    // the stream, the stream before the context.
-    blas: CudaBlas,
+    // Field order is drop order: the cuBLAS handles go first (in `Drop`, under the device's
+    // capture lock), then their workspaces, the streams, the context.
+    blas: ManuallyDrop<CudaBlas>,
+    /// The thread that made the runtime, which uses `blas` (see `gate::thread_token`).
+    blas_owner: u64,
+    /// The other threads' handles.
+    thread_blas: ThreadBlas,
     _blas_workspace: CudaSlice<u8>,
     /// The runtime's own capture stream and its cuBLAS handle (`None`: captures record on
     /// `stream`, a stream the user or candle owns).
@@ -118,6 +125,27 @@ struct Inner {
     candle: Option<candle_core::Device>,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Destroying a cuBLAS handle frees device memory outside any stream's order, which
+        // fails a capture another thread records on this device: under the capture lock.
+        let _serial = (!crate::phase::in_procedure())
+            .then(|| self.capture_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        drop(self.capture.take());
+        drop(std::mem::take(
+            &mut *self
+                .thread_blas
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        ));
+        // SAFETY: `blas` is dropped exactly once, here, and not used afterwards (`Inner` is
+        // being dropped).
+        unsafe { ManuallyDrop::drop(&mut self.blas) };
+    }
+}
+
 /// The stream a runtime's captures record on, with a cuBLAS handle bound to it (see
 /// [`Runtime`], "Threads").
 struct CaptureStream {
@@ -129,25 +157,78 @@ struct CaptureStream {
 
 /// A cuBLAS handle bound to `stream`, with its workspace set so that GEMMs can be captured.
 fn blas_with_workspace(stream: &Arc<CudaStream>) -> Result<(CudaBlas, CudaSlice<u8>), GraphError> {
-    let blas = CudaBlas::new(stream.clone())?;
     let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
-    {
-        use cudarc::driver::DevicePtr;
-        let (ptr, _sync) = workspace.device_ptr(stream);
-        // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES
-        // bytes that outlive the handle (the field order of `Inner` and `CaptureStream` drops
-        // the handle first) and are only used by this handle's stream.
-        unsafe {
-            cudarc::cublas::sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                ptr as *mut std::ffi::c_void,
-                CUBLAS_WORKSPACE_BYTES,
-            )
-        }
-        .result()?;
-    }
+    let blas = blas_on(stream, &workspace)?;
     Ok((blas, workspace))
 }
+
+/// A cuBLAS handle bound to `stream` that uses `workspace`, a buffer of
+/// [`CUBLAS_WORKSPACE_BYTES`] that outlives the handle and that only handles bound to
+/// `stream` use (their kernels run one after another on it).
+fn blas_on(stream: &Arc<CudaStream>, workspace: &CudaSlice<u8>) -> Result<CudaBlas, GraphError> {
+    use cudarc::driver::DevicePtr;
+    let blas = CudaBlas::new(stream.clone())?;
+    let (ptr, _sync) = workspace.device_ptr(stream);
+    // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES bytes
+    // that outlive the handle (the field order of `Inner` and `CaptureStream` drops the
+    // handles first) and are only used by handles bound to this stream, whose work the
+    // stream runs in order.
+    unsafe {
+        cudarc::cublas::sys::cublasSetWorkspace_v2(
+            *blas.handle(),
+            ptr as *mut std::ffi::c_void,
+            CUBLAS_WORKSPACE_BYTES,
+        )
+    }
+    .result()?;
+    Ok(blas)
+}
+
+/// Drops, when its thread ends, the cuBLAS handles the thread got from runtimes still alive.
+struct ThreadExit {
+    runtimes: std::cell::RefCell<Vec<Weak<Inner>>>,
+}
+
+impl Drop for ThreadExit {
+    fn drop(&mut self) {
+        let me = gate::thread_token();
+        for inner in self.runtimes.borrow().iter().filter_map(Weak::upgrade) {
+            // Destroying a handle frees device memory: not while another thread captures.
+            let _serial = inner.capture_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut handles = inner
+                .thread_blas
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            handles.retain(|(t, _, _)| *t != me);
+        }
+    }
+}
+
+thread_local! {
+    static EXIT: ThreadExit = const {
+        ThreadExit {
+            runtimes: std::cell::RefCell::new(Vec::new()),
+        }
+    };
+}
+
+/// The cuBLAS handles of the threads other than the runtime's creator, each bound to the
+/// runtime's stream with a workspace of its own: cuBLAS allows a handle to be used by one
+/// host thread at a time, so threads sharing a runtime each get their own. A handle stays
+/// until the runtime drops (boxed, so that the references `Runtime::blas` hands out stay
+/// valid while the list changes); a thread's handle goes when the thread ends.
+#[derive(Default)]
+struct ThreadBlas {
+    /// Each thread's handle and the workspace it alone uses (a handle's creation and
+    /// `cublasSetWorkspace` touch the workspace outside the stream's order, so handles never
+    /// share one: measured on the H200, a second handle made on the runtime's workspace
+    /// corrupted the first GEMM of a thread running at the same time).
+    handles: Mutex<Vec<ThreadHandle>>,
+}
+
+/// A thread's token, its cuBLAS handle (boxed: it does not move) and the handle's workspace.
+type ThreadHandle = (u64, Box<CudaBlas>, CudaSlice<u8>);
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -321,6 +402,12 @@ impl Runtime {
             return Err(GraphError::MissingLibrary { library: "cublas" });
         }
         ctx.bind_to_thread()?;
+        // Creating cuBLAS handles allocates and frees device memory outside any stream's
+        // order, which fails a capture that another thread records on this device: the
+        // device's capture lock keeps them apart (see `device_capture_lock`).
+        let lock = device_capture_lock(ctx.ordinal());
+        let serial =
+            (!crate::phase::in_procedure()).then(|| lock.lock().unwrap_or_else(|p| p.into_inner()));
         let (blas, workspace) = blas_with_workspace(&stream)?;
         let capture = match capture {
             Some(s) => {
@@ -346,13 +433,16 @@ impl Runtime {
             "cuda-graph runtime ready"
         );
         let rng = Generator::create(&stream, DEFAULT_SEED)?;
+        drop(serial);
         let inner = Arc::new(Inner {
-            blas,
+            blas: ManuallyDrop::new(blas),
+            blas_owner: gate::thread_token(),
+            thread_blas: ThreadBlas::default(),
             _blas_workspace: workspace,
             gate: StreamGate::new(capture.is_some()),
             capture,
             kernels: Mutex::new(KernelCache::default()),
-            capture_lock: device_capture_lock(ctx.ordinal()),
+            capture_lock: lock,
             generators: Mutex::new(vec![rng.downgrade()]),
             rng,
             stream,
@@ -416,12 +506,68 @@ impl Runtime {
 
     /// The cuBLAS handle, bound to [`Runtime::stream`], with its workspace set so that GEMMs
     /// can be captured.
+    ///
+    /// cuBLAS lets one host thread at a time use a handle, so each thread gets a handle of
+    /// its own (the runtime's creator the first; the others made at their first call, on the
+    /// same stream, each with a workspace of [`CUBLAS_WORKSPACE_BYTES`] of its own, given
+    /// back when the thread ends), and the thread recording a capture gets the capture
+    /// stream's.
+    ///
+    /// # Panics
+    /// When cuBLAS cannot create a handle for a new thread (out of memory).
     #[inline]
     pub fn blas(&self) -> &CudaBlas {
-        match &self.inner.capture {
-            Some(c) if self.inner.gate.captured_by_this_thread() => &c.blas,
-            _ => &self.inner.blas,
+        if let Some(c) = &self.inner.capture {
+            if self.inner.gate.captured_by_this_thread() {
+                return &c.blas;
+            }
         }
+        let me = gate::thread_token();
+        if me == self.inner.blas_owner {
+            return &self.inner.blas;
+        }
+        self.thread_blas(me)
+    }
+
+    /// The cuBLAS handle of thread `me` (not the runtime's creator), made at its first call.
+    fn thread_blas(&self, me: u64) -> &CudaBlas {
+        let lock_handles = || {
+            self.inner
+                .thread_blas
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
+        let find = |handles: &[ThreadHandle]| {
+            handles
+                .iter()
+                .find(|(t, _, _)| *t == me)
+                .map(|(_, b, _)| &**b as *const CudaBlas)
+        };
+        let found = find(&lock_handles());
+        // Making a handle is device-wide work: under the capture lock, taken before the
+        // list's (a capturing thread holds it and asks for its handle).
+        let _serial =
+            (found.is_none() && !crate::phase::in_procedure()).then(|| self.capture_lock());
+        let mut handles = lock_handles();
+        let ptr = match found {
+            Some(ptr) => ptr,
+            None => {
+                let (blas, workspace) = blas_with_workspace(&self.inner.stream)
+                    .expect("cuBLAS could not create a handle for this thread");
+                handles.push((me, Box::new(blas), workspace));
+                // The handle goes when the thread ends (threads of a pool come and go).
+                EXIT.with(|e| e.runtimes.borrow_mut().push(Arc::downgrade(&self.inner)));
+                &*handles.last().expect("just pushed").1 as *const CudaBlas
+            }
+        };
+        drop(handles);
+        // SAFETY: the handle is boxed in `thread_blas`; its entry is removed only by this
+        // thread's exit (`ThreadExit`), after any borrow of the runtime on this thread has
+        // ended, and other entries moving does not move the box's contents. So the handle
+        // stays at this address for as long as `&self` borrows the runtime on this thread,
+        // the only thread that uses it.
+        unsafe { &*ptr }
     }
 
     /// An [early launch](crate::launch) of `func` on [`Runtime::stream`]: the kernel may start
@@ -486,18 +632,30 @@ impl Runtime {
         if note {
             crate::phase::note_kernel_lookup(name);
         }
-        let mut cache = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        let lock_kernels = || self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = lock_kernels();
         let index = match cache.find(source, options) {
             Some(i) => i,
             None => {
+                drop(cache);
                 let ptx = match source {
                     ModuleSource::Cuda(text) => {
                         compile_cached(text, options, self.inner.compute_capability)?
                     }
                     ModuleSource::Ptx(text) => Ptx::from_src(text),
                 };
-                let module = self.inner.ctx.load_module(ptx)?;
-                cache.insert(source, options, module)
+                // Loading a module is device-wide work: not while another thread captures.
+                // The capture lock is taken before the cache's (a capturing thread holds it
+                // and looks kernels up).
+                let _serial = (!crate::phase::in_procedure()).then(|| self.capture_lock());
+                cache = lock_kernels();
+                match cache.find(source, options) {
+                    Some(i) => i,
+                    None => {
+                        let module = self.inner.ctx.load_module(ptx)?;
+                        cache.insert(source, options, module)
+                    }
+                }
             }
         };
         let entry = &mut cache.modules[index];

@@ -43,6 +43,7 @@ impl Generator {
         let mut launch = rt.launch_early(&f);
         // In a step of `graph_while_unrolled`, the step's condition: a step after the loop
         // stopped draws nothing (see `RNG_KERNELS`).
+        crate::phase::note_generator(self.id());
         let step = crate::conditional::step_condition();
         launch
             .arg(self.state_ptr(rt))

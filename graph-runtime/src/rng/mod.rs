@@ -261,6 +261,7 @@ impl Generator {
     /// Works the same eagerly and inside a captured body: the kernel reads and moves the
     /// offset on the device, so every replay draws fresh numbers.
     pub fn kernel_arg(&self, rt: &Runtime) -> RngKernelArg<'_> {
+        crate::phase::note_generator(self.id());
         RngKernelArg {
             ptr: self.state_ptr(rt),
             _generator: PhantomData,
@@ -375,6 +376,7 @@ pub(crate) struct WarmupSnapshot {
 impl WarmupSnapshot {
     /// Reads the seed and offset of every live generator of `rt`.
     pub(crate) fn take(rt: &Runtime) -> Result<Self, GraphError> {
+        crate::phase::start_noting_generators();
         let saved = rt
             .live_generators()
             .into_iter()
@@ -386,11 +388,16 @@ impl WarmupSnapshot {
         Ok(WarmupSnapshot { saved })
     }
 
-    /// Puts every generator back and reports how far `warmup` runs moved each one that
-    /// moved, per run.
+    /// Puts back every generator the warmup drew from (on this thread: another thread may
+    /// draw from a generator of a shared runtime meanwhile, and keeps what it drew) and
+    /// reports how far `warmup` runs moved each one that moved, per run.
     pub(crate) fn restore(self, rt: &Runtime, warmup: u32) -> Result<Vec<RngAdvance>, GraphError> {
+        let used = crate::phase::take_generators_used();
         let mut moved = Vec::new();
         for (g, seed, before) in self.saved {
+            if !used.contains(&g.id()) {
+                continue;
+            }
             let (seed_after, after) = g.seed_and_offset(rt)?;
             if after != before {
                 moved.push(RngAdvance {

@@ -26,7 +26,7 @@ pub(crate) struct StreamGate {
 }
 
 /// A number for the calling thread, unique in the process and never 0.
-fn thread_token() -> u64 {
+pub(crate) fn thread_token() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
