@@ -359,6 +359,87 @@ fn the_summary_and_the_dot_file_describe_the_graph(rt: Runtime) -> Result<(), Gr
     Ok(())
 }
 
+// ---- The net under the compile-time checks: a host value frozen at capture ----
+
+/// A learning-rate schedule of the user's: a host object the body reads through a helper,
+/// which the compile-time checks cannot see into.
+struct Schedule {
+    step: AtomicU32,
+}
+
+impl Schedule {
+    fn rate(&self) -> f32 {
+        if self.step.load(Ordering::Relaxed) < 3 {
+            0.5
+        } else {
+            0.25
+        }
+    }
+}
+
+static SCHEDULE: Schedule = Schedule {
+    step: AtomicU32::new(0),
+};
+
+fn learning_rate() -> f32 {
+    SCHEDULE.rate()
+}
+
+/// `y = rate · x`, the rate read from the host schedule: frozen into the graph at capture.
+#[cuda_graph(warmup = 1, verify = "doubling")]
+fn scaled_by_schedule(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let a = learning_rate();
+    let n = x.len();
+    let f = rt.function(SRC, "scale")?;
+    let ni = n as i32;
+    // SAFETY: reads `n` floats of `x`, writes `n` of `y`.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&a)
+            .arg(&ni)
+            .launch(grid(n))?;
+    }
+    Ok(())
+}
+
+/// The schedule changes after replay 3; the frozen rate is caught at replay 4, the next one
+/// the doubling schedule verifies, naming the graph, the output and the replay.
+#[gpu_test]
+fn a_frozen_host_value_is_caught_at_the_next_doubling_replay(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("a_frozen_host_value_is_caught_at_the_next_doubling_replay");
+    let n = 1000;
+    SCHEDULE.step.store(0, Ordering::Relaxed);
+    let mut graph = ScaledByScheduleGraph::capture(&rt, &random_vec(&mut rng, n), n)?;
+    for replay in 1..=3 {
+        graph.replay(&random_vec(&mut rng, n))?;
+        SCHEDULE.step.store(replay, Ordering::Relaxed);
+    }
+    let err = graph.replay(&random_vec(&mut rng, n)).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            GraphError::VerifyMismatch {
+                graph: "scaled_by_schedule",
+                ..
+            }
+        ) && text.contains("replay 4")
+            && text.contains("output `y`"),
+        "{text}"
+    );
+    SCHEDULE.step.store(0, Ordering::Relaxed);
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     workloads::testing::run_tests()
 }

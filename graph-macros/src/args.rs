@@ -57,7 +57,7 @@ pub struct GraphArgs {
     pub host_effects: bool,
     /// `buckets(batch = [...])`: one graph per batch size.
     pub buckets: Option<buckets::BucketArgs>,
-    /// `verify = "never" | "first" | "every"` / `verify_every = N`: which replays verify
+    /// `verify = "never" | "first" | "doubling" | "every"` / `verify_every = N`: which replays verify
     /// themselves (`None`: the first in debug builds, none in release builds).
     pub verify: Option<VerifyEvery>,
     /// `verify_tolerance = 1e-5`: the tolerance of self-verifying replays (absolute and
@@ -72,6 +72,7 @@ pub struct GraphArgs {
 pub enum VerifyEvery {
     Never,
     First,
+    Doubling,
     Every(u64),
 }
 
@@ -316,21 +317,22 @@ fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected =
-        "`verify` must be a string: \"never\", \"first\" (the default in debug builds) or \"every\"";
+    let expected = "`verify` must be a string: \"never\", \"first\", \"doubling\" (replays 1, 2, 4, …: the default \
+                    in debug builds) or \"every\"";
     let Some(s) = literal(value, cx, expected, string) else {
         return;
     };
     let every = match s.value().as_str() {
         "never" => VerifyEvery::Never,
         "first" => VerifyEvery::First,
+        "doubling" => VerifyEvery::Doubling,
         "every" => VerifyEvery::Every(1),
         other => {
             cx.error_spanned_by(
                 s,
                 format!(
-                    "unknown `verify` value \"{other}\"; expected \"never\", \"first\" or \"every\" (or \
-                     `verify_every = N`)"
+                    "unknown `verify` value \"{other}\"; expected \"never\", \"first\", \"doubling\" or \
+                     \"every\" (or `verify_every = N`)"
                 ),
             );
             return;

@@ -200,11 +200,16 @@
 //!
 //! # Debug and release builds
 //! Unless the attribute says otherwise, a debug build (`debug_assertions` on) captures every
-//! graph twice and compares the two node by node (`check_determinism`), and verifies its
-//! first replay bitwise against an eager run (`verify = "first"`); a release build does
-//! neither. A kernel with float atomics sums in a different order on each run, so its first
-//! replay fails with [`GraphError::VerifyMismatch`] in debug builds only: give
-//! `verify_tolerance = …` or `verify = "never"` for such a function.
+//! graph twice and compares the two node by node (`check_determinism`), and verifies
+//! replays 1, 2, 4, 8, … bitwise against an eager run (`verify = "doubling"`); a release
+//! build does neither. The doubling schedule is the net under the compile-time checks: a
+//! host value frozen into the graph at capture (a learning rate read from a schedule object,
+//! a counter kept in a host struct) or host work a replay skips shows as a
+//! [`GraphError::VerifyMismatch`] naming the graph, the output and the replay as soon as it
+//! changes an output, for one eager run per doubling of the replay count (20 eager runs over
+//! a million replays). A kernel with float atomics sums in a different order on each run, so
+//! its verified replays fail in debug builds only: give `verify_tolerance = …` or
+//! `verify = "never"` for such a function.
 //!
 //! # Bring your own context or stream
 //! A runtime does not have to own its device. [`Runtime::from_context`] makes one on a
@@ -402,9 +407,12 @@ pub mod coverage {}
 /// # fn main() {}
 /// ```
 ///
-/// What it does not change: the runtime's own guards still run (a real stream sync inside
-/// is still refused at capture with a typed error), and a host effect inside it still runs
-/// only at warmup and capture. Wrap only what you have checked; for host effects you want
+/// What it does not change: a synchronize, a device-to-host read or a query whose receiver
+/// is provably CUDA's (the context parameter, `rt.stream()`, a stream bound from it) is
+/// still a compile error inside it, since no statement makes those replay as captured; the
+/// runtime's own guards still run (a real stream sync the macro cannot see is refused at
+/// capture with a typed error); and a host effect inside it still runs only at warmup and
+/// capture. Wrap only what you have checked; for host effects you want
 /// to run only then, the `host_effects_not_replayed` attribute key says so for the body.
 #[macro_export]
 macro_rules! replays_as_captured {

@@ -74,6 +74,9 @@ pub struct VerifyReport {
     pub tolerance: Tolerance,
     /// Every output, then every `&mut` state, in parameter order.
     pub items: Vec<ItemReport>,
+    /// Which replay of the graph verified itself (from 1), when a schedule made it do so
+    /// (`verify = …`, the default of debug builds); `None` for a call of `verify`.
+    pub replay: Option<u64>,
 }
 
 impl VerifyReport {
@@ -90,9 +93,12 @@ impl std::fmt::Display for VerifyReport {
         } else {
             format!("abs {:e}, rel {:e}", self.tolerance.abs, self.tolerance.rel)
         };
+        let replay = self
+            .replay
+            .map_or(String::new(), |n| format!(", replay {n}"));
         write!(
             f,
-            "verify `{}` ({tolerance}): {}",
+            "verify `{}` ({tolerance}{replay}): {}",
             self.graph,
             if self.is_ok() {
                 "replay = eager"

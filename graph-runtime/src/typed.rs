@@ -317,9 +317,9 @@ pub trait GraphBody: Sized {
     const OUTPUTS: &'static [&'static str];
     /// `cfg!(debug_assertions)` in the user's crate.
     const DEBUG: bool;
-    /// Which replays verify themselves (see [`VerifySchedule`]): by default the first one in
-    /// debug builds.
-    const VERIFY_EVERY: u64 = VerifySchedule::first_if(Self::DEBUG);
+    /// Which replays verify themselves (see [`VerifySchedule`]): by default replays 1, 2, 4,
+    /// 8, … in debug builds.
+    const VERIFY_EVERY: u64 = VerifySchedule::default_for(Self::DEBUG);
 
     /// The tolerance of the self-verifying replays.
     fn tolerance() -> Tolerance {
@@ -506,8 +506,10 @@ impl<B: GraphBody> TypedGraph<B> {
         &mut self,
         inputs: I,
     ) -> Result<B::Outputs<'_>, GraphError> {
-        if let Some(tolerance) = self.verify.due() {
-            self.verify_inputs(inputs, tolerance)?.into_result()?;
+        if let Some((replay, tolerance)) = self.verify.due() {
+            let mut report = self.verify_inputs(inputs, tolerance)?;
+            report.replay = Some(replay);
+            report.into_result()?;
             return Ok(B::outputs(&self.statics));
         }
         inputs.check_shapes(&self.statics.inputs, B::site(), B::INPUTS)?;

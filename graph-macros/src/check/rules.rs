@@ -48,11 +48,11 @@
 //! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, paths through `rayon`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)`; imported bare: `join(|| …, || …)`, `scope(|s| …)`; `.spawn(|| …)`/`.spawn_scoped`/`.install(|| …)` at the end of a call chain; rayon's `par_iter`, `par_iter_mut`, `into_par_iter`, `par_chunks*`, `par_bridge` | host work at warmup and capture only; GPU work recorded in an order between threads nothing fixes, or not at all (detached) | functions of your own named `spawn`, or `join`/`scope` taking closures | thread pools reached through methods without a closure literal (`pool.execute(job)`) |
 //! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`, `RandomState`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`, `getrandom(…)`, `fill(&mut buf)`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`); any method of a value of a generator type (`Rng::new()`, a local declared `SmallRng`) | the values drawn at capture are replayed forever | a function of your own named `random`, `rng` or `fill` (one `&mut` argument); methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a module-level alias of a function (`use rand::random as r; r()`) |
 //! | `host-print` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`; the same bare names reached through a macro of the user's declared outside the body (the body's shadows, `check::shadow_host_macros`, fail to compile where reached) | runs during warmup and capture, never on replay | a macro of your own with one of these names | `write!`/`writeln!` to a file or stdout handle made outside the body; `std::eprintln!` by path in a macro of the user's |
-//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path); a macro of the user's whose name has the word `log`, `print`, `println`, `eprintln`, `trace`, `debug`, `info` or `warn` (`log_step!`), not `debug_assert*!` | the same | macros of your own with these names or words | logging inside helper fns, or through a path (`tracing::info!`) in a module-level macro (a bare `info!` there meets the body's shadow, `check::shadow_host_macros`) |
+//! | `host-log` | `info!`, `debug!`, `warn!`, `error!`, `trace!`, `event!`, `log!` (any path); a macro of the user's whose name has the word `log`, `print`, `println`, `eprintln`, `trace`, `debug`, `info` or `warn` (`log_step!`), not `debug_assert*!` nor a span (`trace_span!`: a word `span` in the name) | the same | macros of your own with these names or words | logging inside helper fns, or through a path (`tracing::info!`) in a module-level macro (a bare `info!` there meets the body's shadow, `check::shadow_host_macros`) |
 //! | `host-io` | paths through `fs`, `File`, `OpenOptions`, `TcpStream`, `TcpListener`, `UdpSocket`, `Command`; `stdin`, `stdout`, `stderr` | the same: the I/O happens at capture only | modules or types of your own with these names, used through a path (`File::create`) | I/O through handles made outside the body |
 //! | `host-sleep` | a path ending in or containing `sleep` | the same: a replay does not wait | a function of your own named `sleep` | — |
 //! | `host-bookkeeping` | `push`, `insert`, `extend`, `append`, `remove`, `pop`, `truncate`, `retain`, `drain`, `clear` (and their variants) on a parameter declared as `Vec`, `VecDeque`, `HashMap`, `BTreeMap`, `HashSet`, `BTreeSet` or `String` | the same: the collection is updated at capture only | — | collections reached through statics or fields of other parameters |
-//! | `host-clock` | `Instant::now`, `SystemTime::now`, `Utc::now`, `Local::now`, `.elapsed()` (`UNIX_EPOCH.elapsed()`, `t0.elapsed()` of a constant `Instant`) | the same: the time read at capture is frozen | types of your own with these names; an `elapsed` method of your own on a receiver the macro cannot classify | clocks read in helper fns |
+//! | `host-clock` | `Instant::now`, `SystemTime::now`, `Utc::now`, `Local::now`, `.elapsed()` without arguments (`UNIX_EPOCH.elapsed()`, `t0.elapsed()` of a constant `Instant`) | the same: the time read at capture is frozen | types of your own with these names; an `elapsed()` method of your own without arguments on a receiver the macro cannot classify | clocks read in helper fns |
 //! | `host-input` | paths through `env` (`env::var`, `std::env::args`), bare `var("…")`/`var_os("…")`; `.exists()`, `.try_exists()`, `.is_file()`, `.is_dir()` without arguments; `.recv()`, `.try_recv()`, `.recv_timeout()`, `.recv_deadline()`, `.try_iter()` | the value read at capture is frozen; a message is taken once | modules or methods of your own with these names | host values read in helper fns |
 //! | `host-static-state` | a `static` (a `SCREAMING_CASE` path that is not a local) written (`STEP += 1`, `CALLS = 0`, `*STATE.lock().unwrap() += 1`) or used through an atomic or cell method (`load`, `store`, `fetch_*`, `swap`, `compare_exchange*`, `set`, `take`, `with_borrow_mut`) | updated or read at warmup and capture only; what it held at capture is frozen | a constant of your own with such a method | a `static mut` read by value; a static read through a lock (`CACHE.lock()…get(…)`, a lookup, not refused); updates inside a closure (`COUNTER.with(\|c\| …)`); statics reached through helper fns |
 //! | `host-state-mut` | a `&mut` `#[state]` whose declared type is host data only: a scalar, `String`, `Duration`, an atomic, arrays, tuples, slices and `Option`/`Box`/… of them (not collections: their updates are `host-bookkeeping`'s); under an alias or a name of the user's, the generated constant fails when `DeviceState::HOST_ONLY` says so | the body's updates happen at warmup and capture only | — | host fields of a derived struct that also holds device memory (a derived struct of host fields only is refused by its `HOST_ONLY`) |
@@ -60,8 +60,10 @@
 //! The `host-*` rules are lifted by the `host_effects_not_replayed` attribute key, whose
 //! name states the consequence; the others cannot be lifted (each is a failed capture or a
 //! wrong graph). Every rule whose names the user's code can share (`misfires`) ends its
-//! message with the per-statement opt-out, `graph_runtime::replays_as_captured!`, whose
-//! arguments the walker does not enter. Functions and `impl` methods declared *inside* the
+//! message with the per-statement opt-out, `graph_runtime::replays_as_captured!`, inside
+//! which the walker reports only what no statement can make replay as captured: a
+//! synchronize, a device-to-host read or a query whose receiver is provably a CUDA object
+//! (the context parameter, a stream bound from it, a call chain on one; `OPT_OUT_KEEPS`). Functions and `impl` methods declared *inside* the
 //! body are walked like the body (only the body can call them); a `macro_rules!` declared
 //! there is scanned for the macros, methods and paths its rules write. A helper function
 //! declared outside the body is not in the tokens: that is where the runtime's own guards
@@ -215,8 +217,21 @@ impl Rule {
 /// the checks do not look into. Its name is what the user asserts by writing it.
 pub const OPT_OUT_MACRO: &str = "replays_as_captured";
 
+/// The rules still reported inside [`OPT_OUT_MACRO`] when the receiver is provably a CUDA
+/// object: a synchronize, a device-to-host read and a query never do on a replay what they
+/// did at capture, whatever the statement claims.
+pub const OPT_OUT_KEEPS: &[&str] = &["host-sync", "device-to-host", "stream-or-event-query"];
+
+/// What ends a message reported inside the opt-out, in place of [`opt_out`].
+pub fn inside_opt_out() -> String {
+    format!(
+        " (`{OPT_OUT_MACRO}!` does not lift this one: its receiver is the runtime's own CUDA \
+         object, and no statement of this kind does on a replay what it did at capture)"
+    )
+}
+
 /// The end of every message that can misfire: how to say that the code is correct.
-fn opt_out() -> String {
+pub fn opt_out() -> String {
     format!(
         " (if this is code of your own that only shares the name, and it does the same on every \
          replay as at capture, say so for this statement with \
@@ -750,7 +765,9 @@ pub const RULES: &[Rule] = &[
             Path(&["SystemTime", "now"]),
             Path(&["Utc", "now"]),
             Path(&["Local", "now"]),
-            Method("elapsed"),
+            // `Instant::elapsed` and `SystemTime::elapsed` take no argument: an `elapsed(x)`
+            // is the user's.
+            MethodNoArgs("elapsed"),
         ],
         host_effect: true,
         misfires: true,

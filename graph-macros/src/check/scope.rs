@@ -217,6 +217,26 @@ impl Scope {
                 },
             );
         }
+        // The context parameter (`rt: &Runtime`, a stream, candle's device) is CUDA's.
+        let ctx = model.context.as_ref().and(model.item.sig.inputs.first());
+        if let Some(syn::FnArg::Typed(syn::PatType { pat, .. })) = ctx {
+            let syn::Pat::Ident(p) = &**pat else {
+                return Scope {
+                    frames: vec![params],
+                };
+            };
+            params.insert(
+                unraw(&p.ident),
+                Binding {
+                    kind: Kind::Cuda,
+                    param: true,
+                    device_buffer: false,
+                    device_data: None,
+                    cpu_device: false,
+                    null_pointer: false,
+                },
+            );
+        }
         Scope {
             frames: vec![params],
         }
@@ -345,6 +365,13 @@ impl Scope {
             },
             Expr::MethodCall(m) if m.method == "clone" && m.args.is_empty() => {
                 self.kind_of_expr(&m.receiver)
+            }
+            // A stream, a context or a cuBLAS handle of a CUDA value (`rt.stream()`).
+            Expr::MethodCall(m)
+                if ["stream", "context", "blas"].contains(&unraw(&m.method).as_str())
+                    && self.kind_of_expr(&m.receiver) == Kind::Cuda =>
+            {
+                Kind::Cuda
             }
             // A builder of the user's: `Client::builder().timeout(5).build()`, a chain that
             // starts at a function of a type of the user's and ends in `build`/`finish`/

@@ -1296,3 +1296,28 @@ fn correct_code_that_looks_wrong() {
         );
     }
 }
+
+#[test]
+fn the_opt_out_keeps_syncs_reads_and_queries_of_cuda_receivers() {
+    for (body, want) in [
+        (
+            quote!(replays_as_captured! { rt.stream().synchronize()?; }),
+            vec!["host-sync"],
+        ),
+        (
+            quote!(graph_runtime::replays_as_captured!(rt.synchronize())?;),
+            vec!["host-sync"],
+        ),
+        (
+            quote!(let s = rt.stream(); replays_as_captured! { let h = s.clone_dtoh(x)?; }),
+            vec!["device-to-host"],
+        ),
+        (quote!(replays_as_captured! { jobs.synchronize(); }), vec![]),
+        (
+            quote!(replays_as_captured! { let n = JOBS.query("pending"); }),
+            vec![],
+        ),
+    ] {
+        assert_eq!(ids(quote!(warmup = 2), body.clone()), want, "{body}");
+    }
+}

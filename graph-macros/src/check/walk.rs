@@ -16,8 +16,9 @@ use syn::{Expr, Token};
 
 use super::finding::Finding;
 use super::rules::{
-    path_matches, rule, without_version_suffix, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU,
-    DEVICE_READS, FORMATTING_MACROS, OPT_OUT_MACRO, RULES,
+    inside_opt_out, opt_out, path_matches, rule, without_version_suffix, Matcher, Rule,
+    CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS, OPT_OUT_KEEPS, OPT_OUT_MACRO,
+    RULES,
 };
 use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
@@ -37,6 +38,12 @@ pub struct Walker {
     /// Above zero while walking a condition already reported as a whole: its reads are
     /// part of that error.
     quiet_reads: usize,
+    /// Above zero inside `replays_as_captured!`: only what can never replay as captured (a
+    /// synchronize, a device-to-host read or a query of a receiver that is provably CUDA's)
+    /// is still reported there, and `provable` is set for that match.
+    opt_out: usize,
+    /// Whether the receiver of the method being matched is provably a CUDA object.
+    provable: bool,
     pub findings: Vec<Finding>,
 }
 
@@ -62,12 +69,26 @@ impl Walker {
             scope,
             imports: use_aliases(body),
             quiet_reads: 0,
+            opt_out: 0,
+            provable: false,
             findings: Vec::new(),
         }
     }
 
     fn report(&mut self, rule: &'static Rule, span: (Span, Span), what: &str, data: &str) {
         if rule.host_effect && self.host_effects {
+            return;
+        }
+        if self.opt_out > 0 {
+            if !(self.provable && OPT_OUT_KEEPS.contains(&rule.id)) {
+                return;
+            }
+            let message = rule.render(what, data).replace(&opt_out(), "") + &inside_opt_out();
+            self.findings.push(Finding {
+                rule,
+                span,
+                message,
+            });
             return;
         }
         if (rule.id == "device-to-host" || rule.id == "candle-host-read") && self.quiet_reads > 0 {
@@ -190,6 +211,30 @@ impl Walker {
         }
     }
 
+    /// Whether a receiver is provably a CUDA object: a name bound to one (the context
+    /// parameter, a `CudaStream` parameter, `let s = rt.stream();`), or a call chain on such a
+    /// name (`rt.stream()`, `rt.stream().clone()`). What [`Walker::may_be_cuda`] guesses
+    /// from field names does not count.
+    fn provably_cuda(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.provably_cuda(&p.expr),
+            Expr::Reference(r) => self.provably_cuda(&r.expr),
+            Expr::Unary(u) => self.provably_cuda(&u.expr),
+            Expr::Try(t) => self.provably_cuda(&t.expr),
+            Expr::MethodCall(m) => {
+                let mut root: &Expr = &m.receiver;
+                while let Expr::MethodCall(inner) = root {
+                    root = &inner.receiver;
+                }
+                self.scope.kind_of_expr(root) == Kind::Cuda
+            }
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                self.scope.kind_of_expr(e) == Kind::Cuda
+            }
+            _ => false,
+        }
+    }
+
     fn method_like(&mut self, call: MethodLike<'_>) {
         let MethodLike {
             name,
@@ -237,6 +282,8 @@ impl Walker {
             || (matches!(name.as_str(), "memcpy_htod" | "clone_htod")
                 && args.first().is_some_and(|a| state_field(a)));
         let loose_ok = receiver.is_some_and(|r| self.may_be_cuda(r)) || on_known_type;
+        // Inside the opt-out only a receiver that is provably CUDA's counts.
+        self.provable = on_known_type || receiver.is_some_and(|r| self.provably_cuda(r));
         // A builder's `spawn(|| …)` (`Builder::new().name(n).spawn(…)`): a call chain, not
         // the `s.spawn` of a scope already reported.
         let with_closure = args.iter().any(|a| is_closure(a))
@@ -276,6 +323,7 @@ impl Walker {
                 }
             }
         }
+        self.provable = false;
         if let Some(stat) = receiver.and_then(|r| static_root(r, &self.scope)) {
             const STATIC_METHODS: &[&str] = &[
                 "load",
@@ -747,6 +795,9 @@ impl<'ast> Visit<'ast> for Walker {
         let name = unraw(&last.ident);
         // The user's word that the statement does the same on every replay as at capture.
         if name == OPT_OUT_MACRO {
+            self.opt_out += 1;
+            self.macro_arguments(&mac.tokens);
+            self.opt_out -= 1;
             return;
         }
         let what = format!("`{name}!`");
@@ -771,8 +822,12 @@ impl<'ast> Visit<'ast> for Walker {
         let std_assert = name.starts_with("debug_assert");
         self.match_rules(span, &what, |m| match m {
             Matcher::Macro(n) => *n == name,
+            // A span (`tracing::trace_span!`, `debug_span!`) prints nothing by itself.
             Matcher::MacroWord(w) => {
-                !std_assert && !FORMATTING_MACROS.contains(&name.as_str()) && words.contains(w)
+                !std_assert
+                    && !FORMATTING_MACROS.contains(&name.as_str())
+                    && words.contains(w)
+                    && !words.contains(&"span")
             }
             _ => false,
         });

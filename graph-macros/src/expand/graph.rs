@@ -521,14 +521,16 @@ impl<'p, 'm> Gen<'p, 'm> {
         )
     }
 }
-/// When the graph's replays verify themselves (`verify = "never" | "first" | "every"` with
-/// `verify_every = N`; by default the first replay in debug builds, the trait's default):
+/// When the graph's replays verify themselves (`verify = "never" | "first" | "doubling" |
+/// "every"` with `verify_every = N`; by default replays 1, 2, 4, … in debug builds, the
+/// trait's default):
 /// `VERIFY_EVERY` when `verify` is given, and `tolerance` when `verify_tolerance` is.
 fn verify_schedule_tokens(args: &GraphArgs, pr: &TokenStream) -> (TokenStream, TokenStream) {
     let every = match args.verify {
         None => None,
         Some(VerifyEvery::Never) => Some(quote!(#pr::VerifySchedule::NEVER)),
         Some(VerifyEvery::First) => Some(quote!(#pr::VerifySchedule::FIRST)),
+        Some(VerifyEvery::Doubling) => Some(quote!(#pr::VerifySchedule::DOUBLING)),
         Some(VerifyEvery::Every(n)) => Some(quote!(#n)),
     };
     let every = every.map(|e| quote!(const VERIFY_EVERY: u64 = #e;));

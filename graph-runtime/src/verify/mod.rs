@@ -12,8 +12,9 @@
 //! Generators draw the same numbers on both sides: the eager run starts from the generators'
 //! state, which is then restored for the replay.
 //!
-//! `#[cuda_graph(verify = "first")]` (the default in debug builds) or `verify_every = N`
-//! make replays verify themselves and fail with [`GraphError::VerifyMismatch`] when they
+//! `#[cuda_graph(verify = "doubling")]` (replays 1, 2, 4, 8, …: the default in debug
+//! builds), `verify = "first"`, `verify = "every"` or `verify_every = N` make replays verify
+//! themselves and fail with [`GraphError::VerifyMismatch`], naming the replay, when they
 //! disagree; release builds never verify unless asked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -176,6 +177,7 @@ impl<'a> Verifier<'a> {
             graph: self.book.graph(),
             tolerance,
             items,
+            replay: None,
         };
         tracing::debug!(
             graph = report.graph,
@@ -218,12 +220,16 @@ impl VerifySchedule {
     pub const NEVER: u64 = 0;
     /// Only the first replay.
     pub const FIRST: u64 = u64::MAX;
+    /// Replays 1, 2, 4, 8, … (the powers of two): the default of debug builds. A host value
+    /// frozen into the graph at capture, or host work a replay skips, shows as soon as it
+    /// changes an output, at a cost of one eager run per doubling of the replay count.
+    pub const DOUBLING: u64 = u64::MAX - 1;
 
-    /// [`VerifySchedule::FIRST`] when `debug` (the generated code passes
+    /// [`VerifySchedule::DOUBLING`] when `debug` (the generated code passes
     /// `cfg!(debug_assertions)` of the user's crate), else [`VerifySchedule::NEVER`].
-    pub const fn first_if(debug: bool) -> u64 {
+    pub const fn default_for(debug: bool) -> u64 {
         if debug {
-            Self::FIRST
+            Self::DOUBLING
         } else {
             Self::NEVER
         }
@@ -238,19 +244,20 @@ impl VerifySchedule {
         }
     }
 
-    /// Counts a replay and says whether to verify it, with which tolerance.
+    /// Counts a replay and says whether to verify it: its number (from 1) and the
+    /// tolerance.
     #[inline]
-    pub fn due(&self) -> Option<Tolerance> {
+    pub fn due(&self) -> Option<(u64, Tolerance)> {
         if self.every == Self::NEVER {
             return None;
         }
         let n = self.replays.fetch_add(1, Ordering::Relaxed);
-        let due = if self.every == Self::FIRST {
-            n == 0
-        } else {
-            n.is_multiple_of(self.every)
+        let due = match self.every {
+            Self::FIRST => n == 0,
+            Self::DOUBLING => (n + 1).is_power_of_two(),
+            every => n.is_multiple_of(every),
         };
-        due.then_some(self.tolerance)
+        due.then_some((n + 1, self.tolerance))
     }
 }
 
@@ -275,6 +282,11 @@ mod tests {
             (0..7).map(|_| every.due().is_some()).collect::<Vec<_>>(),
             [true, false, false, true, false, false, true]
         );
+        let doubling = VerifySchedule::new(VerifySchedule::DOUBLING, Tolerance::BITWISE);
+        let verified: Vec<u64> = (0..20)
+            .filter_map(|_| doubling.due().map(|(n, _)| n))
+            .collect();
+        assert_eq!(verified, [1, 2, 4, 8, 16], "replays 1, 2, 4, 8, 16 of 20");
     }
 
     #[test]
@@ -286,10 +298,13 @@ mod tests {
                 &observed(Elem::F32, &[1.0, 2.0], &[1.0, 3.0]),
                 Tolerance::BITWISE,
             )],
+            replay: Some(4),
         };
         let text = report.to_string();
         assert!(
-            text.contains("MISMATCH") && text.contains("first difference at 1"),
+            text.contains("MISMATCH")
+                && text.contains("first difference at 1")
+                && text.contains("replay 4"),
             "{text}"
         );
         let err = report.into_result().unwrap_err();
