@@ -431,7 +431,6 @@ macro_rules! __refuse_host_macro {
     };
 }
 
-#[doc(hidden)]
 pub use buckets::{BucketCounts, BucketStats, Buckets};
 #[doc(hidden)]
 pub use buffer::{InputSource, Staging, StaticBuffer};

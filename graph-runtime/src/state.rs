@@ -218,7 +218,8 @@ impl<'s, T: 's> StateArgMut<'s, T> for T {
     }
 }
 
-/// What a parameter recorded in an [`AddressBook`] is to the graph.
+/// What a parameter recorded in an [`AddressBook`] is to the graph (for generated code).
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
     /// An output buffer the graph owns (the body gets it as `&mut`).

@@ -252,6 +252,30 @@ impl Scope {
         }
     }
 
+    /// The `static` at the root of a place or receiver (`COUNT` in `COUNT.fetch_add(…)`,
+    /// `*STATE.lock().unwrap() += 1`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
+    /// `SCREAMING_CASE` and, when it is one segment, is not a local. A `const` has the same
+    /// spelling, but nothing can be written into one, and the methods that the caller asks
+    /// about (atomics, locks, cells) are not called on constants.
+    pub fn static_root(&self, e: &Expr) -> Option<String> {
+        match e {
+            Expr::Path(p) if p.qself.is_none() => {
+                let last = unraw(&p.path.segments.last()?.ident);
+                let local = p.path.segments.len() == 1 && self.get(&last).is_some();
+                (super::syntax::is_screaming(&last) && !local).then_some(last)
+            }
+            Expr::Reference(r) => self.static_root(&r.expr),
+            Expr::Paren(p) => self.static_root(&p.expr),
+            Expr::Unary(u) => self.static_root(&u.expr),
+            Expr::Index(i) => self.static_root(&i.expr),
+            Expr::Field(f) => self.static_root(&f.base),
+            Expr::Group(g) => self.static_root(&g.expr),
+            // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
+            Expr::MethodCall(m) => self.static_root(&m.receiver),
+            _ => None,
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Binding> {
         self.frames.iter().rev().find_map(|f| f.get(name))
     }

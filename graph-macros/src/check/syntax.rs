@@ -139,30 +139,6 @@ pub fn is_screaming(name: &str) -> bool {
             .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// The `static` at the root of a place or receiver (`COUNT` in `COUNT.fetch_add(…)`,
-/// `*STATE.lock().unwrap() += 1`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
-/// `SCREAMING_CASE` and, when it is one segment, is not a local. A `const` has the same
-/// spelling, but nothing can be written into one, and the methods that the caller asks
-/// about (atomics, locks, cells) are not called on constants.
-pub fn static_root(e: &Expr, scope: &super::scope::Scope) -> Option<String> {
-    match e {
-        Expr::Path(p) if p.qself.is_none() => {
-            let last = unraw(&p.path.segments.last()?.ident);
-            let local = p.path.segments.len() == 1 && scope.get(&last).is_some();
-            (is_screaming(&last) && !local).then_some(last)
-        }
-        Expr::Reference(r) => static_root(&r.expr, scope),
-        Expr::Paren(p) => static_root(&p.expr, scope),
-        Expr::Unary(u) => static_root(&u.expr, scope),
-        Expr::Index(i) => static_root(&i.expr, scope),
-        Expr::Field(f) => static_root(&f.base, scope),
-        Expr::Group(g) => static_root(&g.expr, scope),
-        // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
-        Expr::MethodCall(m) => static_root(&m.receiver, scope),
-        _ => None,
-    }
-}
-
 /// A macro argument without tracing's and `format!`'s naming: `name = value`,
 /// `a.b = value`, and the `?` / `%` sigils of tracing's fields, so that the value alone can
 /// be parsed as an expression.

@@ -23,8 +23,7 @@ use super::rules::{
 use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
     aliases_of_use, compact, inline_args, is_closure, is_null_pointer, plain_name, root_name,
-    spans_of, split_arrows, split_top_level, static_root, stream_argument, strip_named_argument,
-    use_aliases,
+    spans_of, split_arrows, split_top_level, stream_argument, strip_named_argument, use_aliases,
 };
 use crate::tokens::{segment_names, unraw};
 
@@ -324,7 +323,7 @@ impl Walker {
             }
         }
         self.provable = false;
-        if let Some(stat) = receiver.and_then(|r| static_root(r, &self.scope)) {
+        if let Some(stat) = receiver.and_then(|r| self.scope.static_root(r)) {
             const STATIC_METHODS: &[&str] = &[
                 "load",
                 "store",
@@ -577,7 +576,7 @@ impl Walker {
 
     /// Reports an assignment whose place is a `static` (`COUNT += 1`, `STATE.step = 0`).
     fn static_written<T: ToTokens>(&mut self, place: &Expr, whole: &T) {
-        if let Some(stat) = static_root(place, &self.scope) {
+        if let Some(stat) = self.scope.static_root(place) {
             let what = format!("the write to `{stat}`");
             self.match_rules(spans_of(whole), &what, |m| *m == Matcher::StaticAccess);
         }
