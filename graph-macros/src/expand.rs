@@ -37,6 +37,33 @@ use graph::expand_graph;
 use parts::Parts;
 
 /// Entry point: `#[cuda_graph(args)] item`.
+/// `#[graph_helper]`: the function as written, with one `compile_error!` per finding of
+/// the body checks (see `check::helper_findings`).
+pub fn graph_helper(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut cx = Ctxt::default();
+    let parsed: ItemFn = match syn::parse2(item.clone()) {
+        Ok(item) => item,
+        Err(e) => {
+            let msg = syn::Error::new(
+                e.span(),
+                format!(
+                    "`#[graph_helper]` goes on a function that a `#[cuda_graph]` body calls: {e}"
+                ),
+            )
+            .to_compile_error();
+            return quote!(#msg #item);
+        }
+    };
+    if !args.is_empty() {
+        cx.error_spanned_by(&args, "`#[graph_helper]` takes no arguments");
+    }
+    for f in crate::check::helper_findings(&parsed) {
+        cx.push(f.to_error());
+    }
+    let errors = cx.finish();
+    quote!(#errors #parsed)
+}
+
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut cx = Ctxt::default();
     let item: ItemFn = match syn::parse2(item.clone()) {

@@ -11,13 +11,15 @@
 //!
 //! | layer | modules | what they own |
 //! | --- | --- | --- |
-//! | entry points | `lib.rs` | the two macros, nothing else |
+//! | entry points | `lib.rs` | the macros, nothing else |
 //! | expansion | `expand.rs`, `expand/` | the pipeline of one `#[cuda_graph]`, the graph type (`graph.rs`), the bucket family (`buckets.rs`) and the pieces both generate (`parts.rs`) |
 //! | checks | `check/` | what a body must not do, found on its tokens |
 //! | model, arguments | `model.rs`, `args.rs`, `args/` | the role of every parameter; the attribute's keys |
 //! | ground | `ctxt.rs`, `tokens.rs` | the error collector; paths and visibilities rewritten for the generated module |
 //!
-//! `derive.rs` (`#[derive(DeviceState)]`) stands apart, on `ctxt` alone.
+//! `derive.rs` (`#[derive(DeviceState)]`) stands apart, on `ctxt` alone. The layer table in
+//! CONTRIBUTING.md ("How graph-macros is laid out") is the one `tests/layers.rs` holds the
+//! code to.
 
 mod args;
 mod check;
@@ -169,6 +171,28 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::cuda_graph(args.into(), item.into()).into()
+}
+
+/// Checks a helper function that `#[cuda_graph]` bodies call as if it were a body: a sync, a
+/// device-to-host read, a new stream, CPU randomness, a print, a clock read… inside it is a
+/// compile error at the line, with the message a body gets. The function is emitted as
+/// written. The checks cannot follow a call from a body into a function declared outside
+/// it; mark the helpers you call from bodies, and they can.
+///
+/// ```
+/// # use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+/// # use graph_runtime::{graph_helper, GraphError, Runtime};
+/// #[graph_helper]
+/// fn copy(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+///     rt.stream().memcpy_dtod(x, y)?; // fine: GPU work on the runtime's stream
+///     // rt.stream().synchronize()?;  // would not compile: the capture cannot record it
+///     Ok(())
+/// }
+/// # fn main() {}
+/// ```
+#[proc_macro_attribute]
+pub fn graph_helper(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::graph_helper(args.into(), item.into()).into()
 }
 
 /// Implements `graph_runtime::DeviceState` for a struct or enum of yours, so that a graph can

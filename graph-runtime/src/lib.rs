@@ -331,7 +331,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub use cudarc;
-pub use graph_macros::cuda_graph;
+pub use graph_macros::{cuda_graph, graph_helper};
 /// The `half` crate, whose `f16` and `bf16` are the 16-bit element types generators fill.
 pub use half;
 

@@ -140,6 +140,15 @@ pub fn shadow_host_macros(model: &mut GraphFn, args: &GraphArgs) {
 
 /// Every finding in the body of the model's function, in source order (the arguments of a
 /// macro before the macro itself).
+/// The findings of a helper function marked `#[graph_helper]`: its body checked as a graph
+/// body is (host effects not allowed), its parameters known by their declared types.
+pub fn helper_findings(item: &syn::ItemFn) -> Vec<Finding> {
+    use syn::visit::Visit;
+    let mut w = walk::Walker::new(scope::Scope::of_signature(&item.sig), false, &item.block);
+    w.visit_block(&item.block);
+    w.findings
+}
+
 pub fn findings(model: &GraphFn, args: &GraphArgs) -> Vec<Finding> {
     let mut w = walk::Walker::new(
         scope::Scope::of(model),

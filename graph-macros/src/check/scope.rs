@@ -242,6 +242,36 @@ impl Scope {
         }
     }
 
+    /// What a helper function's signature says (`#[graph_helper]`): each parameter by its
+    /// declared type.
+    pub fn of_signature(sig: &syn::Signature) -> Self {
+        let mut params = HashMap::new();
+        for input in &sig.inputs {
+            let syn::FnArg::Typed(t) = input else {
+                continue;
+            };
+            let Pat::Ident(p) = &*t.pat else { continue };
+            let mut ty: &Type = &t.ty;
+            while let Type::Reference(r) = ty {
+                ty = &r.elem;
+            }
+            params.insert(
+                unraw(&p.ident),
+                Binding {
+                    kind: kind_of_type(ty),
+                    param: true,
+                    device_buffer: is_tensor_type(ty),
+                    device_data: None,
+                    cpu_device: false,
+                    null_pointer: false,
+                },
+            );
+        }
+        Scope {
+            frames: vec![params],
+        }
+    }
+
     pub fn push(&mut self) {
         self.frames.push(HashMap::new());
     }
