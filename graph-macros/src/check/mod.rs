@@ -146,6 +146,12 @@ pub fn helper_findings(item: &syn::ItemFn) -> Vec<Finding> {
     use syn::visit::Visit;
     let mut w = walk::Walker::new(scope::Scope::of_signature(&item.sig), false, &item.block);
     w.visit_block(&item.block);
+    // A helper has no attribute of its own to opt into host effects.
+    let helper_opt_in = "if running it only then is what you want, keep it in the body of a \
+                         `#[cuda_graph(host_effects_not_replayed)]` function, or in a helper that is not marked";
+    for f in &mut w.findings {
+        f.message = f.message.replace(&rules::opt_in(), helper_opt_in);
+    }
     w.findings
 }
 

@@ -240,7 +240,7 @@ pub fn opt_out() -> String {
 }
 
 /// The end of every `host-*` message: how to opt in.
-fn opt_in() -> String {
+pub fn opt_in() -> String {
     format!(
         "if running it only then is what you want, add `{HOST_EFFECTS_KEY}` to the `#[cuda_graph(…)]` \
          arguments"
