@@ -371,6 +371,12 @@ mod watchdog;
 #[doc(hidden)]
 pub mod __private;
 
+/// The crate's README (its page on a registry), compiled as doc tests so that its first
+/// program stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// Coverage of known CUDA-graph failures: what the types, the macro and the runtime catch.
 ///
 #[doc = include_str!("coverage.md")]
