@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use graph_runtime::cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PushKernelArg};
+use graph_runtime::cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
+};
 use graph_runtime::{
-    cuda_graph, is_capturing, Compare, DeviceState, Generator, GraphError, Runtime, When,
+    cuda_graph, is_capturing, Compare, Condition, DeviceState, Generator, GraphError, Runtime, When,
 };
 use workloads::ops::blas::{matmul, MatMul};
 use workloads::testing::{fresh_rng, gpu_test, logged_errors, random_vec};
@@ -361,6 +363,42 @@ fn dropping_one_graph_keeps_the_pool_memory_of_another(rt: Runtime) -> Result<()
 
 // ---- Random draws in the steps of an unrolled loop ----
 
+/// One step of the noisy halving loop of `noisy_plain` and `noisy_unrolled`: a draw into
+/// `noise`, the guarded halving of `y` (counted in `iters`) with a little of the noise added,
+/// and the condition set for the next test.
+fn noisy_step(
+    rt: &Runtime,
+    g: &Generator,
+    go: &Condition,
+    (halve, add): (&CudaFunction, &CudaFunction),
+    y: &mut CudaSlice<f32>,
+    noise: &mut CudaSlice<f32>,
+    iters: &mut CudaSlice<u32>,
+) -> Result<(), GraphError> {
+    let n = y.len() as i32;
+    let arg = go.kernel_arg(rt);
+    g.uniform(rt, &mut *noise, 0.0, 1.0)?;
+    // SAFETY: both kernels read and write `n` floats of `y` (and `noise`, one word of
+    // `iters`), all of which hold `n`, and read `go`.
+    unsafe {
+        rt.stream()
+            .launch_builder(halve)
+            .arg(&mut *y)
+            .arg(&n)
+            .arg(&mut *iters)
+            .arg(&arg)
+            .launch(grid(n as usize))?;
+        rt.stream()
+            .launch_builder(add)
+            .arg(&mut *y)
+            .arg(&*noise)
+            .arg(&n)
+            .arg(&arg)
+            .launch(grid(n as usize))?;
+    }
+    go.set_from(rt, &*y, Compare::Gt, 1.0)
+}
+
 /// Halves `y` while `y[0] > 1`; each step draws `noise` from `g` and adds a little of it to
 /// `y`; after the loop, one more draw into `after` (which shows where the generator is).
 #[cuda_graph(warmup = 2)]
@@ -378,33 +416,12 @@ fn noisy_plain(
         rt.function(K, "halve_count_guarded")?,
         rt.function(K, "add_noise_guarded")?,
     );
-    let n = x.len() as i32;
     s.memcpy_dtod(x, &mut *y)?;
     s.memset_zeros(&mut *iters)?;
     let go = rt.condition(false)?;
     go.set_from(rt, &*y, Compare::Gt, 1.0)?;
     rt.graph_while(&go, Some(1000), |rt| {
-        let arg = go.kernel_arg(rt);
-        g.uniform(rt, &mut *noise, 0.0, 1.0)?;
-        // SAFETY: both kernels read and write `n` floats of `y` (and `noise`, one word of
-        // `iters`), all of which hold `n`, and read `go`.
-        unsafe {
-            rt.stream()
-                .launch_builder(&halve)
-                .arg(&mut *y)
-                .arg(&n)
-                .arg(&mut *iters)
-                .arg(&arg)
-                .launch(grid(n as usize))?;
-            rt.stream()
-                .launch_builder(&add)
-                .arg(&mut *y)
-                .arg(&*noise)
-                .arg(&n)
-                .arg(&arg)
-                .launch(grid(n as usize))?;
-        }
-        go.set_from(rt, &*y, Compare::Gt, 1.0)
+        noisy_step(rt, g, &go, (&halve, &add), y, noise, iters)
     })?;
     g.uniform(rt, after, 0.0, 1.0)
 }
@@ -427,32 +444,12 @@ fn noisy_unrolled(
         rt.function(K, "halve_count_guarded")?,
         rt.function(K, "add_noise_guarded")?,
     );
-    let n = x.len() as i32;
     s.memcpy_dtod(x, &mut *y)?;
     s.memset_zeros(&mut *iters)?;
     let go = rt.condition(false)?;
     go.set_from(rt, &*y, Compare::Gt, 1.0)?;
     rt.graph_while_unrolled(&go, Some(1000), unroll, |rt| {
-        let arg = go.kernel_arg(rt);
-        g.uniform(rt, &mut *noise, 0.0, 1.0)?;
-        // SAFETY: as in `noisy_plain`.
-        unsafe {
-            rt.stream()
-                .launch_builder(&halve)
-                .arg(&mut *y)
-                .arg(&n)
-                .arg(&mut *iters)
-                .arg(&arg)
-                .launch(grid(n as usize))?;
-            rt.stream()
-                .launch_builder(&add)
-                .arg(&mut *y)
-                .arg(&*noise)
-                .arg(&n)
-                .arg(&arg)
-                .launch(grid(n as usize))?;
-        }
-        go.set_from(rt, &*y, Compare::Gt, 1.0)
+        noisy_step(rt, g, &go, (&halve, &add), y, noise, iters)
     })?;
     g.uniform(rt, after, 0.0, 1.0)
 }

@@ -221,18 +221,15 @@ fn worker(
     ))
 }
 
-/// Runs `worker` on four threads at once and fails with every thread's error.
-fn four_threads(test: &str, global: bool) -> Result<(), GraphError> {
-    let start = Barrier::new(THREADS);
-    let after = Barrier::new(THREADS);
-    let results: Vec<Result<String, String>> = std::thread::scope(|scope| {
+/// Runs `work(t)` for `t` in `0..THREADS` on that many threads at once: each thread's
+/// result, its error or its panic as text.
+fn on_threads<T: Send>(
+    work: impl Fn(usize) -> Result<T, GraphError> + Sync,
+) -> Vec<Result<T, String>> {
+    std::thread::scope(|scope| {
+        let work = &work;
         let handles: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (start, after) = (&start, &after);
-                scope.spawn(move || {
-                    worker(t, start, global.then_some(after), global).map_err(|e| e.to_string())
-                })
-            })
+            .map(|t| scope.spawn(move || work(t).map_err(|e| e.to_string())))
             .collect();
         handles
             .into_iter()
@@ -245,21 +242,33 @@ fn four_threads(test: &str, global: bool) -> Result<(), GraphError> {
                     .unwrap_or_else(|| "panicked".to_owned())),
             })
             .collect()
-    });
+    })
+}
+
+/// Fails with every thread's error, if any thread failed.
+fn assert_none_failed<T>(results: &[Result<T, String>]) {
     let failed: Vec<String> = results
         .iter()
         .enumerate()
         .filter_map(|(t, r)| r.as_ref().err().map(|e| format!("thread {t}: {e}")))
         .collect();
-    for r in results.iter().flatten() {
-        eprintln!("{test}: {r}");
-    }
     assert!(
         failed.is_empty(),
         "{} of {THREADS} threads failed:\n{}",
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// Runs `worker` on four threads at once and fails with every thread's error.
+fn four_threads(test: &str, global: bool) -> Result<(), GraphError> {
+    let start = Barrier::new(THREADS);
+    let after = Barrier::new(THREADS);
+    let results = on_threads(|t| worker(t, &start, global.then_some(&after), global));
+    for r in results.iter().flatten() {
+        eprintln!("{test}: {r}");
+    }
+    assert_none_failed(&results);
     Ok(())
 }
 
@@ -310,41 +319,13 @@ fn shared_worker(thread: usize, rt: &Runtime, rounds: usize) -> Result<usize, Gr
 }
 
 /// One `Runtime` shared by four threads, each capturing, replaying and reading at once:
-/// captures are serialised, other threads' replays and `rt.stream()` wait while one records,
-/// and every replay equals eager.
+/// captures are serialised and record on the runtime's capture stream, other threads' work is
+/// never recorded into them, and every replay equals eager.
 #[gpu_test]
 fn one_runtime_shared_by_four_threads(rt: Runtime) -> Result<(), GraphError> {
     let rounds = 12;
-    let results: Vec<Result<usize, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let rt = &rt;
-                scope.spawn(move || shared_worker(t, rt, rounds).map_err(|e| e.to_string()))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| match h.join() {
-                Ok(r) => r,
-                Err(panic) => Err(panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panicked".to_owned())),
-            })
-            .collect()
-    });
-    let failed: Vec<String> = results
-        .iter()
-        .enumerate()
-        .filter_map(|(t, r)| r.as_ref().err().map(|e| format!("thread {t}: {e}")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {THREADS} threads failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+    let results = on_threads(|t| shared_worker(t, &rt, rounds));
+    assert_none_failed(&results);
     let replays: usize = results.iter().flatten().sum();
     assert_eq!(replays, THREADS * rounds * 3);
     // The runtime is still whole.

@@ -292,7 +292,7 @@ pub(crate) fn procedure_of_thread() -> Option<&'static str> {
 }
 
 pub(crate) fn in_procedure() -> bool {
-    with_frame(|f| f.procedure.get().is_some())
+    procedure_of_thread().is_some()
 }
 
 /// Records the kernels this thread looks up through the runtime (`Runtime::function`) while

@@ -155,33 +155,27 @@ struct CaptureStream {
     stream: Arc<CudaStream>,
 }
 
-/// A cuBLAS handle bound to `stream`, with its workspace set so that GEMMs can be captured.
+/// A cuBLAS handle bound to `stream`, with a workspace of its own set so that GEMMs can be
+/// captured.
 fn blas_with_workspace(stream: &Arc<CudaStream>) -> Result<(CudaBlas, CudaSlice<u8>), GraphError> {
-    let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
-    let blas = blas_on(stream, &workspace)?;
-    Ok((blas, workspace))
-}
-
-/// A cuBLAS handle bound to `stream` that uses `workspace`, a buffer of
-/// [`CUBLAS_WORKSPACE_BYTES`] that outlives the handle and that only handles bound to
-/// `stream` use (their kernels run one after another on it).
-fn blas_on(stream: &Arc<CudaStream>, workspace: &CudaSlice<u8>) -> Result<CudaBlas, GraphError> {
     use cudarc::driver::DevicePtr;
+    let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
     let blas = CudaBlas::new(stream.clone())?;
-    let (ptr, _sync) = workspace.device_ptr(stream);
-    // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES bytes
-    // that outlive the handle (the field order of `Inner` and `CaptureStream` drops the
-    // handles first) and are only used by handles bound to this stream, whose work the
-    // stream runs in order.
-    unsafe {
-        cudarc::cublas::sys::cublasSetWorkspace_v2(
-            *blas.handle(),
-            ptr as *mut std::ffi::c_void,
-            CUBLAS_WORKSPACE_BYTES,
-        )
+    {
+        let (ptr, _sync) = workspace.device_ptr(stream);
+        // SAFETY: `blas.handle()` is a live handle; `ptr` points to CUBLAS_WORKSPACE_BYTES
+        // bytes that outlive the handle (`Inner`, `CaptureStream` and `ThreadBlas` drop the
+        // handle before its workspace) and that no other handle uses.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
     }
-    .result()?;
-    Ok(blas)
+    Ok((blas, workspace))
 }
 
 /// Drops, when its thread ends, the cuBLAS handles the thread got from runtimes still alive.
