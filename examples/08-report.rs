@@ -7,7 +7,7 @@
 //! benchmarks among them with `--json`: `02-chain`, `04-mlp-inference`, `05-decode-step`,
 //! `06-train-step`, `07-dropout-train`, `14-decode-loop`, `15-jacobi-solve`, the eager-islands
 //! examples `21-islands-decoder`, `22-islands-sampler` and `23-islands-compaction`, the two-GPU
-//! `10-tensor-parallel-mlp` and `11-data-parallel-train` (built with `--features nccl`;
+//! `10-tensor-parallel-mlp`, `11-data-parallel-train` and `24-allreduce-floor` (built with `--features nccl`;
 //! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
 //! `13-candle-decoder`, the real-models tier `17-candle-bert`, `18-candle-resnet` and
 //! `19-candle-llama-window`, and `20-candle-upload-cap` (when built with `--features candle`); `01`, `03` and `09` are
@@ -105,6 +105,12 @@ const PROGRAMS: &[Program] = &[
         feature: Some("nccl"),
         gpus: 2,
         ..program("11-data-parallel-train", &["--json"])
+    },
+    // The all-reduce at its floor, with PyTorch's graphed all-reduce beside it.
+    Program {
+        feature: Some("nccl"),
+        gpus: 2,
+        ..program("24-allreduce-floor", &["--json", "--torch"])
     },
     Program {
         feature: Some("candle"),

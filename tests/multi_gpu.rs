@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use graph_runtime::cudarc::driver::CudaSlice;
-use graph_runtime::nccl::{CollectiveError, CommGroup, Communicator, ReduceOp};
+use graph_runtime::nccl::{
+    CollectiveError, CommGroup, Communicator, ReduceOp, SymmetricBuffer, MIN_NCCL_SYMMETRIC,
+};
 use graph_runtime::{cuda_graph, is_capturing, GraphError, Runtime};
 use workloads::testing::gpu_test;
 
@@ -351,6 +353,444 @@ fn wrong_lengths_and_roots_are_refused_before_nccl_sees_them(
         s.synchronize()?;
         Ok(())
     })?;
+    Ok(())
+}
+
+// --- symmetric buffers --------------------------------------------------------------------
+
+/// Copies the input into a symmetric buffer, all-reduces it into another and copies the sum
+/// out: how a body feeds NCCL's symmetric kernels from ordinary inputs.
+#[cuda_graph(warmup = 2)]
+fn symmetric_sum(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] comm: &Communicator,
+    #[state(no_restore)] send: &mut SymmetricBuffer<f32>,
+    #[state(no_restore)] recv: &mut SymmetricBuffer<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, send)?;
+    comm.all_reduce(send, recv, ReduceOp::Sum)?;
+    rt.stream().memcpy_dtod(recv, y)?;
+    Ok(())
+}
+
+/// Whether this NCCL has symmetric windows (the tests below say so and pass when not).
+fn has_symmetric(group: &CommGroup) -> bool {
+    let ok = group.nccl_version() >= MIN_NCCL_SYMMETRIC;
+    if !ok {
+        eprintln!(
+            "NCCL {} has no symmetric windows (needs {MIN_NCCL_SYMMETRIC}); nothing to check",
+            group.nccl_version()
+        );
+    }
+    ok
+}
+
+#[gpu_test(gpus = 2)]
+fn symmetric_buffers_reduce_in_a_graph_like_eager_calls(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    if !has_symmetric(&group) {
+        return Ok(());
+    }
+    group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        let s = rt.stream();
+        let rank = comm.rank();
+        let mut send = comm.symmetric_buffer::<f32>(N)?;
+        let mut recv = comm.symmetric_buffer::<f32>(N)?;
+        // Eagerly, a symmetric buffer is an ordinary buffer to the collectives.
+        let x = s.clone_htod(&input(rank, 0))?;
+        let mut y = s.alloc_zeros::<f32>(N)?;
+        symmetric_sum(rt, &x, comm, &mut send, &mut recv, &mut y)?;
+        let want = |shift| expected(rank, &[input(0, shift), input(1, shift)])[0].clone();
+        assert_eq!(s.clone_dtoh(&y)?, want(0), "rank {rank}: eager");
+
+        let mut graph =
+            comm.capture(|| SymmetricSumGraph::capture(rt, &x, comm, &mut send, &mut recv, N))?;
+        // New inputs before every replay: the graph reads them, sums them over the ranks.
+        for shift in [3, 11, 5, 0] {
+            let x = s.clone_htod(&input(rank, shift))?;
+            let got = s.clone_dtoh(graph.replay(&x)?.y)?;
+            assert_eq!(
+                got,
+                want(shift),
+                "rank {rank}: replay with inputs shifted by {shift}"
+            );
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+#[gpu_test(gpus = 2)]
+fn symmetric_buffers_of_different_sizes_are_refused_on_every_rank(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    if !has_symmetric(&group) {
+        return Ok(());
+    }
+    group.set_timeout(Duration::from_secs(10));
+    let started = Instant::now();
+    let errors = group.run(&[0, 1], |comm| {
+        let len = N * (comm.rank() + 1);
+        let refused = comm.symmetric_buffer::<f32>(len).err();
+        // The group still works: the same size on both ranks, used eagerly.
+        let mut both = comm.symmetric_buffer::<f32>(N)?;
+        comm.all_reduce_in_place(&mut both, ReduceOp::Sum)?;
+        comm.runtime().stream().synchronize()?;
+        comm.barrier()?;
+        Ok(refused)
+    })?;
+    assert!(started.elapsed() < Duration::from_secs(60));
+    for (rank, e) in errors.iter().enumerate() {
+        let CollectiveError::Mismatch { first, second, .. } = collective(e) else {
+            panic!("rank {rank}: expected a mismatch, got {e:?}");
+        };
+        assert_eq!(first.1, format!("asks for {} bytes", 4 * N), "rank {rank}");
+        assert_eq!(second.1, format!("asks for {} bytes", 8 * N), "rank {rank}");
+    }
+    Ok(())
+}
+
+/// Asks for a symmetric buffer while being captured: set-up that cannot be recorded.
+#[cuda_graph(warmup = 1)]
+fn registers_inside(
+    _rt: &Runtime,
+    #[state] comm: &Communicator,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let mut inside = comm.symmetric_buffer::<f32>(N)?;
+    comm.all_reduce(&inside.as_view(), &mut *y, ReduceOp::Sum)?;
+    comm.all_reduce_in_place(&mut inside, ReduceOp::Sum)
+}
+
+#[gpu_test(gpus = 2)]
+fn a_symmetric_buffer_asked_for_inside_a_capture_is_refused(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    if !has_symmetric(&group) {
+        return Ok(());
+    }
+    let errors = group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        Ok(comm
+            .capture(|| RegistersInsideGraph::capture(rt, comm, N))
+            .err())
+    })?;
+    for e in &errors {
+        assert!(
+            matches!(
+                collective(e),
+                CollectiveError::SetupInCapture {
+                    op: "Communicator::symmetric_buffer",
+                    graph: "registers_inside"
+                }
+            ),
+            "{e:?}"
+        );
+    }
+    Ok(())
+}
+
+// --- the one-shot all-reduce ---------------------------------------------------------------
+
+/// `y = Σ x` over the ranks, and the same in place in `z`.
+#[cuda_graph(warmup = 2)]
+fn sum_both_ways(
+    _rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] comm: &Communicator,
+    y: &mut CudaSlice<f32>,
+    #[state(no_restore)] z: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    comm.all_reduce(x, y, ReduceOp::Sum)?;
+    comm.all_reduce_in_place(z, ReduceOp::Sum)
+}
+
+/// Every rank's random inputs for one replay, from one seed: rank r's are `all[r]`.
+fn random_inputs(seed: u64, world: usize, n: usize) -> Vec<Vec<f32>> {
+    let mut rng = workloads::testing::seeded_rng(seed);
+    (0..world)
+        .map(|_| workloads::testing::random_vec(&mut rng, n))
+        .collect()
+}
+
+/// Runs `sum_both_ways` eagerly and as a graph replayed with new random inputs, on a group
+/// whose one-shot limit is `limit`; returns each rank's outputs (eager y, then each replay's
+/// y and z).
+fn sums_with_limit(limit: usize, n: usize, seed: u64) -> Result<Vec<Vec<Vec<f32>>>, GraphError> {
+    let group = CommGroup::new(2)?;
+    group.set_one_shot_limit(limit);
+    group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        let s = rt.stream();
+        let rank = comm.rank();
+        let mut outs = Vec::new();
+        let first = random_inputs(seed, 2, n);
+        let x = s.clone_htod(&first[rank])?;
+        let mut y = s.alloc_zeros::<f32>(n)?;
+        let mut z = s.clone_htod(&first[rank])?;
+        sum_both_ways(rt, &x, comm, &mut y, &mut z)?;
+        outs.push(s.clone_dtoh(&y)?);
+        outs.push(s.clone_dtoh(&z)?);
+        let mut graph = comm.capture(|| SumBothWaysGraph::capture(rt, &x, comm, n, &mut z))?;
+        for replay in 1..=4u64 {
+            let fresh = random_inputs(seed + replay, 2, n);
+            let x = s.clone_htod(&fresh[rank])?;
+            s.memcpy_htod(&fresh[rank], &mut graph.state_mut().z)?;
+            let y = s.clone_dtoh(graph.replay(&x)?.y)?;
+            outs.push(y);
+            outs.push(s.clone_dtoh(&graph.state_mut().z)?);
+        }
+        Ok(outs)
+    })
+}
+
+#[gpu_test(gpus = 2)]
+fn the_one_shot_all_reduce_equals_nccls_bitwise(_group: CommGroup) -> Result<(), GraphError> {
+    // Sizes around the kernel's grid and the limit: one element, a ragged size, the whole
+    // default limit, and one element more (NCCL's again).
+    let limit = graph_runtime::nccl::DEFAULT_ONE_SHOT_LIMIT;
+    for n in [1, 1000, 12_345, limit / 4, limit / 4 + 1] {
+        let seed = 7000 + n as u64;
+        let one_shot = sums_with_limit(limit, n, seed)?;
+        let nccl = sums_with_limit(0, n, seed)?;
+        // With two ranks a sum is a + b in either order: both paths give the same bits.
+        assert_eq!(one_shot[0], one_shot[1], "n = {n}: the ranks differ");
+        for (i, (a, b)) in one_shot[0].iter().zip(&nccl[0]).enumerate() {
+            assert!(
+                workloads::check::first_mismatch(a, b).is_none(),
+                "n = {n}, output {i}: one-shot and NCCL differ"
+            );
+        }
+        // And against the host.
+        let inputs = random_inputs(seed, 2, n);
+        let want: Vec<f32> = (0..n).map(|i| inputs[0][i] + inputs[1][i]).collect();
+        assert!(
+            workloads::check::first_mismatch(&one_shot[0][0], &want).is_none(),
+            "n = {n}"
+        );
+    }
+    Ok(())
+}
+
+#[gpu_test(gpus = 2)]
+fn a_one_shot_all_reduce_whose_peer_never_comes_gives_up_instead_of_hanging(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    group.set_timeout(Duration::from_secs(2));
+    let started = Instant::now();
+    let outs = group.run(&[0, 1], |comm| {
+        let s = comm.runtime().stream();
+        let mut y = s.clone_htod(&vec![1.0f32; N])?;
+        if comm.rank() == 0 {
+            // Rank 1 never makes this call: NCCL would wait on the GPU forever.
+            comm.all_reduce_in_place(&mut y, ReduceOp::Sum)?;
+        }
+        Ok(s.clone_dtoh(&y)?)
+    })?;
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert!(
+        outs[0].iter().all(|v| v.is_nan()),
+        "rank 0 gave up: its output is NaN"
+    );
+    assert!(outs[1].iter().all(|&v| v == 1.0));
+    let logged = workloads::testing::logged_errors();
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("gave up waiting for the other ranks")),
+        "{logged:?}"
+    );
+    Ok(())
+}
+
+// --- a torture run ------------------------------------------------------------------------
+
+/// An all-gather and a sum too large for the one-shot kernel (NCCL's): the other kind of
+/// graph the torture run serves.
+#[cuda_graph(warmup = 1)]
+fn gather_and_big_sum(
+    _rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] comm: &Communicator,
+    gathered: &mut CudaSlice<f32>,
+    #[state(no_restore)] big: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    comm.all_gather(x, gathered)?;
+    comm.all_reduce_in_place(big, ReduceOp::Sum)
+}
+
+/// Small integers for rank `rank` from `seed`: sums over ranks are exact in any order.
+fn ints(seed: u64, rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((seed as usize).wrapping_mul(31) + i * 7 + rank * 13) % 61)
+        .map(|v| v as f32)
+        .collect()
+}
+
+fn int_sum(seed: u64, world: usize, n: usize) -> Vec<f32> {
+    let mut sum = vec![0.0f32; n];
+    for r in 0..world {
+        for (s, v) in sum.iter_mut().zip(ints(seed, r, n)) {
+            *s += v;
+        }
+    }
+    sum
+}
+
+/// What one rank did in the torture run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Tally {
+    replays: usize,
+    eager: usize,
+    captures: usize,
+    drops: usize,
+    checks: usize,
+}
+
+/// Sizes of the sum graphs: one-shot (small), at the one-shot limit, and NCCL's (above).
+const TORTURE_SIZES: [usize; 4] = [256, 4096, 65_536, 70_000];
+/// Elements of the large in-place sum of `gather_and_big_sum` (NCCL's).
+const BIG: usize = 1 << 18;
+
+#[gpu_test(gpus = 2)]
+fn torture_replays_eager_collectives_captures_and_drops_never_hang(
+    group: CommGroup,
+) -> Result<(), GraphError> {
+    use rand::{Rng, SeedableRng};
+    let ops: usize = std::env::var("CUDA_GRAPH_MULTI_TORTURE_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let seed: u64 = std::env::var("CUDA_GRAPH_MULTI_TORTURE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed);
+    group.set_timeout(Duration::from_secs(30));
+    let second = CommGroup::new(2)?;
+    second.set_timeout(Duration::from_secs(30));
+    let started = Instant::now();
+    let tallies = group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        let s = rt.stream();
+        let rank = comm.rank();
+        let comm2 = second.join(rt, rank)?;
+        // Both ranks draw the same decisions from the same seed.
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut t = Tally::default();
+        let mut sums: Vec<(usize, bool, SummedGraph<'_>)> = Vec::new();
+        let x0 = s.clone_htod(&ints(0, rank, BIG))?;
+        let mut big = s.clone_htod(&ints(1, rank, BIG))?;
+        let mut gather = None;
+        let check = |what: &str, got: Vec<f32>, want: &[f32], t: &mut Tally| {
+            assert!(
+                workloads::check::first_mismatch(&got, want).is_none(),
+                "rank {rank}: {what} differs from the exact result"
+            );
+            t.checks += 1;
+        };
+        for op in 0..ops {
+            let input_seed = op as u64 + 100;
+            match rng.random_range(0..10) {
+                // Serve: replay a live sum graph with new inputs.
+                0..=3 if !sums.is_empty() => {
+                    let i = rng.random_range(0..sums.len());
+                    let (n, _, graph) = &mut sums[i];
+                    let x = s.clone_htod(&ints(input_seed, rank, *n))?;
+                    let y = s.clone_dtoh(graph.replay(&x)?.y)?;
+                    check("a replayed sum", y, &int_sum(input_seed, 2, *n), &mut t);
+                    t.replays += 1;
+                }
+                // Eager collectives between replays, on either communicator.
+                4 | 5 => {
+                    let n = TORTURE_SIZES[rng.random_range(0..TORTURE_SIZES.len())];
+                    let on = if rng.random_bool(0.5) { comm } else { &comm2 };
+                    let mut y = s.clone_htod(&ints(input_seed, rank, n))?;
+                    on.all_reduce_in_place(&mut y, ReduceOp::Sum)?;
+                    check(
+                        "an eager sum",
+                        s.clone_dtoh(&y)?,
+                        &int_sum(input_seed, 2, n),
+                        &mut t,
+                    );
+                    t.eager += 1;
+                }
+                // A new shape arrives: capture its graph in the middle of serving.
+                6 if sums.len() < 5 => {
+                    let n = TORTURE_SIZES[rng.random_range(0..TORTURE_SIZES.len())];
+                    let on_second = rng.random_bool(0.3);
+                    let on = if on_second { &comm2 } else { comm };
+                    let x = s.clone_htod(&ints(input_seed, rank, n))?;
+                    let graph = on.capture(|| SummedGraph::capture(rt, &x, on, n))?;
+                    sums.push((n, on_second, graph));
+                    t.captures += 1;
+                }
+                // Drop a graph, in any order.
+                7 if !sums.is_empty() => {
+                    let i = rng.random_range(0..sums.len());
+                    drop(sums.swap_remove(i));
+                    t.drops += 1;
+                }
+                // The other kind of graph: an all-gather and NCCL's large sum.
+                8 => {
+                    if gather.is_none() {
+                        let mut graph = comm.capture(|| {
+                            GatherAndBigSumGraph::capture(rt, &x0, comm, 2 * BIG, &mut big)
+                        })?;
+                        // Its state starts from known values at every check below.
+                        s.memcpy_htod(&ints(1, rank, BIG), &mut graph.state_mut().big)?;
+                        gather = Some(graph);
+                        t.captures += 1;
+                    }
+                    let graph = gather.as_mut().expect("captured above");
+                    let checked = rng.random_bool(0.1);
+                    if checked {
+                        s.memcpy_htod(&ints(input_seed, rank, BIG), &mut graph.state_mut().big)?;
+                    }
+                    let x = s.clone_htod(&ints(input_seed + 1, rank, BIG))?;
+                    let gathered = s.clone_dtoh(graph.replay(&x)?.gathered)?;
+                    if checked {
+                        let want =
+                            [ints(input_seed + 1, 0, BIG), ints(input_seed + 1, 1, BIG)].concat();
+                        check("a replayed all-gather", gathered, &want, &mut t);
+                        let got = s.clone_dtoh(&graph.state_mut().big)?;
+                        check(
+                            "a replayed large sum",
+                            got,
+                            &int_sum(input_seed, 2, BIG),
+                            &mut t,
+                        );
+                    }
+                    t.replays += 1;
+                }
+                _ => {}
+            }
+        }
+        // Whatever is left goes in a random order; the communicators after their graphs
+        // (the borrows see to that), the second one first or last.
+        while !sums.is_empty() {
+            let i = rng.random_range(0..sums.len());
+            drop(sums.swap_remove(i));
+            t.drops += 1;
+        }
+        drop(gather);
+        if rng.random_bool(0.5) {
+            drop(comm2);
+        } else {
+            comm.barrier()?;
+            drop(comm2);
+        }
+        Ok(t)
+    })?;
+    assert_eq!(tallies[0], tallies[1], "the ranks did different things");
+    eprintln!(
+        "torture: {ops} operations (seed {seed:#x}) in {:.1} s: {:?}",
+        started.elapsed().as_secs_f64(),
+        tallies[0]
+    );
     Ok(())
 }
 

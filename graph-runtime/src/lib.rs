@@ -108,7 +108,9 @@
 //! 7. `08-report`: every benchmark, PyTorch's included, in one report;
 //! 8. `09-user-rng-kernel`: your own kernel drawing the library's random numbers;
 //! 9. `10-tensor-parallel-mlp` and `11-data-parallel-train` (feature `nccl`, two GPUs):
-//!    NCCL collectives captured on every rank;
+//!    NCCL collectives captured on every rank; `24-allreduce-floor`: what one all-reduce
+//!    costs inside a graph (NCCL, NCCL over symmetric buffers, the one-shot kernel) against
+//!    PyTorch's graphed all-reduce;
 //! 10. `12-candle-mlp`, `13-candle-decoder` and `16-candle-llama-decode` (feature
 //!     `candle`): candle code as a graph, against candle eager (16: against
 //!     candle-transformers' own Llama); `17-candle-bert`, `18-candle-resnet` and

@@ -3,6 +3,19 @@
 //! Each constant is one NVRTC compilation unit; [`graph_runtime::Runtime::function`]
 //! compiles it once per process and caches the module.
 
+/// A kernel that keeps the GPU busy for `ns` nanoseconds of its global timer (one thread):
+/// a timing holds the stream with it while the host queues the calls it times, so that the
+/// GPU then runs them back to back, without waiting for the host between them.
+pub const HOLD: &str = r#"
+extern "C" __global__ void hold_for(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"#;
+
 /// Element-wise float kernels, one thread per element of a 1-D grid: `n` is an element
 /// count, `rows` and `cols` the shape of a row-major matrix whose columns share a bias.
 pub const ELEMENTWISE: &str = r#"

@@ -14,8 +14,10 @@
 use std::time::Instant;
 
 use graph_runtime::cudarc::driver::sys::CUevent_flags;
-use graph_runtime::cudarc::driver::CudaStream;
-use graph_runtime::GraphError;
+use graph_runtime::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use graph_runtime::{GraphError, Runtime};
+
+use crate::kernels::HOLD;
 
 /// Measurements per timing; the median is reported.
 pub const REPEATS: usize = 7;
@@ -233,6 +235,69 @@ pub fn wall_once<R>(
     Ok((value, t.elapsed().as_secs_f64() * 1e6))
 }
 
+/// Calls queued behind one hold in [`per_call_gpu_us`]: few enough for CUDA's launch queue.
+pub const HELD_CALLS: usize = 200;
+
+/// How long the GPU is held per queued call: more than any host (PyTorch's included) takes
+/// to queue one call and its two events.
+const HOLD_NS_PER_CALL: u64 = 40_000;
+
+/// The GPU time (µs) of each of `iters` calls of `f` when the GPU runs them back to back:
+/// the time between CUDA events recorded on the runtime's stream before the first call and
+/// after each call. In batches of [`HELD_CALLS`], the stream is held by a kernel that spins
+/// (`kernels::HOLD`) while the host queues the batch, so no call waits for the host to issue
+/// it. `align` runs before each batch, once the stream is idle (a barrier between ranks).
+/// The distribution of one operation's cost in a busy stream, for percentiles
+/// ([`percentile`]).
+pub fn per_call_gpu_us(
+    rt: &Runtime,
+    iters: usize,
+    mut align: impl FnMut() -> Result<(), GraphError>,
+    mut f: impl FnMut() -> Result<(), GraphError>,
+) -> Result<Vec<f64>, GraphError> {
+    let s = rt.stream();
+    let hold = rt.function(HOLD, "hold_for")?;
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let iters = iters.max(1);
+    let batch = HELD_CALLS.min(iters);
+    let events = (0..=batch)
+        .map(|_| s.context().new_event(flags))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut times = Vec::with_capacity(iters);
+    while times.len() < iters {
+        let calls = batch.min(iters - times.len());
+        s.synchronize()?;
+        align()?;
+        let ns = HOLD_NS_PER_CALL * calls as u64;
+        let mut launch = s.launch_builder(&hold);
+        launch.arg(&ns);
+        // SAFETY: `hold_for` takes one `unsigned long long` by value and touches no memory.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }?;
+        events[0].record(s)?;
+        for event in &events[1..=calls] {
+            f()?;
+            event.record(s)?;
+        }
+        s.synchronize()?;
+        for pair in events[..=calls].windows(2) {
+            times.push(pair[0].elapsed_ms(&pair[1])? as f64 * 1e3);
+        }
+    }
+    Ok(times)
+}
+
+/// The `p`-th percentile (0 to 100) of `v`, the nearest-rank value.
+///
+/// # Panics
+/// If `v` is empty.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    assert!(!v.is_empty(), "percentile of no values");
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
 /// How many calls of about `estimate_us` each fill `budget_us`, clamped to `[min, max]`.
 pub fn iters_for(estimate_us: f64, budget_us: f64, min: usize, max: usize) -> usize {
     let n = if estimate_us.is_finite() && estimate_us > 0.0 {
@@ -252,6 +317,16 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
         assert_eq!(median(vec![5.0]), 5.0);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&v, 0.0), 1.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
     }
 
     #[test]

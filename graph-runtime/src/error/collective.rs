@@ -297,6 +297,33 @@ pub enum CollectiveError {
         rank: usize,
     },
 
+    /// A symmetric buffer was asked of an NCCL library without symmetric windows.
+    #[error(
+        "symmetric buffers need NCCL {required} or newer, and the library loaded is {found}. \
+         Fix: put a newer libnccl.so.2 first on LD_LIBRARY_PATH, or pass ordinary buffers \
+         (`CudaSlice`): every collective takes both"
+    )]
+    SymmetricUnsupported {
+        /// The version found.
+        found: String,
+        /// The oldest version with symmetric windows.
+        required: String,
+    },
+
+    /// A rank could not allocate its memory of a symmetric buffer, so no rank registered it.
+    #[error(
+        "rank {rank} could not allocate {bytes} bytes for a symmetric buffer ({reason}), so \
+         no rank made it. Fix: free memory on rank {rank}'s device or ask for less"
+    )]
+    SymmetricAlloc {
+        /// The rank that could not allocate.
+        rank: usize,
+        /// The size asked for.
+        bytes: usize,
+        /// Why, in NCCL's words.
+        reason: String,
+    },
+
     /// A rank's thread panicked.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked {

@@ -285,6 +285,18 @@ impl Communicator {
     ) -> Result<(), GraphError> {
         let stream = self.runtime().stream();
         stream.context().bind_to_thread()?;
+        if let (CollectiveOp::AllReduce(ReduceOp::Sum), Some(one_shot)) = (call.op, &self.one_shot)
+        {
+            if T::as_nccl_type() == cudarc::nccl::sys::ncclDataType_t::ncclFloat32
+                && one_shot.takes(call.count)
+            {
+                // SAFETY: `T` is `f32`; the buffers hold `call.count` elements on this rank's
+                // device (checked above), within the kernel's size (`takes`); every rank
+                // issues its collectives in the same order (the sessions check captured
+                // ones), so the peers make the same call next.
+                return unsafe { one_shot.launch(stream, send, recv, call.count) };
+            }
+        }
         let buffers = Buffers {
             send,
             recv,

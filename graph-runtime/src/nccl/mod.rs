@@ -114,6 +114,59 @@
 //! collective on a stream that is not joined back fails the capture with CUDA error 904,
 //! one on a stream that is not captured runs once and never on replay.)
 //!
+//! # The one-shot all-reduce
+//! Most all-reduces of tensor-parallel decoding are a few KiB to a few hundred KiB, where
+//! NCCL's cost is protocol, not bandwidth. When every rank is a thread of this process and
+//! every pair of GPUs can access each other's memory (NVLink or PCIe peer access), the
+//! group sets up a one-shot all-reduce at join: [`Communicator::all_reduce`] and
+//! [`Communicator::all_reduce_in_place`] of `f32` with [`ReduceOp::Sum`], up to
+//! [`CommGroup::one_shot_limit`] bytes ([`DEFAULT_ONE_SHOT_LIMIT`], 256 KiB), run as one
+//! kernel per rank that copies the input where the peers can read it, meets them through
+//! flags in peer memory, and sums every rank's copy in rank order. Everything else goes to
+//! NCCL. What it keeps:
+//!
+//! * the ranks' results are bitwise equal (every rank sums in the same order), and eager
+//!   calls, warmup runs and replays compute the same bits; with two ranks they equal
+//!   NCCL's bit for bit (`a + b` either way);
+//! * it replays like any kernel: its call counter lives on the device, so one graph serves
+//!   every replay, between eager calls of the same communicator;
+//! * it cannot hang: a kernel whose peers never come gives up after the group's timeout,
+//!   writes NaN to its output and logs an error when the communicator drops (NCCL would
+//!   wait forever);
+//! * a communicator's drop waits (up to the timeout) until every rank has drained its
+//!   stream before freeing the memory the peers read.
+//!
+//! `group.set_one_shot_limit(0)` before the ranks join turns it off.
+//! `examples/24-allreduce-floor.rs` measures it against NCCL and PyTorch.
+//!
+//! # Symmetric buffers
+//! NCCL 2.27 and newer can run a collective with *symmetric kernels* when its buffers lie in
+//! memory every rank registered together as a symmetric window: each rank then reads and
+//! writes the others' copies directly over NVLink instead of staging through NCCL's own
+//! buffers, which matters most for the small all-reduces of tensor-parallel decoding.
+//! [`Communicator::symmetric_buffer`] makes such memory on every rank (a set-up call, made
+//! by every rank in the same order with the same length, outside captures; the ranks
+//! compare sizes on the host first) and returns a [`SymmetricBuffer`], which every
+//! collective takes like a `CudaSlice` and a graph takes as `#[state]`. Write into it from
+//! your kernels (or copy an input in) inside the body, and reduce it there:
+//!
+//! ```ignore
+//! #[cuda_graph(warmup = 2)]
+//! fn reduce(rt: &Runtime, x: &CudaSlice<f32>, #[state] comm: &Communicator,
+//!           #[state(no_restore)] send: &mut SymmetricBuffer<f32>,
+//!           #[state(no_restore)] recv: &mut SymmetricBuffer<f32>,
+//!           y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+//!     rt.stream().memcpy_dtod(x, send)?;
+//!     comm.all_reduce(send, recv, ReduceOp::Sum)?;
+//!     rt.stream().memcpy_dtod(recv, y)?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! NCCL keeps a window until the communicator is destroyed (deregistering one earlier is a
+//! collective of its own), so a dropped buffer's memory returns to the system when the
+//! communicator drops. `examples/24-allreduce-floor.rs` measures what the windows give.
+//!
 //! # How the ranks stay together
 //! NCCL matches collectives by their order alone: if rank 1 captures one more all-reduce
 //! than rank 0, both graphs wait forever on their first replay. So
@@ -143,6 +196,11 @@
 //! | `mode = "global"` capture with collectives | [`CollectiveError::GlobalCaptureMode`]: with a thread per GPU it fails the other ranks' CUDA calls |
 //! | a communicator dropped while a graph recorded its collectives | does not compile: the graph borrows it |
 //! | two ranks on one GPU | [`CollectiveError::DuplicateDevice`] at join |
+//! | ranks ask for symmetric buffers of different sizes (or one asks while another is at a barrier) | [`CollectiveError::Mismatch`] on every rank, before NCCL's registration |
+//! | one rank cannot allocate its part of a symmetric buffer | [`CollectiveError::SymmetricAlloc`] on every rank, before NCCL's registration |
+//! | a symmetric buffer asked for inside a capture or warmup run | [`CollectiveError::SetupInCapture`] |
+//! | symmetric buffers with NCCL older than 2.27 | [`CollectiveError::SymmetricUnsupported`] |
+//! | a rank skips a one-shot all-reduce the others make | the others give up after the timeout: NaN output, an error logged (no hang) |
 //! | libnccl not found, or too old | [`CollectiveError::LibraryMissing`], [`CollectiveError::LibraryTooOld`] |
 //!
 //! **Mixing graph and eager collectives.** NCCL treats "captured or not" as a property
@@ -194,13 +252,16 @@
 mod collective;
 mod comm;
 mod library;
+mod one_shot;
 mod raw;
 mod rendezvous;
 mod sequence;
 pub(crate) mod session;
+mod window;
 
 pub use crate::error::CollectiveError;
-pub use comm::{CommGroup, Communicator, DEFAULT_TIMEOUT};
+pub use comm::{CommGroup, Communicator, DEFAULT_ONE_SHOT_LIMIT, DEFAULT_TIMEOUT};
 pub use cudarc::nccl::NcclType;
 pub use library::{nccl_available, NcclVersion, MIN_NCCL};
 pub use sequence::{CollectiveCall, CollectiveOp, ReduceOp};
+pub use window::{SymmetricBuffer, MIN_NCCL_SYMMETRIC};

@@ -1,6 +1,9 @@
 //! The raw NCCL calls the runtime makes, one thin function each, with a link to NVIDIA's
 //! documentation of the call: the NCCL counterpart of `crate::driver`.
 //!
+//! It also holds the three driver calls only the one-shot all-reduce makes (peer access and
+//! two synchronous copies), so that they exist only with the feature.
+//!
 //! Every other module of [`crate::nccl`] goes through here for anything in
 //! `cudarc::nccl::{sys, result}`. Functions that take a communicator are `unsafe`: it must be
 //! alive (made by [`comm_init_rank`], not yet destroyed) and used by one thread at a time.
@@ -10,7 +13,7 @@
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 
-use cudarc::driver::sys::{CUdeviceptr, CUstream};
+use cudarc::driver::sys::{self as dsys, CUdeviceptr, CUstream};
 use cudarc::nccl::result::{self, NcclError};
 use cudarc::nccl::sys;
 
@@ -195,4 +198,136 @@ pub(crate) fn error(
         fix,
     }
     .into()
+}
+
+/// NCCL's `NCCL_WIN_COLL_SYMMETRIC` window flag: every rank passes buffers at the same offset
+/// of the window to each collective, which lets NCCL use its symmetric kernels.
+const WIN_COLL_SYMMETRIC: i32 = 0x01;
+
+/// Allocates `bytes` of device memory that NCCL can map into the other ranks' address
+/// spaces (the memory of a symmetric window), on the device current on this thread.
+///
+/// [`ncclMemAlloc`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclmemalloc)
+///
+/// # Safety
+/// The library is NCCL 2.19 or newer, and the context of the rank's device is bound to the
+/// calling thread.
+pub(crate) unsafe fn mem_alloc(bytes: usize) -> Result<CUdeviceptr, NcclError> {
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: `ptr` is a valid place for the address; the device is current (caller).
+    let code = unsafe { sys::ncclMemAlloc(&mut ptr, bytes) };
+    match code {
+        sys::ncclResult_t::ncclSuccess => Ok(ptr as CUdeviceptr),
+        e => Err(NcclError(e)),
+    }
+}
+
+/// Frees memory from [`mem_alloc`].
+///
+/// [`ncclMemFree`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclmemfree)
+///
+/// # Safety
+/// `ptr` came from [`mem_alloc`] on the device current on this thread, no work that uses it
+/// is queued, and no live communicator has it registered.
+pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<(), NcclError> {
+    // SAFETY: as the caller promised.
+    match unsafe { sys::ncclMemFree(ptr as *mut std::ffi::c_void) } {
+        sys::ncclResult_t::ncclSuccess => Ok(()),
+        e => Err(NcclError(e)),
+    }
+}
+
+/// Registers `bytes` at `ptr` as a symmetric window of `comm`: a collective call every rank
+/// makes, in the same order, with the same size. The window lives until the communicator is
+/// destroyed.
+///
+/// [`ncclCommWindowRegister`](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclcommwindowregister)
+///
+/// # Safety
+/// The library is NCCL 2.27 or newer; `comm` is alive and used by this thread only; `ptr`
+/// came from [`mem_alloc`] with at least `bytes`; every other rank makes the same call.
+pub(crate) unsafe fn window_register(
+    comm: sys::ncclComm_t,
+    ptr: CUdeviceptr,
+    bytes: usize,
+) -> Result<sys::ncclWindow_t, NcclError> {
+    let mut win = MaybeUninit::<sys::ncclWindow_t>::uninit();
+    // SAFETY: `win` is a valid place for the handle; the rest is as the caller promised.
+    let code = unsafe {
+        sys::ncclCommWindowRegister(
+            comm,
+            ptr as *mut std::ffi::c_void,
+            bytes,
+            win.as_mut_ptr(),
+            WIN_COLL_SYMMETRIC,
+        )
+    };
+    match code {
+        // SAFETY: written by the successful call.
+        sys::ncclResult_t::ncclSuccess => Ok(unsafe { win.assume_init() }),
+        e => Err(NcclError(e)),
+    }
+}
+
+/// Copies `src` to device memory and waits for the copy.
+///
+/// [`cuMemcpyHtoD`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html)
+///
+/// # Safety
+/// `dst .. dst + size_of_val(src)` is allocated device memory of the context bound to this
+/// thread.
+pub(crate) unsafe fn copy_htod_sync<T>(
+    dst: CUdeviceptr,
+    src: &[T],
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: forwarded from the caller.
+    unsafe { cudarc::driver::result::memcpy_htod_sync(dst, src) }
+}
+
+/// Copies device memory into `dst` and waits for the copy.
+///
+/// [`cuMemcpyDtoH`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html)
+///
+/// # Safety
+/// `src .. src + size_of_val(dst)` is allocated device memory of the context bound to this
+/// thread.
+pub(crate) unsafe fn copy_dtoh_sync<T>(
+    dst: &mut [T],
+    src: CUdeviceptr,
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: forwarded from the caller.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, src) }
+}
+
+/// Lets the context bound to this thread (on device `ordinal`) read and write the memory of
+/// `peer`, a context on device `peer_ordinal`: `Ok(false)` when the hardware cannot, `Ok(true)`
+/// when it can (also when access was enabled before).
+///
+/// [`cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html)
+///
+/// # Safety
+/// `peer` is a live context of device `peer_ordinal`.
+pub(crate) unsafe fn enable_peer_access(
+    ordinal: usize,
+    peer_ordinal: usize,
+    peer: dsys::CUcontext,
+) -> Result<bool, cudarc::driver::DriverError> {
+    let (mut dev, mut peer_dev) = (0, 0);
+    // SAFETY: plain queries of device handles by ordinal.
+    unsafe { dsys::cuDeviceGet(&mut dev, ordinal as i32) }.result()?;
+    // SAFETY: as above.
+    unsafe { dsys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32) }.result()?;
+    let mut can = 0;
+    // SAFETY: valid device handles and a place for the answer.
+    unsafe { dsys::cuDeviceCanAccessPeer(&mut can, dev, peer_dev) }.result()?;
+    if can == 0 {
+        return Ok(false);
+    }
+    // SAFETY: `peer` is live (caller); the current context is this thread's.
+    match unsafe { dsys::cuCtxEnablePeerAccess(peer, 0) } {
+        dsys::CUresult::CUDA_SUCCESS | dsys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+            Ok(true)
+        }
+        e => Err(cudarc::driver::DriverError(e)),
+    }
 }

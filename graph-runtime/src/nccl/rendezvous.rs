@@ -37,10 +37,12 @@ pub(crate) enum WaitError {
 
 /// The channel of communicator set-up.
 pub(crate) const JOIN: u64 = 0;
-/// The channel of host barriers.
-pub(crate) const BARRIER: u64 = 1;
-/// The first channel of capture sessions.
+/// The first channel of capture sessions (one channel per `comm.capture` call).
 pub(crate) const FIRST_SESSION: u64 = 2;
+/// The first channel of host steps outside captures (barriers, window registrations): one
+/// channel per step, so that a failure of one (a disagreement, a timeout) stays that step's
+/// and the next barrier starts clean. Far above any session channel.
+pub(crate) const FIRST_HOST_STEP: u64 = 1 << 62;
 
 struct Round<T> {
     posted: Vec<Option<T>>,

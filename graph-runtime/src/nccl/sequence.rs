@@ -141,6 +141,17 @@ pub(crate) enum Checkpoint {
     Done,
     /// At a host barrier.
     Barrier,
+    /// Registering a symmetric window of `bytes`; `allocated` is whether this rank's memory
+    /// for it could be allocated.
+    Window { bytes: usize, allocated: bool },
+    /// Setting up the one-shot all-reduce: whether this rank's memory is `ready`, its context
+    /// and device, and the address of its memory (compared for nothing: exchanged).
+    PeerMemory {
+        ready: bool,
+        ctx: u64,
+        base: u64,
+        ordinal: usize,
+    },
 }
 
 impl Checkpoint {
@@ -164,6 +175,10 @@ impl Checkpoint {
             ),
             Checkpoint::Done => "has finished every capture of this `capture` call".to_owned(),
             Checkpoint::Barrier => "is at a host barrier".to_owned(),
+            Checkpoint::Window { bytes, .. } => {
+                format!("is making a symmetric buffer of {bytes} bytes")
+            }
+            Checkpoint::PeerMemory { .. } => "is setting up the one-shot all-reduce".to_owned(),
         }
     }
 }
@@ -201,9 +216,17 @@ pub(crate) fn compare(posted: &[Checkpoint]) -> Result<(), Disagreement> {
 fn differ(a: &Checkpoint, b: &Checkpoint) -> Option<(String, String, String)> {
     use Checkpoint as C;
     match (a, b) {
-        (C::Joined { .. }, C::Joined { .. }) | (C::Done, C::Done) | (C::Barrier, C::Barrier) => {
-            None
-        }
+        (C::Joined { .. }, C::Joined { .. })
+        | (C::Done, C::Done)
+        | (C::Barrier, C::Barrier)
+        | (C::PeerMemory { .. }, C::PeerMemory { .. }) => None,
+        (C::Window { bytes, .. }, C::Window { bytes: b2, .. }) => (bytes != b2).then(|| {
+            (
+                "making a symmetric buffer (every rank must ask for the same size)".to_owned(),
+                format!("asks for {bytes} bytes"),
+                format!("asks for {b2} bytes"),
+            )
+        }),
         (
             C::Warmup {
                 graph,
@@ -364,5 +387,26 @@ mod tests {
         assert_eq!(d.second.1, "has finished capturing `f` (0 collectives)");
         assert_eq!(compare(&[Checkpoint::Done, Checkpoint::Done]), Ok(()));
         assert!(compare(&[Checkpoint::Done, Checkpoint::Barrier]).is_err());
+    }
+
+    #[test]
+    fn windows_compare_sizes_and_peer_memory_compares_nothing() {
+        let window = |bytes, allocated| Checkpoint::Window { bytes, allocated };
+        // Whether a rank could allocate is the caller's to act on, not a disagreement.
+        assert_eq!(compare(&[window(64, true), window(64, false)]), Ok(()));
+        let d = compare(&[window(64, true), window(128, true)]).unwrap_err();
+        assert_eq!(d.first, (0, "asks for 64 bytes".to_owned()));
+        assert_eq!(d.second, (1, "asks for 128 bytes".to_owned()));
+        let d = compare(&[window(64, true), Checkpoint::Barrier]).unwrap_err();
+        assert_eq!(d.first.1, "is making a symmetric buffer of 64 bytes");
+        assert_eq!(d.second.1, "is at a host barrier");
+        let peer = |base| Checkpoint::PeerMemory {
+            ready: true,
+            ctx: base + 1,
+            base,
+            ordinal: base as usize,
+        };
+        assert_eq!(compare(&[peer(0x1000), peer(0x2000)]), Ok(()));
+        assert!(compare(&[peer(0x1000), Checkpoint::Barrier]).is_err());
     }
 }

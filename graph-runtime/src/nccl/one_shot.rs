@@ -1,0 +1,350 @@
+//! The one-shot all-reduce: small `f32` sums between the ranks of one process, through peer
+//! memory, in one kernel per rank.
+//!
+//! NCCL's all-reduce of a few KiB costs 9–12 µs on two H200s, most of it protocol: NCCL's
+//! kernels stage data through its own buffers and hand it around a ring. When every rank is
+//! a thread of this process and every pair of GPUs can read each other's memory, one kernel
+//! does it with a single exchange:
+//!
+//! 1. each rank copies its input into its *stage*, a buffer of its own device that the other
+//!    ranks can read (peer access);
+//! 2. each block signals every rank ("my part is staged", a flag in the peer's memory written
+//!    with release semantics at system scope) and waits for every rank's signal;
+//! 3. each rank reads every rank's stage and sums in rank order, so every rank computes the
+//!    same bits, and writes its output.
+//!
+//! The flags hold a call counter kept on the device (an epoch per block), so the kernel is
+//! the same on every call and replays in a graph; stages alternate between two halves by
+//! the counter's parity, so a rank may start the next call while a slower peer still reads
+//! the previous one. A rank whose peers never come gives up after the group's timeout,
+//! writes NaN and records the failure, rather than spinning forever.
+//!
+//! Used by [`Communicator::all_reduce`](super::Communicator::all_reduce) and
+//! [`all_reduce_in_place`](super::Communicator::all_reduce_in_place) for `f32` sums of at
+//! most [`CommGroup::one_shot_limit`](super::CommGroup::one_shot_limit) bytes; everything
+//! else goes to NCCL.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self as cu, CUdeviceptr};
+use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+
+use super::comm::Communicator;
+use super::sequence::Checkpoint;
+use crate::error::GraphError;
+
+/// Blocks of every launch (each signals and waits on its own flags, so every launch has all
+/// of them whatever its size).
+const BLOCKS: u32 = 32;
+/// Threads per block.
+const THREADS: u32 = 512;
+/// The most ranks the kernel's flags have room for.
+pub(crate) const MAX_WORLD: usize = 8;
+
+const SOURCE: &str = r#"
+extern "C" __global__ void __launch_bounds__(512) one_shot_sum_f32(
+    const float *in, float *out, unsigned long long n,
+    const unsigned long long *table, unsigned int *epochs, unsigned int *status,
+    int rank, int world, unsigned long long half, unsigned long long timeout_ns)
+{
+    __shared__ unsigned int epoch;
+    __shared__ int timed_out;
+    const unsigned int b = blockIdx.x;
+    if (threadIdx.x == 0) { epoch = epochs[b] + 1u; timed_out = 0; }
+    __syncthreads();
+    const unsigned int e = epoch;
+    const unsigned long long parity = (unsigned long long)(e & 1u) * half;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    const unsigned long long first = (unsigned long long)b * blockDim.x + threadIdx.x;
+    float *mine = (float *)table[rank] + parity;
+    for (unsigned long long i = first; i < n; i += stride) mine[i] = in[i];
+    __syncthreads();
+    if (threadIdx.x < world) {
+        const int peer = threadIdx.x;
+        unsigned int *theirs = (unsigned int *)table[world + peer] + b * world + rank;
+        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(e) : "memory");
+        const unsigned int *slot = (const unsigned int *)table[world + rank] + b * world + peer;
+        unsigned long long start, now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+        for (;;) {
+            unsigned int v;
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(slot) : "memory");
+            if ((int)(v - e) >= 0) break;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (now - start > timeout_ns) { timed_out = 1; atomicExch(status, 1u); break; }
+        }
+    }
+    __syncthreads();
+    if (timed_out) {
+        for (unsigned long long i = first; i < n; i += stride) out[i] = __int_as_float(0x7fc00000);
+    } else {
+        for (unsigned long long i = first; i < n; i += stride) {
+            float acc = __ldcg((const float *)table[0] + parity + i);
+            for (int r = 1; r < world; ++r) acc += __ldcg((const float *)table[r] + parity + i);
+            out[i] = acc;
+        }
+    }
+    if (threadIdx.x == 0) epochs[b] = e;
+}
+"#;
+
+/// One rank's part of the one-shot all-reduce: its stage, flags and counters, and the table
+/// of every rank's stage and flags that its kernel reads.
+pub(crate) struct OneShot {
+    ctx: Arc<CudaContext>,
+    func: CudaFunction,
+    /// `[stage | flags | epochs | status | table]`, one allocation of this device.
+    base: CUdeviceptr,
+    table: CUdeviceptr,
+    epochs: CUdeviceptr,
+    status: CUdeviceptr,
+    /// Elements of one half of the stage: the most one call reduces.
+    half: usize,
+    rank: usize,
+    world: usize,
+    timeout_ns: u64,
+    /// Whether a kernel ran or was recorded (then the peers may read this rank's memory
+    /// until every rank has stopped, and freeing waits for them).
+    used: std::cell::Cell<bool>,
+}
+
+/// Byte offsets of the parts of one rank's allocation.
+struct Layout {
+    flags: usize,
+    epochs: usize,
+    status: usize,
+    table: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(half: usize, world: usize) -> Layout {
+        let stage = 2 * half * 4;
+        let flags = stage;
+        let epochs = flags + BLOCKS as usize * MAX_WORLD * 4;
+        let status = epochs + BLOCKS as usize * 4;
+        let table = (status + 4).next_multiple_of(8);
+        Layout {
+            flags,
+            epochs,
+            status,
+            table,
+            total: table + 2 * world * 8,
+        }
+    }
+}
+
+impl OneShot {
+    /// Sets up rank `comm.rank()`'s part (a host step every rank makes at join): allocates
+    /// its memory, enables access to every peer's, and exchanges the addresses. `None`
+    /// (after saying why at debug level) when the limit is 0, a pair of devices cannot
+    /// reach each other, or any rank failed: the group then uses NCCL for everything.
+    pub(crate) fn set_up(comm: &Communicator, limit: usize) -> Result<Option<OneShot>, GraphError> {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let rt = comm.runtime();
+        let ctx = rt.context().clone();
+        let half = limit / 4;
+        let mine = if half == 0 || !(2..=MAX_WORLD).contains(&world) {
+            Err("off for this group".to_owned())
+        } else {
+            Self::allocate(rt, half, world).map_err(|e| e.to_string())
+        };
+        let posted = comm.meet_on_host(
+            Checkpoint::PeerMemory {
+                ready: mine.is_ok(),
+                ctx: ctx.cu_ctx() as usize as u64,
+                base: *mine.as_ref().unwrap_or(&0),
+                ordinal: ctx.ordinal(),
+            },
+            "while setting up the one-shot all-reduce",
+        )?;
+        let peers: Vec<(u64, u64, usize)> = posted
+            .iter()
+            .map(|c| match c {
+                Checkpoint::PeerMemory {
+                    ready: true,
+                    ctx,
+                    base,
+                    ordinal,
+                } => Some((*ctx, *base, *ordinal)),
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let base = match mine {
+            Ok(base) => base,
+            Err(why) => {
+                tracing::debug!(rank, why, "one-shot all-reduce not set up");
+                return Ok(None);
+            }
+        };
+        let release = |why: String| {
+            tracing::debug!(
+                rank,
+                why,
+                "one-shot all-reduce not set up; NCCL does every all-reduce"
+            );
+            // SAFETY: `base` came from `malloc_sync` on this context, no kernel uses it yet.
+            let _ = ctx
+                .bind_to_thread()
+                .map(|()| unsafe { cudarc::driver::result::free_sync(base) });
+            Ok(None)
+        };
+        if peers.len() != world {
+            return release("a rank could not allocate its memory".to_owned());
+        }
+        // Every rank must reach every other: ask, then enable, for each peer.
+        let mut reachable = true;
+        for (r, &(peer_ctx, _, ordinal)) in peers.iter().enumerate() {
+            if r == rank {
+                continue;
+            }
+            // SAFETY: `peer_ctx` is the live context of rank `r`, whose runtime (and so its
+            // context) outlives this set-up: rank `r` is inside the same join.
+            let enabled = unsafe {
+                super::raw::enable_peer_access(
+                    ctx.ordinal(),
+                    ordinal,
+                    peer_ctx as usize as cu::CUcontext,
+                )
+            };
+            match enabled {
+                Ok(true) => {}
+                Ok(false) => reachable = false,
+                Err(e) => return release(format!("cuCtxEnablePeerAccess failed: {e:?}")),
+            }
+        }
+        // Every rank learns whether every pair is reachable before anyone launches.
+        let agreed = comm.meet_on_host(
+            Checkpoint::PeerMemory {
+                ready: reachable,
+                ctx: 0,
+                base: 0,
+                ordinal: 0,
+            },
+            "while setting up the one-shot all-reduce",
+        )?;
+        if agreed
+            .iter()
+            .any(|c| matches!(c, Checkpoint::PeerMemory { ready: false, .. }))
+        {
+            return release("a pair of GPUs cannot access each other's memory".to_owned());
+        }
+        let layout = Layout::new(half, world);
+        let mut table: Vec<u64> = peers.iter().map(|&(_, b, _)| b).collect();
+        table.extend(peers.iter().map(|&(_, b, _)| b + layout.flags as u64));
+        let table_ptr = base + layout.table as u64;
+        ctx.bind_to_thread()?;
+        // SAFETY: `table_ptr` holds `2 · world` u64 in this rank's allocation (the layout).
+        unsafe { super::raw::copy_htod_sync(table_ptr, &table) }?;
+        let func = rt.library_function(SOURCE, "one_shot_sum_f32")?;
+        Ok(Some(OneShot {
+            ctx,
+            func,
+            base,
+            table: table_ptr,
+            epochs: base + layout.epochs as u64,
+            status: base + layout.status as u64,
+            half,
+            rank,
+            world,
+            timeout_ns: comm.group().timeout().as_nanos().min(u64::MAX as u128) as u64,
+            used: std::cell::Cell::new(false),
+        }))
+    }
+
+    /// This rank's memory, zeroed (flags and counters start at 0 on every rank).
+    fn allocate(rt: &crate::Runtime, half: usize, world: usize) -> Result<CUdeviceptr, GraphError> {
+        let layout = Layout::new(half, world);
+        rt.context().bind_to_thread()?;
+        // SAFETY: the context is current; plain device memory (not a pool's), so that peer
+        // access covers it.
+        let base = unsafe { cudarc::driver::result::malloc_sync(layout.total) }?;
+        // SAFETY: `base` holds `total` bytes just allocated on the current context.
+        if let Err(e) = unsafe { cudarc::driver::result::memset_d8_sync(base, 0, layout.total) } {
+            // SAFETY: as above, not used by anything yet.
+            let _ = unsafe { cudarc::driver::result::free_sync(base) };
+            return Err(e.into());
+        }
+        Ok(base)
+    }
+
+    /// Whether the one-shot kernel takes a sum of `count` `f32`s.
+    pub(crate) fn takes(&self, count: usize) -> bool {
+        count <= self.half
+    }
+
+    /// Launches (or records) `recv = Σ send` over the ranks on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` hold `count` `f32` on this rank's device (they may be the same),
+    /// `count` fits ([`OneShot::takes`]), and every other rank makes the same call next.
+    pub(crate) unsafe fn launch(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+    ) -> Result<(), GraphError> {
+        self.used.set(true);
+        let (n, half) = (count as u64, self.half as u64);
+        let (rank, world) = (self.rank as i32, self.world as i32);
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&send)
+            .arg(&recv)
+            .arg(&n)
+            .arg(&self.table)
+            .arg(&self.epochs)
+            .arg(&self.status)
+            .arg(&rank)
+            .arg(&world)
+            .arg(&half)
+            .arg(&self.timeout_ns);
+        let cfg = LaunchConfig {
+            grid_dim: (BLOCKS, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel's parameters in order, by value; it reads `count` of `send`
+        // and writes `count` of `recv` (caller), and touches the rank's allocation and the
+        // peers' stages and flags, which the table points to and which live until every rank
+        // has dropped its part (`OneShot::release`).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Whether a kernel of this rank gave up waiting for its peers.
+    fn timed_out(&self) -> bool {
+        let mut flag = [0u32];
+        // SAFETY: `status` is one u32 of this rank's allocation; the stream is drained.
+        unsafe { super::raw::copy_dtoh_sync(&mut flag, self.status) }.is_ok() && flag[0] != 0
+    }
+
+    /// Frees this rank's memory once no peer can read it. Every rank meets the others here
+    /// (their streams drained) before freeing; when this rank's kernel ever ran and a rank
+    /// does not come within the group's timeout, the memory stays allocated (a warning),
+    /// since that rank's last kernel may still read it.
+    pub(crate) fn release(self, comm_drained: bool, meet: impl FnOnce() -> bool) {
+        let _ = self.ctx.bind_to_thread();
+        if self.used.get() && comm_drained && self.timed_out() {
+            tracing::error!(
+                rank = self.rank,
+                "a one-shot all-reduce gave up waiting for the other ranks (they issued \
+                 different collectives, or stopped); its output was NaN"
+            );
+        }
+        let met = comm_drained && meet();
+        if self.used.get() && !met {
+            tracing::warn!(
+                rank = self.rank,
+                "kept the one-shot all-reduce's memory: another rank may still read it"
+            );
+            return;
+        }
+        // SAFETY: `base` came from `malloc_sync` on this context; no kernel of this rank is
+        // queued (drained) and every peer has drained too (the meeting) or none ever ran.
+        if let Err(e) = unsafe { cudarc::driver::result::free_sync(self.base) } {
+            tracing::warn!(rank = self.rank, error = ?e, "the one-shot all-reduce's memory could not be freed");
+        }
+    }
+}
