@@ -794,6 +794,185 @@ fn torture_replays_eager_collectives_captures_and_drops_never_hang(
     Ok(())
 }
 
+// --- ranks in separate processes, started like torchrun starts them ------------------------
+
+/// The environment variable that makes this test binary a rank of a multi-process test
+/// instead of the test harness: its value is the role.
+const CHILD: &str = "CUDA_GRAPH_TEST_CHILD";
+
+/// Starts `world` copies of this binary as the ranks of a job, with torchrun's variables,
+/// each in `role`; returns each rank's exit status and output, killing a rank still running
+/// after a minute (a hang).
+fn launch_ranks(world: usize, role: &str) -> Vec<(bool, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let exe = std::env::current_exe().expect("this test binary");
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .env(CHILD, role)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("a rank process")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    children
+        .into_iter()
+        .map(|mut child| {
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let hung = child.try_wait().ok().flatten().is_none();
+            if hung {
+                let _ = child.kill();
+            }
+            let out = child.wait_with_output().expect("the rank's output");
+            let text = format!(
+                "{}{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                if hung {
+                    "\nHUNG: killed after 60 s"
+                } else {
+                    ""
+                }
+            );
+            (out.status.success() && !hung, text)
+        })
+        .collect()
+}
+
+/// One rank of a multi-process test, in `role`; prints what it saw on its last line.
+fn child_main(role: &str) -> Result<String, GraphError> {
+    let launch = graph_runtime::nccl::Launch::from_env()?;
+    let group = CommGroup::connect(&launch, Duration::from_secs(8))?;
+    let rt = Runtime::new(launch.local_rank)?;
+    let comm = group.join(&rt, launch.rank)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let s = rt.stream();
+    let all = |shift| (0..world).map(|r| input(r, shift)).collect::<Vec<_>>();
+    let sum = |shift| -> Vec<f32> {
+        (0..N)
+            .map(|i| all(shift).iter().map(|x| x[i]).sum())
+            .collect()
+    };
+    match role {
+        "serve" => {
+            // Eagerly, then captured together and replayed with new inputs.
+            let x = s.clone_htod(&input(rank, 0))?;
+            let mut y = s.alloc_zeros::<f32>(N)?;
+            summed(&rt, &x, &comm, &mut y)?;
+            assert_eq!(s.clone_dtoh(&y)?, sum(0), "rank {rank}: eager");
+            let mut graph = comm.capture(|| SummedGraph::capture(&rt, &x, &comm, N))?;
+            for shift in [5, 9, 2] {
+                let x = s.clone_htod(&input(rank, shift))?;
+                let got = s.clone_dtoh(graph.replay(&x)?.y)?;
+                assert_eq!(got, sum(shift), "rank {rank}: replay with shift {shift}");
+            }
+            drop(graph);
+            comm.barrier()?;
+            Ok(format!("served: {world} ranks, eager and 3 replays exact"))
+        }
+        "mismatch" => {
+            // The last rank records one more collective while capturing.
+            let buf = s.clone_htod(&vec![1.0f32; N])?;
+            let extra = rank + 1 == world;
+            let Err(e) =
+                comm.capture(|| PlantedGraph::capture(&rt, &comm, &buf, N, N, extra, false))
+            else {
+                panic!("the ranks' captures differ, yet rank {rank}'s succeeded");
+            };
+            match e.collective() {
+                Some(CollectiveError::Mismatch { at, .. }) => Ok(format!("mismatch {at}")),
+                _ => Err(e),
+            }
+        }
+        "absent" => {
+            // The last rank leaves after joining; the others must not wait forever.
+            if rank + 1 == world {
+                return Ok("left".to_owned());
+            }
+            let buf = s.clone_htod(&vec![1.0f32; N])?;
+            let Err(e) =
+                comm.capture(|| PlantedGraph::capture(&rt, &comm, &buf, N, N, false, false))
+            else {
+                panic!("a rank never came, yet rank {rank}'s capture succeeded");
+            };
+            match e.collective() {
+                Some(CollectiveError::Timeout { .. } | CollectiveError::PeerFailed { .. }) => {
+                    Ok(format!("gave up: {e}"))
+                }
+                _ => Err(e),
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[gpu_test(gpus = 2)]
+fn ranks_started_as_processes_capture_replay_and_fail_together(
+    _group: CommGroup,
+) -> Result<(), GraphError> {
+    let world = workloads::testing::usable_gpus()?.min(4);
+    let started = Instant::now();
+    for (role, want) in [
+        ("serve", "served:"),
+        (
+            "mismatch",
+            "mismatch in the capture of `planted`, collective #2",
+        ),
+    ] {
+        let ranks = launch_ranks(world, role);
+        for (rank, (ok, out)) in ranks.iter().enumerate() {
+            let last = out
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("rank "))
+                .unwrap_or("");
+            assert!(
+                *ok && last.contains(want),
+                "{role}: rank {rank} of {world} said:\n{out}"
+            );
+        }
+    }
+    let ranks = launch_ranks(world, "absent");
+    for (rank, (ok, out)) in ranks.iter().enumerate() {
+        let want = if rank + 1 == world { "left" } else { "gave up" };
+        assert!(
+            *ok && out.contains(want),
+            "absent: rank {rank} said:\n{out}"
+        );
+    }
+    eprintln!(
+        "{world} processes: serve, mismatch and absent in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    if let Ok(role) = std::env::var(CHILD) {
+        workloads::testing::init_tracing();
+        let rank = std::env::var("RANK").unwrap_or_default();
+        return match child_main(&role) {
+            Ok(said) => {
+                println!("rank {rank}: {said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("rank {rank}: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     workloads::testing::run_tests()
 }

@@ -324,6 +324,18 @@ pub enum CollectiveError {
         reason: String,
     },
 
+    /// A group of processes could not be set up: the launcher's environment is missing or
+    /// wrong, the store cannot be reached, or a process asked for a rank it does not hold.
+    #[error(
+        "the ranks' processes could not meet: {detail}. Fix: start every rank with RANK, \
+         WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (torchrun does; with mpirun \
+         or srun export MASTER_ADDR and MASTER_PORT), rank 0's host reachable on that port"
+    )]
+    Launch {
+        /// What went wrong.
+        detail: String,
+    },
+
     /// A rank's thread panicked.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked {

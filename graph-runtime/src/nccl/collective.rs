@@ -205,7 +205,7 @@ impl Communicator {
             dtype: type_name::<T>(),
             count,
             group: self.group_id(),
-            location,
+            location: location.into(),
         };
         let status = || {
             self.runtime()

@@ -57,6 +57,8 @@ struct GroupInner {
     one_shot_limit: AtomicU64,
     rendezvous: Arc<Rendezvous<Checkpoint>>,
     joined: Mutex<Vec<bool>>,
+    /// For a group of processes ([`CommGroup::connect`]): the one rank this process holds.
+    process_rank: Option<usize>,
 }
 
 impl std::fmt::Debug for CommGroup {
@@ -96,18 +98,49 @@ impl CommGroup {
             nvls = std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(),
             "NCCL communicator group made"
         );
-        Ok(CommGroup {
+        Ok(CommGroup::assemble(
+            id,
+            world,
+            unique_id,
+            version,
+            Arc::new(Rendezvous::new(world)),
+            None,
+        ))
+    }
+
+    /// A group from its parts: its number, size, NCCL's id and version, where its ranks
+    /// meet, and (for a group of processes) the rank this process holds.
+    pub(super) fn assemble(
+        id: u64,
+        world: usize,
+        unique_id: sys::ncclUniqueId,
+        version: NcclVersion,
+        rendezvous: Arc<Rendezvous<Checkpoint>>,
+        process_rank: Option<usize>,
+    ) -> CommGroup {
+        CommGroup {
             inner: Arc::new(GroupInner {
                 id,
                 world,
                 unique_id,
                 version,
                 timeout_ms: AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64),
-                one_shot_limit: AtomicU64::new(DEFAULT_ONE_SHOT_LIMIT as u64),
-                rendezvous: Arc::new(Rendezvous::new(world)),
+                one_shot_limit: AtomicU64::new(if process_rank.is_some() {
+                    0
+                } else {
+                    DEFAULT_ONE_SHOT_LIMIT as u64
+                }),
+                rendezvous,
                 joined: Mutex::new(vec![false; world]),
+                process_rank,
             }),
-        })
+        }
+    }
+
+    /// For a group whose ranks are processes ([`CommGroup::connect`]), the rank this
+    /// process holds; `None` for a group of threads.
+    pub fn process_rank(&self) -> Option<usize> {
+        self.inner.process_rank
     }
 
     /// How many ranks the group has.
@@ -154,11 +187,14 @@ impl CommGroup {
     }
 
     /// Sets [`CommGroup::one_shot_limit`] (0 turns the one-shot all-reduce off) for the
-    /// communicators joined after the call; set it before [`CommGroup::run`].
+    /// communicators joined after the call; set it before [`CommGroup::run`]. A group of
+    /// processes keeps 0.
     pub fn set_one_shot_limit(&self, bytes: usize) {
-        self.inner
-            .one_shot_limit
-            .store(bytes as u64, Ordering::Relaxed);
+        if self.inner.process_rank.is_none() {
+            self.inner
+                .one_shot_limit
+                .store(bytes as u64, Ordering::Relaxed);
+        }
     }
 
     /// Rank `rank`'s communicator on `rt`'s device. Call it from the thread that will use
@@ -179,6 +215,15 @@ impl CommGroup {
             return Err(CollectiveError::RankOutOfRange {
                 rank,
                 world: g.world,
+            }
+            .into());
+        }
+        if let Some(own) = g.process_rank.filter(|&own| own != rank) {
+            return Err(CollectiveError::Launch {
+                detail: format!(
+                    "this process is rank {own} of its group; it cannot join rank {rank}, \
+                     which another process holds"
+                ),
             }
             .into());
         }
@@ -207,7 +252,13 @@ impl CommGroup {
                 _ => unreachable!("the join step only holds joins"),
             })
             .collect();
-        if let Some((first, second)) = duplicate(&ordinals) {
+        // Ranks in other processes may be on other hosts, where the same ordinal is another
+        // GPU: NCCL itself refuses two ranks on one GPU there.
+        let duplicates = match g.process_rank {
+            None => duplicate(&ordinals),
+            Some(_) => None,
+        };
+        if let Some((first, second)) = duplicates {
             return Err(CollectiveError::DuplicateDevice {
                 ordinal: ordinals[first],
                 first,
@@ -236,6 +287,7 @@ impl CommGroup {
             sessions: std::cell::Cell::new(0),
             barriers: std::cell::Cell::new(0),
             captured: std::cell::Cell::new(false),
+            peer_lost: std::cell::Cell::new(false),
             windows: std::cell::RefCell::new(Vec::new()),
             one_shot: None,
         };
@@ -265,6 +317,15 @@ impl CommGroup {
         R: Send,
         F: Fn(&Communicator) -> Result<R, GraphError> + Sync,
     {
+        if let Some(own) = self.inner.process_rank {
+            return Err(CollectiveError::Launch {
+                detail: format!(
+                    "this group's ranks are processes and this one is rank {own}: call \
+                     `group.join(&rt, {own})` (or `Communicator::from_env()`) instead of `run`"
+                ),
+            }
+            .into());
+        }
         if devices.len() != self.inner.world {
             return Err(CollectiveError::DeviceCount {
                 given: devices.len(),
@@ -378,6 +439,8 @@ pub struct Communicator {
     sessions: std::cell::Cell<u64>,
     barriers: std::cell::Cell<u64>,
     captured: std::cell::Cell<bool>,
+    /// Whether a meeting found a rank gone (see `note_lost_peer`).
+    peer_lost: std::cell::Cell<bool>,
     /// The memory of every symmetric window registered on this communicator (see
     /// [`Communicator::symmetric_buffer`]): NCCL keeps the windows until the communicator is
     /// destroyed, so the memory is freed after that (or later, by a buffer that outlives it).
@@ -436,7 +499,7 @@ impl Communicator {
         let n = self.sessions.get();
         self.sessions.set(n + 1);
         let g = &self.group.inner;
-        session::run(
+        let result = session::run(
             SessionKey {
                 group: g.id,
                 rank: self.rank,
@@ -445,7 +508,20 @@ impl Communicator {
                 timeout: self.group.timeout(),
             },
             capture,
-        )
+        );
+        self.note_lost_peer(result.as_ref().err());
+        result
+    }
+
+    /// Remembers that a rank stopped answering (a timeout, or a rank that failed), so that
+    /// dropping this communicator aborts it instead of destroying it: NCCL's destroy may wait
+    /// for a peer that is gone (its process ended, say).
+    fn note_lost_peer(&self, e: Option<&GraphError>) {
+        if let Some(CollectiveError::Timeout { .. } | CollectiveError::PeerFailed { .. }) =
+            e.and_then(GraphError::collective)
+        {
+            self.peer_lost.set(true);
+        }
     }
 
     /// Waits on the host until every rank has reached its matching `barrier` call (up to
@@ -458,8 +534,9 @@ impl Communicator {
             }
             .into()
         })?;
-        self.meet_on_host(Checkpoint::Barrier, "at a host barrier")
-            .map(drop)
+        let met = self.meet_on_host(Checkpoint::Barrier, "at a host barrier");
+        self.note_lost_peer(met.as_ref().err());
+        met.map(drop)
     }
 
     /// Meets the other ranks at the next host step of this communicator outside captures
@@ -556,13 +633,14 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         let _ = self.rt.context().bind_to_thread();
         let drained = self.stream_drained();
-        let (call, done) = if drained {
+        let (call, done) = if drained && !self.peer_lost.get() {
             // SAFETY: `comm` is alive and not used again; the stream has no NCCL work left,
             // and every graph that recorded this communicator's collectives borrowed it, so
             // none is alive now.
             ("ncclCommDestroy", unsafe { raw::comm_destroy(self.comm) })
         } else {
-            // SAFETY: as above; abort instead, since queued collectives would never finish.
+            // SAFETY: as above; abort instead, since queued collectives would never finish
+            // (or a peer is gone, whom a destroy might wait for).
             ("ncclCommAbort", unsafe { raw::comm_abort(self.comm) })
         };
         if !drained {
@@ -592,7 +670,7 @@ impl Drop for Communicator {
                     )
                     .is_ok()
             };
-            one_shot.release(drained, meet);
+            one_shot.release(drained && !self.peer_lost.get(), meet);
         }
     }
 }

@@ -50,7 +50,7 @@
 //!   graphs of several GPUs can deadlock in `cudaGraphLaunch`, and that several threads
 //!   need CUDA's thread-local capture mode, the runtime's default. A thread per rank also
 //!   spreads the host work of launching over cores, and maps one-to-one onto the process
-//!   per GPU of multi-node jobs (see "Beyond two GPUs").
+//!   per GPU of multi-node jobs (see "Ranks in several processes").
 //! * **Set-up outside any capture.** [`CommGroup::new`] (once, before the ranks start)
 //!   loads NCCL, checks its version and makes the communicator's unique id;
 //!   [`CommGroup::join`] (on each rank's thread, with its runtime) waits for all ranks,
@@ -221,47 +221,71 @@
 //! end of their capture); `NCCL_RUNTIME_CONNECT=0` makes NCCL connect everything at
 //! set-up and closes that gap.
 //!
-//! # Beyond two GPUs, on paper
+//! # Beyond two GPUs
 //! **Eight GPUs of one node**: nothing changes. `CommGroup::new(8)` and
 //! `group.run(&[0, 1, …, 7], …)`; NCCL picks its rings and trees over NVLink; captures
 //! compare eight sequences against rank 0's. Tensor parallelism splits each weight in
 //! eight; data parallelism all-reduces over eight. Host launch work stays one thread per
 //! GPU.
 //!
-//! **Several nodes** (NCCL over the network, one process per GPU, as `torchrun` starts
-//! them):
-//! * *What changes: set-up.* The unique id cannot be shared through memory: rank 0 makes it
-//!   (`ncclGetUniqueId`) and sends its 128 bytes to the others over a channel of the
-//!   launcher (a TCP store, MPI, a file on a shared disk); each process calls
-//!   `ncclCommInitRank` with it, its global rank and the world size. A group then
-//!   holds one rank, not a thread per rank.
-//! * *What changes: the meeting point.* The host comparison at each step of a capture must
-//!   cross processes: the same protocol (post, wait with a timeout, sticky failures) over
-//!   the launcher's store (for example a key per session and step) instead of a mutex. It
-//!   still must not be a collective on the communicator being checked. The messages are
-//!   small: a few bytes per collective, once per capture, and once per collective of a
-//!   warmup run.
-//! * *What does not change:* the API inside bodies; capturing on every rank with
-//!   `comm.capture`; the graph borrowing its communicator; the replay (one launch per
-//!   rank); the failure modes and their errors. NCCL chooses network transports (IB, RoCE,
-//!   sockets) by itself, and a captured collective replays over them as over NVLink.
-//! * *What to watch:* communication costs much more than a launch across nodes, so graphs
-//!   matter less there, except at small messages; timeouts must allow for network set-up
-//!   (NCCL connects lazily, at the first collective of a warmup run).
+//! # Ranks in several processes
+//! NCCL's own advice for graphs is one GPU per process, and a job that outgrows one host
+//! has to start its ranks as processes. [`CommGroup::connect`] makes a group whose ranks
+//! are processes, on this host or others; [`Communicator::from_env`] does everything from
+//! the variables the usual launchers set ([`Launch`]: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR`, `MASTER_PORT`, or Open MPI's and Slurm's spellings of the first three):
+//!
+//! ```no_run
+//! use graph_runtime::nccl::Communicator;
+//! # fn main() -> Result<(), graph_runtime::GraphError> {
+//! let comm = Communicator::from_env()?; // this process's rank, on GPU LOCAL_RANK
+//! let rt = comm.runtime();
+//! // … capture with comm.capture(|| FooGraph::capture(rt, …)) and replay, as with threads
+//! # let _ = rt; Ok(()) }
+//! ```
+//!
+//! ```sh
+//! # one host, 4 GPUs:
+//! torchrun --nproc-per-node=4 --no-python ./target/release/my-program
+//! # two hosts, 8 GPUs each (run on each host; --node-rank 0 on the first):
+//! torchrun --nnodes=2 --nproc-per-node=8 --node-rank=$NODE --master-addr=$HOST0 \
+//!     --master-port=29500 --no-python ./target/release/my-program
+//! # Open MPI or Slurm: export MASTER_ADDR (rank 0's host) and MASTER_PORT first
+//! mpirun -np 8 -x MASTER_ADDR -x MASTER_PORT ./target/release/my-program
+//! srun --ntasks=8 --gpus-per-task=1 ./target/release/my-program
+//! ```
+//!
+//! Rank 0 serves a small key-value store over TCP on `MASTER_PORT` (every rank, rank 0 too,
+//! is its client): rank 0 puts NCCL's unique id there, and the ranks meet there for what
+//! threads meet on a mutex for: joining, each comparison of a capture session, failures
+//! and timeouts. So everything in "How the ranks stay together" and "Failure modes" holds
+//! across processes as across threads, with the same errors; a rank whose process died is
+//! [`CollectiveError::Timeout`] on the others. Connect the groups of a job in the same
+//! order in every process (the n-th group of each process is the same group). What
+//! differs: a process holds one rank ([`CommGroup::join`] with its own rank;
+//! [`CommGroup::run`] is for threads), the one-shot all-reduce is off (it reads the peers'
+//! memory, which is not mapped into another process), and the store's keys are never
+//! deleted (a few hundred bytes per capture session). The store listens on every interface
+//! without authentication, like PyTorch's `TCPStore`: keep `MASTER_PORT` inside the
+//! cluster's network.
 
 mod collective;
 mod comm;
 mod library;
 mod one_shot;
+mod process;
 mod raw;
 mod rendezvous;
 mod sequence;
 pub(crate) mod session;
+mod store;
 mod window;
+mod wire;
 
 pub use crate::error::CollectiveError;
 pub use comm::{CommGroup, Communicator, DEFAULT_ONE_SHOT_LIMIT, DEFAULT_TIMEOUT};
 pub use cudarc::nccl::NcclType;
 pub use library::{nccl_available, NcclVersion, MIN_NCCL};
-pub use sequence::{CollectiveCall, CollectiveOp, ReduceOp};
+pub use process::Launch;
+pub use sequence::{CallSite, CollectiveCall, CollectiveOp, ReduceOp};
 pub use window::{SymmetricBuffer, MIN_NCCL_SYMMETRIC};

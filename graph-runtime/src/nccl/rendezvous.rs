@@ -14,6 +14,33 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::store::{poll_interval, StoreClient};
+
+/// A value ranks in other processes can read: what a [`Rendezvous`] over a store posts.
+pub(crate) trait Wire: Sized {
+    /// The value as bytes.
+    fn to_wire(&self) -> Vec<u8>;
+    /// The value `bytes` encode, or `None`.
+    fn from_wire(bytes: &[u8]) -> Option<Self>;
+}
+
+impl Wire for super::sequence::Checkpoint {
+    fn to_wire(&self) -> Vec<u8> {
+        super::wire::encode(self)
+    }
+
+    fn from_wire(bytes: &[u8]) -> Option<Self> {
+        super::wire::decode(bytes)
+    }
+}
+
+/// Where the ranks of a group in several processes meet: a key-value store every process
+/// reaches ([`super::store`]), under a prefix of the group's own.
+struct StoreMeeting {
+    client: StoreClient,
+    prefix: String,
+}
+
 /// A rank that failed, and why (in words, for the other ranks' errors).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Failure {
@@ -69,11 +96,14 @@ impl<T> State<T> {
     }
 }
 
-/// Where the `world` ranks of a group meet; see the module docs.
+/// Where the `world` ranks of a group meet; see the module docs. The ranks of one process
+/// meet on a mutex; ranks in other processes meet on a store ([`Rendezvous::over_store`]),
+/// with the same semantics (sticky failures per channel, a timeout that fails the channel).
 pub(crate) struct Rendezvous<T> {
     world: usize,
     state: Mutex<State<T>>,
     arrived: Condvar,
+    store: Option<StoreMeeting>,
 }
 
 impl<T> std::fmt::Debug for Rendezvous<T> {
@@ -84,8 +114,8 @@ impl<T> std::fmt::Debug for Rendezvous<T> {
     }
 }
 
-impl<T: Clone> Rendezvous<T> {
-    /// A meeting point for ranks `0..world`.
+impl<T: Clone + Wire> Rendezvous<T> {
+    /// A meeting point for ranks `0..world`, all threads of this process.
     pub(crate) fn new(world: usize) -> Self {
         Rendezvous {
             world,
@@ -94,6 +124,93 @@ impl<T: Clone> Rendezvous<T> {
                 failed: HashMap::new(),
             }),
             arrived: Condvar::new(),
+            store: None,
+        }
+    }
+
+    /// A meeting point for ranks `0..world` in several processes, through `client`'s store;
+    /// `prefix` keeps this group's keys apart from other groups'.
+    pub(crate) fn over_store(world: usize, client: StoreClient, prefix: String) -> Self {
+        Rendezvous {
+            store: Some(StoreMeeting { client, prefix }),
+            ..Self::new(world)
+        }
+    }
+
+    /// [`Rendezvous::exchange`] through the store: post, then poll for the others' posts
+    /// and for a failure of the channel.
+    #[allow(clippy::too_many_arguments)] // exchange's arguments and the store
+    fn exchange_over_store(
+        &self,
+        meeting: &StoreMeeting,
+        channel: u64,
+        step: u64,
+        rank: usize,
+        value: T,
+        timeout: Duration,
+        on_timeout: impl FnOnce(&[usize]) -> String,
+    ) -> Result<Vec<T>, WaitError> {
+        let StoreMeeting { client, prefix } = meeting;
+        let unreachable = |e: std::io::Error| {
+            WaitError::Failed(Failure {
+                rank: 0,
+                reason: format!("the ranks' store (served by rank 0) could not be reached: {e}"),
+            })
+        };
+        let fail_key = format!("{prefix}/failed/{channel}");
+        let failed = || -> Result<Option<Failure>, WaitError> {
+            Ok(client.get(&fail_key).map_err(unreachable)?.map(|b| {
+                let text = String::from_utf8_lossy(&b);
+                let (r, reason) = text.split_once('\n').unwrap_or(("0", &text));
+                Failure {
+                    rank: r.parse().unwrap_or(0),
+                    reason: reason.to_owned(),
+                }
+            }))
+        };
+        if let Some(f) = failed()? {
+            return Err(WaitError::Failed(f));
+        }
+        let key = |r: usize| format!("{prefix}/rv/{channel}/{step}/{r}");
+        client
+            .set(&key(rank), &value.to_wire())
+            .map_err(unreachable)?;
+        let mut got: Vec<Option<T>> = vec![None; self.world];
+        got[rank] = Some(value);
+        let started = Instant::now();
+        loop {
+            for (r, slot) in got.iter_mut().enumerate() {
+                if slot.is_some() {
+                    continue;
+                }
+                if let Some(bytes) = client.get(&key(r)).map_err(unreachable)? {
+                    let value = T::from_wire(&bytes).ok_or_else(|| {
+                        WaitError::Failed(Failure {
+                            rank: r,
+                            reason: "it posted what this rank cannot read (another version of \
+                                     graph-runtime?)"
+                                .to_owned(),
+                        })
+                    })?;
+                    *slot = Some(value);
+                }
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            if let Some(f) = failed()? {
+                return Err(WaitError::Failed(f));
+            }
+            let waited = started.elapsed();
+            if waited >= timeout {
+                let missing: Vec<usize> = (0..self.world).filter(|&r| got[r].is_none()).collect();
+                let reason = format!("{rank}\n{}", on_timeout(&missing));
+                client
+                    .set_if_absent(&fail_key, reason.as_bytes())
+                    .map_err(unreachable)?;
+                return Err(WaitError::Timeout { missing, waited });
+            }
+            std::thread::sleep(poll_interval(waited));
         }
     }
 
@@ -124,6 +241,10 @@ impl<T: Clone> Rendezvous<T> {
             "rank {rank} out of range for {} ranks",
             self.world
         );
+        if let Some(meeting) = &self.store {
+            return self
+                .exchange_over_store(meeting, channel, step, rank, value, timeout, on_timeout);
+        }
         let started = Instant::now();
         let key = (channel, step);
         let mut state = self.lock();
@@ -178,6 +299,15 @@ impl<T: Clone> Rendezvous<T> {
     /// Records that `rank` failed on `channel` (the first failure of a channel is kept) and
     /// wakes every rank waiting there.
     pub(crate) fn fail(&self, channel: u64, rank: usize, reason: String) {
+        if let Some(StoreMeeting { client, prefix }) = &self.store {
+            let value = format!("{rank}\n{reason}");
+            if let Err(e) =
+                client.set_if_absent(&format!("{prefix}/failed/{channel}"), value.as_bytes())
+            {
+                tracing::warn!(rank, error = %e, "could not tell the other ranks of a failure");
+            }
+            return;
+        }
         let mut state = self.lock();
         state
             .failed
@@ -204,6 +334,129 @@ mod tests {
 
     fn never(_: &[usize]) -> String {
         unreachable!("no timeout expected")
+    }
+
+    impl Wire for usize {
+        fn to_wire(&self) -> Vec<u8> {
+            self.to_string().into_bytes()
+        }
+        fn from_wire(b: &[u8]) -> Option<Self> {
+            std::str::from_utf8(b).ok()?.parse().ok()
+        }
+    }
+
+    impl Wire for u32 {
+        fn to_wire(&self) -> Vec<u8> {
+            self.to_string().into_bytes()
+        }
+        fn from_wire(b: &[u8]) -> Option<Self> {
+            std::str::from_utf8(b).ok()?.parse().ok()
+        }
+    }
+
+    impl Wire for () {
+        fn to_wire(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn from_wire(b: &[u8]) -> Option<Self> {
+            b.is_empty().then_some(())
+        }
+    }
+
+    /// `world` meeting points of one group over one store, one per "process" (each with its
+    /// own connection, as separate processes would have).
+    fn over_store<T: Clone + Wire>(
+        world: usize,
+    ) -> (super::super::store::StoreServer, Vec<Rendezvous<T>>) {
+        let server = super::super::store::StoreServer::start("127.0.0.1:0").unwrap();
+        let rvs = (0..world)
+            .map(|_| {
+                let c = StoreClient::connect(server.addr(), LONG).unwrap();
+                Rendezvous::over_store(world, c, "g1".to_owned())
+            })
+            .collect();
+        (server, rvs)
+    }
+
+    #[test]
+    fn ranks_in_other_processes_get_every_value() {
+        let (_server, rvs) = over_store::<usize>(3);
+        let results: Vec<Vec<Vec<usize>>> = thread::scope(|s| {
+            let handles: Vec<_> = rvs
+                .iter()
+                .enumerate()
+                .map(|(rank, rv)| {
+                    s.spawn(move || {
+                        (0..20u64)
+                            .map(|step| {
+                                rv.exchange(5, step, rank, rank * 100 + step as usize, LONG, never)
+                                    .unwrap()
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for per_rank in results {
+            for (step, all) in per_rank.into_iter().enumerate() {
+                assert_eq!(all, vec![step, 100 + step, 200 + step]);
+            }
+        }
+    }
+
+    #[test]
+    fn over_a_store_a_missing_rank_times_out_and_a_failure_is_sticky() {
+        let (_server, rvs) = over_store::<()>(2);
+        let started = Instant::now();
+        let e = rvs[0]
+            .exchange(9, 0, 0, (), Duration::from_millis(100), |missing| {
+                format!("missing {missing:?}")
+            })
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(
+            matches!(e, WaitError::Timeout { ref missing, .. } if missing == &[1]),
+            "{e:?}"
+        );
+        // The late rank learns at once why the others left.
+        let late = rvs[1].exchange(9, 0, 1, (), LONG, never).unwrap_err();
+        assert_eq!(
+            late,
+            WaitError::Failed(Failure {
+                rank: 0,
+                reason: "missing [1]".to_owned()
+            })
+        );
+        // Another channel is not affected; an explicit failure stops a waiting rank.
+        thread::scope(|s| {
+            let waiting = s.spawn(|| rvs[0].exchange(10, 0, 0, (), LONG, never));
+            thread::sleep(Duration::from_millis(20));
+            rvs[1].fail(10, 1, "boom".to_owned());
+            let e = waiting.join().unwrap().unwrap_err();
+            assert_eq!(
+                e,
+                WaitError::Failed(Failure {
+                    rank: 1,
+                    reason: "boom".to_owned()
+                })
+            );
+        });
+        // A rank alone on a channel with no time to wait gives up at once.
+        let alone = rvs[0].exchange(11, 0, 0, (), Duration::ZERO, |_| String::new());
+        assert!(matches!(alone, Err(WaitError::Timeout { .. })), "{alone:?}");
+    }
+
+    #[test]
+    fn over_a_store_an_unreadable_post_is_a_failure_of_its_rank() {
+        let (server, rvs) = over_store::<u32>(2);
+        let raw = StoreClient::connect(server.addr(), LONG).unwrap();
+        raw.set("g1/rv/3/0/1", b"not a number").unwrap();
+        let e = rvs[0].exchange(3, 0, 0, 7, LONG, never).unwrap_err();
+        assert!(
+            matches!(e, WaitError::Failed(Failure { rank: 1, .. })),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -80,6 +80,34 @@ impl fmt::Display for CollectiveOp {
     }
 }
 
+/// Where in the program a collective was called: Rust's `#[track_caller]` location, kept as
+/// plain data so that it can cross to the ranks of other processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallSite {
+    /// The source file.
+    pub file: &'static str,
+    /// The line, from 1.
+    pub line: u32,
+    /// The column, from 1.
+    pub column: u32,
+}
+
+impl From<&'static Location<'static>> for CallSite {
+    fn from(l: &'static Location<'static>) -> Self {
+        CallSite {
+            file: l.file(),
+            line: l.line(),
+            column: l.column(),
+        }
+    }
+}
+
+impl fmt::Display for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
 /// One collective as one rank issued it: what NCCL matches across ranks, plus where in the
 /// program it was called (for messages; not compared).
 #[derive(Debug, Clone, Copy)]
@@ -95,7 +123,7 @@ pub struct CollectiveCall {
     /// The communicator group (the same number on every rank of a group).
     pub group: u64,
     /// Where the collective was called.
-    pub location: &'static Location<'static>,
+    pub location: CallSite,
 }
 
 impl CollectiveCall {
@@ -300,7 +328,7 @@ mod tests {
             dtype: "f32",
             count,
             group: 7,
-            location: Location::caller(),
+            location: Location::caller().into(),
         }
     }
 

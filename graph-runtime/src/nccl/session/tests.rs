@@ -35,7 +35,7 @@ fn all_reduce(count: usize) -> CollectiveCall {
         dtype: "f32",
         count,
         group: GROUP,
-        location: Location::caller(),
+        location: Location::caller().into(),
     }
 }
 
