@@ -390,8 +390,8 @@ pub fn capture(
     }
     let checks_time = checks_started.elapsed();
     // Ranks capturing collectives together compare what they recorded before any of them
-    // instantiates (see `crate::nccl`; a determinism check's second capture is recorded the
-    // same way on every rank); without an open session this does nothing.
+    // instantiates (see `crate::nccl`; the first recording's collectives, not the
+    // determinism check's second recording's); without an open session this does nothing.
     #[cfg(feature = "nccl")]
     crate::nccl::session::before_instantiate(site)?;
 
@@ -612,6 +612,9 @@ fn check_determinism(
         });
     }
     let skip = inputs.map_or(0, |(inputs, _)| inputs.len());
+    // The ranks compare the collectives of the first recording, the one instantiated.
+    #[cfg(feature = "nccl")]
+    let _first_only = crate::nccl::session::pause_recording();
     let active = ActiveCapture::begin(rt, site, owns_island)?;
     let recorded = match inputs {
         Some((inputs, copy)) => inputs.record(rt, copy).map(drop),

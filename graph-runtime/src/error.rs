@@ -18,6 +18,8 @@ mod candle;
 mod collective;
 mod convert;
 #[cfg(test)]
+mod style_tests;
+#[cfg(test)]
 mod tests;
 mod variants;
 

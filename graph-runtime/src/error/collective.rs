@@ -14,7 +14,7 @@ use std::time::Duration;
 pub enum CollectiveError {
     /// libnccl could not be loaded.
     #[error(
-        "NCCL could not be loaded: cudarc looks for {} on the loader's search path and found \
+        "NCCL could not be loaded:\ncudarc looks for {} on the loader's search path and found \
          none of them{}. Fix: {}",
         .searched.join(", "),
         found_text(.found),
@@ -29,7 +29,7 @@ pub enum CollectiveError {
 
     /// The NCCL library is older than the runtime supports.
     #[error(
-        "the NCCL library loaded is {found}, older than {required}, the first with what the \
+        "the NCCL library loaded is {found}, older than {required},\nthe first with what the \
          runtime calls (ncclCommFinalize, ncclGetLastError, graph capture of collectives). \
          Fix: put a newer libnccl.so.2 first on LD_LIBRARY_PATH (PyTorch's wheel ships one)"
     )]
@@ -43,7 +43,7 @@ pub enum CollectiveError {
     /// A group of no ranks was asked for, or a rank (to join, or a broadcast's root) is out
     /// of range.
     #[error(
-        "rank {rank} is out of range for a group of {world} rank(s): ranks are numbered from 0 \
+        "rank {rank} is out of range for a group of {world} rank(s):\nranks are numbered from 0 \
          to the group's size - 1, and a group has at least one"
     )]
     RankOutOfRange {
@@ -56,7 +56,7 @@ pub enum CollectiveError {
     /// [`CommGroup::run`](crate::nccl::CommGroup::run) was given another number of devices
     /// than the group has ranks.
     #[error(
-        "`CommGroup::run` got {given} device(s) for a group of {world} rank(s); it runs one \
+        "`CommGroup::run` got {given} device(s) for a group of {world} rank(s);\nit runs one \
          rank per device. Fix: pass one device ordinal per rank"
     )]
     DeviceCount {
@@ -68,7 +68,7 @@ pub enum CollectiveError {
 
     /// A rank joined its group twice.
     #[error(
-        "rank {rank} already joined this group; each rank joins once and keeps its \
+        "rank {rank} already joined this group;\neach rank joins once and keeps its \
          `Communicator`. Fix: join once per rank (one thread per GPU), or make a new \
          `CommGroup` for a second communicator"
     )]
@@ -79,7 +79,7 @@ pub enum CollectiveError {
 
     /// Two ranks of one group are on the same device.
     #[error(
-        "ranks {first} and {second} of the group are both on device {ordinal}; NCCL needs one \
+        "ranks {first} and {second} of the group are both on device {ordinal};\nNCCL needs one \
          rank per GPU in a communicator. Fix: give each rank its own device \
          (`Runtime::new(rank)`)"
     )]
@@ -94,7 +94,7 @@ pub enum CollectiveError {
 
     /// A buffer given to a collective has the wrong number of elements.
     #[error(
-        "`{op}` at {location} on rank {rank}: {detail}; nothing was issued. Fix: size the \
+        "`{op}` at {location} on rank {rank}: {detail};\nnothing was issued. Fix: size the \
          buffers as NCCL expects (all_gather: receive = send × ranks; reduce_scatter: send = \
          receive × ranks; all_reduce and broadcast: the same length)"
     )]
@@ -111,7 +111,7 @@ pub enum CollectiveError {
 
     /// A buffer given to a collective lives on another device than the rank's.
     #[error(
-        "`{op}` at {location}: rank {rank} runs on device {ordinal}, but a buffer it was \
+        "`{op}` at {location}: rank {rank} runs on device {ordinal},\nbut a buffer it was \
          given is on device {buffer_ordinal}; nothing was issued. Fix: allocate each rank's \
          buffers from its own runtime (`comm.runtime().stream()`)"
     )]
@@ -130,7 +130,7 @@ pub enum CollectiveError {
 
     /// A graph with collectives was captured outside [`Communicator::capture`](crate::nccl::Communicator::capture).
     #[error(
-        "`{op}` at {location} was called while {phase} `{graph}`, outside `comm.capture(…)`: \
+        "`{op}` at {location} was called while {phase} `{graph}`,\noutside `comm.capture(…)`: \
          every rank must capture a graph with collectives together, so that the runtime can \
          check that they record the same collectives before any rank keeps its graph. \
          Fix: capture as `comm.capture(|| {}Graph::capture(…))` on every rank",
@@ -152,7 +152,7 @@ pub enum CollectiveError {
     /// A collective inside a captured body was issued on a communicator whose stream is not
     /// the one being captured: it would run once, now, and never on replay.
     #[error(
-        "`{op}` at {location} was called while capturing `{graph}`, but the communicator's \
+        "`{op}` at {location} was called while capturing `{graph}`,\nbut the communicator's \
          stream (device {ordinal}) is not the one being captured: the collective would run \
          once, now, and never on replay, while the other ranks' graphs wait for it. Fix: \
          capture on the runtime the communicator was joined with (`comm.runtime()`)"
@@ -170,7 +170,7 @@ pub enum CollectiveError {
 
     /// An eager collective was issued while the communicator's stream is capturing.
     #[error(
-        "eager `{op}` at {location} on rank {rank}: the runtime's stream is being captured \
+        "eager `{op}` at {location} on rank {rank}:\nthe runtime's stream is being captured \
          (by another thread), so the collective would be recorded into that graph instead \
          of running now. Fix: issue eager collectives between captures, from the rank's own \
          thread"
@@ -186,7 +186,7 @@ pub enum CollectiveError {
 
     /// An eager collective after graph captures while NCCL's graph-mixing support is off.
     #[error(
-        "eager `{op}` at {location} on rank {rank} after this communicator's collectives were \
+        "eager `{op}` at {location} on rank {rank}\nafter this communicator's collectives were \
          captured into a graph, with NCCL_GRAPH_MIXING_SUPPORT=0: NCCL then only guarantees \
          correctness when no graph launch is outstanding before a non-captured collective. \
          Fix: unset NCCL_GRAPH_MIXING_SUPPORT (its default, 1, supports the mix), or use a \
@@ -203,7 +203,7 @@ pub enum CollectiveError {
 
     /// The ranks issued or recorded different collectives at the same point.
     #[error(
-        "the ranks disagree {at}: rank {} {}, but rank {} {}. NCCL matches collectives by their \
+        "the ranks disagree {at}: rank {} {},\nbut rank {} {}. NCCL matches collectives by their \
          order alone, so these ranks would wait for each other forever{}. Fix: issue the \
          same collectives in the same order, with the same counts, types and roots, on every \
          rank (decide rank-dependent branches around collectives from values all ranks share)",
@@ -223,7 +223,7 @@ pub enum CollectiveError {
 
     /// Another rank failed while this one waited for it.
     #[error(
-        "rank {rank} stopped {at} because rank {peer} failed: {reason}. The ranks of a group \
+        "rank {rank} stopped {at} because rank {peer} failed:\n{reason}. The ranks of a group \
          capture together, so no rank keeps a graph the others do not have. Fix: the error of \
          rank {peer}"
     )]
@@ -240,7 +240,7 @@ pub enum CollectiveError {
 
     /// Some ranks never arrived.
     #[error(
-        "rank {rank} waited {:.1} s {at} for rank(s) {missing:?}, which never arrived: each is \
+        "rank {rank} waited {:.1} s {at} for rank(s) {missing:?},\nwhich never arrived: each is \
          stuck or never made the same call (every rank must join the group, and call \
          `comm.capture` for the same graphs in the same order). Nothing was left waiting on \
          the GPU. Fix: make every rank take the same path; if a rank is only slow (a first \
@@ -261,7 +261,7 @@ pub enum CollectiveError {
     /// `comm.capture` was called inside another `comm.capture` of the same group, or inside
     /// a captured body.
     #[error(
-        "`Communicator::capture` for rank {rank} was called {context}. Fix: call it once around \
+        "`Communicator::capture` for rank {rank} was called {context}.\nFix: call it once around \
          each graph's `capture`, outside any captured body"
     )]
     NestedCapture {
@@ -273,7 +273,7 @@ pub enum CollectiveError {
 
     /// Setting up a communicator was attempted inside a captured body.
     #[error(
-        "`{op}` was called while capturing `{graph}`; communicator set-up talks to the other \
+        "`{op}` was called while capturing `{graph}`;\ncommunicator set-up talks to the other \
          ranks and cannot be recorded into a graph. Fix: set up the group before capturing"
     )]
     SetupInCapture {
@@ -285,7 +285,7 @@ pub enum CollectiveError {
 
     /// A graph with collectives was captured in CUDA's global capture mode.
     #[error(
-        "`{graph}` was captured with `mode = \"global\"` on rank {rank}; with one thread per \
+        "`{graph}` was captured with `mode = \"global\"` on rank {rank};\nwith one thread per \
          GPU, a global capture makes the other ranks' CUDA calls fail while it records (NCCL \
          documents that multi-threaded use needs thread-local capture). Fix: keep the default \
          `mode = \"thread_local\"` for graphs captured with `comm.capture`"
@@ -299,7 +299,7 @@ pub enum CollectiveError {
 
     /// A symmetric buffer was asked of an NCCL library without symmetric windows.
     #[error(
-        "symmetric buffers need NCCL {required} or newer, and the library loaded is {found}. \
+        "symmetric buffers need NCCL {required} or newer, and the library loaded is {found}.\n\
          Fix: put a newer libnccl.so.2 first on LD_LIBRARY_PATH, or pass ordinary buffers \
          (`CudaSlice`): every collective takes both"
     )]
@@ -312,7 +312,7 @@ pub enum CollectiveError {
 
     /// A rank could not allocate its memory of a symmetric buffer, so no rank registered it.
     #[error(
-        "rank {rank} could not allocate {bytes} bytes for a symmetric buffer ({reason}), so \
+        "rank {rank} could not allocate {bytes} bytes for a symmetric buffer\n({reason}), so \
          no rank made it. Fix: free memory on rank {rank}'s device or ask for less"
     )]
     SymmetricAlloc {
@@ -327,7 +327,7 @@ pub enum CollectiveError {
     /// A group of processes could not be set up: the launcher's environment is missing or
     /// wrong, the store cannot be reached, or a process asked for a rank it does not hold.
     #[error(
-        "the ranks' processes could not meet: {detail}. Fix: start every rank with RANK, \
+        "the ranks' processes could not meet: {detail}.\nFix: start every rank with RANK, \
          WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (torchrun does; with mpirun \
          or srun export MASTER_ADDR and MASTER_PORT), rank 0's host reachable on that port"
     )]
@@ -347,7 +347,7 @@ pub enum CollectiveError {
 
     /// An NCCL call failed.
     #[error(
-        "`{call}` failed on rank {rank} with {code}{}: {fix}",
+        "`{call}` failed on rank {rank} with {code}{}:\n{fix}",
         if .detail.is_empty() { String::new() } else { format!(" ({})", .detail) }
     )]
     Nccl {

@@ -30,14 +30,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum GraphError {
     /// The CUDA driver library (`libcuda.so`) is not installed on this machine.
     #[error(
-        "no CUDA driver: libcuda could not be loaded, so there is no GPU to run on; \
+        "no CUDA driver: libcuda could not be loaded, so there is no GPU to run on;\n\
          install the NVIDIA driver, or run the program on a machine with an NVIDIA GPU"
     )]
     NoDriver,
 
     /// A CUDA library the runtime needs (NVRTC or cuBLAS) could not be loaded.
     #[error(
-        "the CUDA library `{library}` could not be loaded; install the CUDA toolkit's \
+        "the CUDA library `{library}` could not be loaded;\ninstall the CUDA toolkit's \
          runtime libraries (or put them on LD_LIBRARY_PATH)"
     )]
     MissingLibrary {
@@ -57,7 +57,7 @@ pub enum GraphError {
     /// cudarc's per-buffer event tracking is active on the runtime's context: every use of a
     /// buffer would wait on events recorded outside the capture (CUDA error 905).
     #[error(
-        "{during}: cudarc's event tracking is on for this context, and with more than one stream it makes \
+        "{during}: cudarc's event tracking is on for this context,\nand with more than one stream it makes \
          every buffer wait on events recorded before the capture, which a capture refuses (CUDA error 905). \
          Fix: turn it off before allocating (`unsafe {{ ctx.disable_event_tracking() }}`, after which you \
          order your own streams with `stream.join(&other)`). Capturing on the stream you already use does not \
@@ -71,7 +71,7 @@ pub enum GraphError {
 
     /// A runtime was asked to capture on a default stream.
     #[error(
-        "a runtime cannot capture on the legacy default stream or the per-thread default stream: CUDA \
+        "a runtime cannot capture on the legacy default stream or the per-thread default stream:\nCUDA \
          refuses to capture them. Fix: pass a stream made with `ctx.new_stream()` to \
          `Runtime::from_stream`, or let the runtime make its own (`Runtime::from_context`)"
     )]
@@ -79,7 +79,7 @@ pub enum GraphError {
 
     /// A body whose context is a stream asked for the runtime of that stream, and none exists.
     #[error(
-        "no runtime was made for this stream: `graph_runtime::function_for_stream(stream, …)` reaches the kernel cache \
+        "no runtime was made for this stream:\n`graph_runtime::function_for_stream(stream, …)` reaches the kernel cache \
          of the runtime that owns the stream. Fix: make the runtime first (`Runtime::new`, \
          `Runtime::from_stream(stream)`), and keep it alive while the body runs"
     )]
@@ -87,7 +87,7 @@ pub enum GraphError {
 
     /// CUDA error 900 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 900 (operation not permitted when stream is capturing): \
+        "capturing `{graph}` failed with CUDA error 900 (operation not permitted when stream is capturing):\n\
          the body called something a graph cannot record. Fix: read results on the host after `replay()` \
          returns, keep values that steer the computation on the device, and allocate host or device memory \
          before capture. Such calls make the CPU wait for the GPU or are not GPU work (a stream or context \
@@ -101,7 +101,7 @@ pub enum GraphError {
 
     /// CUDA error 901 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 901 (capture invalidated): an earlier operation inside the \
+        "capturing `{graph}` failed with CUDA error 901 (capture invalidated):\nan earlier operation inside the \
          capture failed, often a forbidden call (error 900) whose error a helper ignored, or another thread \
          touched the capturing stream. Fix: look for the first failing call in the body (run it eagerly with \
          the same inputs); in `mode = \"global\"`, keep other threads away from CUDA during capture or use the \
@@ -114,7 +114,7 @@ pub enum GraphError {
 
     /// CUDA error 902 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 902 (capture merge): a stream in this capture waited on an \
+        "capturing `{graph}` failed with CUDA error 902 (capture merge):\na stream in this capture waited on an \
          event recorded in a different, independent capture. Fix: do not share events between graphs that are \
          captured at the same time"
     )]
@@ -125,7 +125,7 @@ pub enum GraphError {
 
     /// CUDA error 903 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 903 (capture unmatched): the capture was ended on a stream \
+        "capturing `{graph}` failed with CUDA error 903 (capture unmatched):\nthe capture was ended on a stream \
          that did not begin it. Fix: let the runtime begin and end captures; do not call `begin_capture` or \
          `end_capture` yourself inside the body"
     )]
@@ -136,7 +136,7 @@ pub enum GraphError {
 
     /// CUDA error 904 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 904 (capture unjoined): work was forked onto another stream \
+        "capturing `{graph}` failed with CUDA error 904 (capture unjoined):\nwork was forked onto another stream \
          during capture and that stream never rejoined the capture stream before the body returned. Fix: make the \
          runtime's stream wait for the side stream at the end of the forked work (`rt.stream().join(&side)`)"
     )]
@@ -147,7 +147,7 @@ pub enum GraphError {
 
     /// CUDA error 905 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 905 (capture isolation): a captured operation waited on work \
+        "capturing `{graph}` failed with CUDA error 905 (capture isolation):\na captured operation waited on work \
          that is not part of the capture, such as an event recorded before capture began. cudarc does this by \
          itself for buffers with event tracking when the context has several streams. Fix: allocate the buffers \
          the graph touches from the runtime's stream (the runtime turns event tracking off), and order other \
@@ -160,7 +160,7 @@ pub enum GraphError {
 
     /// CUDA error 906 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 906 (implicit dependency on the legacy stream): an operation \
+        "capturing `{graph}` failed with CUDA error 906 (implicit dependency on the legacy stream):\nan operation \
          was issued on the legacy default stream (`ctx.default_stream()`, stream 0) while the capture stream was \
          recording; the legacy stream would have to wait for the capture, which CUDA forbids. Fix: issue every \
          operation of the body on the runtime's stream (`rt.stream()`), never on the default stream"
@@ -172,7 +172,7 @@ pub enum GraphError {
 
     /// CUDA error 907 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 907 (captured event): an event recorded inside the capture was \
+        "capturing `{graph}` failed with CUDA error 907 (captured event):\nan event recorded inside the capture was \
          queried, synchronized or timed. Fix: record and read timing events outside the captured body"
     )]
     CapturedEvent {
@@ -182,7 +182,7 @@ pub enum GraphError {
 
     /// CUDA error 908 during capture.
     #[error(
-        "capturing `{graph}` failed with CUDA error 908 (capture on the wrong thread): the capture was ended from \
+        "capturing `{graph}` failed with CUDA error 908 (capture on the wrong thread):\nthe capture was ended from \
          a thread other than the one that began it. Fix: keep the whole body on the calling thread"
     )]
     CaptureWrongThread {
@@ -194,7 +194,7 @@ pub enum GraphError {
     /// capturing. The runtime refused it before reaching CUDA, so the capture was not
     /// invalidated and the message can point at the caller.
     #[error(
-        "`{op}` at {location} waits for the GPU, but it was called while capturing `{graph}`; a graph only \
+        "`{op}` at {location} waits for the GPU,\nbut it was called while capturing `{graph}`; a graph only \
          records GPU work, so CUDA would fail the capture with error 900. Fix: move it out of the captured body \
          and call it after `replay()` returns"
     )]
@@ -209,7 +209,7 @@ pub enum GraphError {
 
     /// The body copied between the device and pageable host memory while capturing.
     #[error(
-        "capturing `{graph}` recorded a {direction} copy of pageable host memory (a `Vec` or slice, as \
+        "capturing `{graph}` recorded a {direction} copy of pageable host memory\n(a `Vec` or slice, as \
          `clone_dtoh`, `memcpy_dtoh`, `clone_htod` or `memcpy_htod` make): the body saw data copied before the \
          GPU had run, and every replay would copy to or from that host address again, after the `Vec` was \
          freed. The graph was not kept. Fix: take host data in through an input parameter and read results \
@@ -225,7 +225,7 @@ pub enum GraphError {
 
     /// A generator's host-side state accessor was called inside a captured body.
     #[error(
-        "`{op}` at {location} reads or writes the generator's seed and offset on the host, but it was called \
+        "`{op}` at {location} reads or writes the generator's seed and offset on the host,\nbut it was called \
          while capturing `{graph}`: it would run once, at capture, and every replay would reuse (or rewind to) \
          that value. Fix: inside a graph use `{instead}`, which copies the state on the device each replay"
     )]
@@ -242,7 +242,7 @@ pub enum GraphError {
 
     /// A fork inside a captured body needed a side stream that no earlier (eager) run made.
     #[error(
-        "the fork at {location} needs a side stream, and none was made before `{graph}` began capturing; a \
+        "the fork at {location} needs a side stream,\nand none was made before `{graph}` began capturing; a \
          stream cannot be created inside a capture (CUDA error 900, operation not permitted when stream is \
          capturing). Fix: fork the same way in the warmup runs as in the capture (a fork outside a capture \
          creates the side stream and the capture reuses it): do not put `fork` behind `is_capturing()`, and \
@@ -257,7 +257,7 @@ pub enum GraphError {
 
     /// A generator was created inside a captured body.
     #[error(
-        "a random generator was created at {location} while capturing `{graph}`: its seed would be written \
+        "a random generator was created at {location} while capturing `{graph}`:\nits seed would be written \
          once, at capture, and every replay would start it from that seed again, drawing the same numbers. \
          Fix: create generators before capture (`rt.generator(seed)`, or use `rt.rng()`) and pass them in as \
          `#[state]` or reach them through the runtime"
@@ -271,7 +271,7 @@ pub enum GraphError {
 
     /// The body returned without putting any GPU work on the runtime's stream.
     #[error(
-        "capturing `{graph}` recorded no GPU work: the body did not launch anything on the runtime's stream. \
+        "capturing `{graph}` recorded no GPU work: the body did not launch anything on the runtime's stream.\n\
          If it launched on another stream or another cuBLAS handle, that work ran once, eagerly, and would \
          never run on replay. Fix: launch on `rt.stream()` and use `rt.blas()` inside the body"
     )]
@@ -281,7 +281,7 @@ pub enum GraphError {
     },
 
     /// One of the warmup runs failed (they run eagerly, before capture).
-    #[error("warmup run {iteration} of {warmup} of `{graph}` failed (it runs eagerly, before capture): {source}")]
+    #[error("warmup run {iteration} of {warmup} of `{graph}` failed\n(it runs eagerly, before capture): {source}")]
     Warmup {
         /// The graph being warmed up.
         graph: &'static str,
@@ -307,7 +307,7 @@ pub enum GraphError {
     /// A `#[state]` parameter (or an output the body was given) no longer holds the device
     /// buffers the graph was captured with: one was replaced, freed or reallocated.
     #[error(
-        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with, so {}. Fix: write into state in place (`state_mut()` lends `CudaSlice` state as a \
+        "`{param}` of `{graph}` no longer holds the device buffers the graph was captured with,\nso {}. Fix: write into state in place (`state_mut()` lends `CudaSlice` state as a \
          `CudaViewMut`, which cannot be replaced), never assign a new buffer to a field of a struct the graph \
          holds, and capture a new graph when the buffers must change. What moved: {detail}; it was replaced, \
          freed or reallocated {when}, and the graph, which reads and writes its state by address, would have \
@@ -336,7 +336,7 @@ pub enum GraphError {
 
     /// The last warmup run and the capture looked up different kernels.
     #[error(
-        "the last warmup run of `{graph}` and its capture took different paths: the warmup looked up the \
+        "the last warmup run of `{graph}` and its capture took different paths:\nthe warmup looked up the \
          kernels [{warmup}] and the capture [{capture}]. The warmup runs exist to do once what a capture \
          must not (compile, load, allocate) on the path the capture takes; a body that branches on \
          `is_capturing()` or on a host counter captures work its warmup never ran. Fix: run the same code \
@@ -353,7 +353,7 @@ pub enum GraphError {
 
     /// Two captures of the same body recorded different work.
     #[error(
-        "capturing `{graph}` twice recorded different work: {difference}. The graph would replay whatever \
+        "capturing `{graph}` twice recorded different work: {difference}.\nThe graph would replay whatever \
          one capture happened to record. Fix: make the body record the same kernels with the same \
          arguments every time it runs: no host counters, caches or clocks that change what it launches \
          (keep such values on the device, or pass them as `#[constant]`)"
@@ -367,7 +367,7 @@ pub enum GraphError {
 
     /// A replay input does not have the shape the graph was captured with.
     #[error(
-        "replay of `{graph}`: input `{input}` has shape {got}, but the graph was captured with {expected}; \
+        "replay of `{graph}`: input `{input}` has shape {got},\nbut the graph was captured with {expected}; \
          a graph's static buffers have fixed sizes, so nothing was launched. Fix: pass an input of the captured \
          shape, or capture one graph per shape"
     )]
@@ -385,7 +385,7 @@ pub enum GraphError {
     /// The body returned a value of another shape than in its first warmup run: the graph's
     /// static result has a fixed shape.
     #[error(
-        "`{graph}` returned a result of shape {got} after returning {expected} in its first warmup run; \
+        "`{graph}` returned a result of shape {got} after returning {expected}\nin its first warmup run; \
          a graph copies its result into a static buffer of fixed shape. Fix: return the same shape on \
          every call (shapes must not depend on values read at run time)"
     )]
@@ -401,14 +401,14 @@ pub enum GraphError {
     /// A candle tensor or device was needed and the runtime has no candle device.
     #[error(
         "this graph uses candle tensors or candle's `Device`, and the runtime was not made from a candle \
-         device. Fix: make the runtime with `Runtime::from_candle(&device)` (feature `candle`)"
+         device.\nFix: make the runtime with `Runtime::from_candle(&device)` (feature `candle`)"
     )]
     NoCandleDevice,
 
     /// Capturing a candle body failed with CUDA's invalid-value error, which is what a free of
     /// memory allocated before the capture gives inside it.
     #[error(
-        "capturing `{graph}` failed with CUDA_ERROR_INVALID_VALUE, which is what freeing memory inside a \
+        "capturing `{graph}` failed with CUDA_ERROR_INVALID_VALUE,\nwhich is what freeing memory inside a \
          capture gives when the memory was allocated before it: a tensor made before `capture` was dropped or \
          replaced in the body. CUDA can only record frees of memory the graph itself allocated. Two causes are \
          common. (1) A KV cache grown with `Tensor::cat` and stored back: keep such tensors at fixed addresses \
@@ -451,7 +451,7 @@ pub enum GraphError {
 
     /// A replay asked for a batch larger than the largest bucket.
     #[error(
-        "replay of `{graph}` with batch {batch}, but the largest bucket is {largest}; nothing was launched. Fix: \
+        "replay of `{graph}` with batch {batch}, but the largest bucket is {largest};\nnothing was launched. Fix: \
          add a bucket of at least {batch} to `buckets(…)`, split the batch, or allow eager execution above the \
          buckets with `buckets(…, fallback = \"eager\")`"
     )]
@@ -466,7 +466,7 @@ pub enum GraphError {
 
     /// `capture` was called from inside another graph's captured body.
     #[error(
-        "cannot capture `{graph}` while `{outer}` is being captured on this thread; captures do not nest. \
+        "cannot capture `{graph}` while `{outer}` is being captured on this thread;\ncaptures do not nest. \
          Fix: call the inner function directly inside the outer body (it becomes part of the outer graph)"
     )]
     NestedCapture {
@@ -478,7 +478,7 @@ pub enum GraphError {
 
     /// A replay was attempted while the same stream is capturing in another thread.
     #[error(
-        "cannot launch `{graph}`: the runtime's stream is capturing another graph in another thread, and the \
+        "cannot launch `{graph}`: the runtime's stream is capturing another graph in another thread,\nand the \
          launch would be recorded into that graph. Fix: replay after that capture finishes, or give each \
          thread its own `Runtime`"
     )]
@@ -489,7 +489,7 @@ pub enum GraphError {
 
     /// The device ran out of memory.
     #[error(
-        "out of device memory while {during}{}{}. Fix: free buffers you no longer need; capture graphs that \
+        "out of device memory while {during}{}{}.\nFix: free buffers you no longer need; capture graphs that \
          replay one after another on the same `Runtime`, so that they share one graph memory pool; use fewer \
          or smaller shape buckets",
         .requested_bytes.map(|b| format!(", asking for {}", crate::error::bytes(b))).unwrap_or_default(),
@@ -523,7 +523,7 @@ pub enum GraphError {
     /// The driver is too old for conditional graph nodes (`graph_while`, `graph_if`,
     /// `graph_if_else`, and the conditions they test).
     #[error(
-        "`{construct}` at {location} needs CUDA graph conditional nodes, which need a driver for CUDA {needs} \
+        "`{construct}` at {location} needs CUDA graph conditional nodes,\nwhich need a driver for CUDA {needs} \
          or newer; this driver supports CUDA {driver}. Nothing was recorded or launched. Fix: update the NVIDIA \
          driver (CUDA 12.4 came with driver 550, CUDA 12.8 with driver 570), or keep the loop on the host: \
          replay a graph of one iteration and read the condition after each replay"
@@ -542,7 +542,7 @@ pub enum GraphError {
     /// The body of a `graph_while` / `graph_if` recorded something CUDA does not allow inside
     /// a conditional node's body.
     #[error(
-        "the body of `{construct}` at {location} in `{graph}` recorded {what}; CUDA allows only kernels, \
+        "the body of `{construct}` at {location} in `{graph}` recorded {what};\nCUDA allows only kernels, \
          memsets, device copies and nested `graph_while`/`graph_if` inside a conditional body, so the graph was \
          not made. Nothing ran: the body was recorded into a scratch graph first and checked there. Fix: allocate \
          temporaries and create conditions and generators before the `{construct}` call (they live until the end \
@@ -562,7 +562,7 @@ pub enum GraphError {
     /// The host code of an eager island (`rt.eager(|| …)` in a `#[cuda_graph]` body) failed
     /// during a replay: the segments before it ran, the ones after it were not launched.
     #[error(
-        "island {island} of `{graph}` (at {location}) failed during a replay: {source}; the segments \
+        "island {island} of `{graph}` (at {location}) failed during a replay:\n{source}; the segments \
          before it ran and the ones after it were not launched"
     )]
     Island {
@@ -589,7 +589,7 @@ pub enum GraphError {
     },
 
     /// The body of a `graph_while` / `graph_if` failed while it was recorded.
-    #[error("recording the body of `{construct}` at {location} in `{graph}` failed: {source}")]
+    #[error("recording the body of `{construct}` at {location} in `{graph}` failed:\n{source}")]
     ConditionalBody {
         /// `graph_while`, `graph_if` or `graph_if_else`.
         construct: &'static str,
@@ -615,7 +615,7 @@ pub enum GraphError {
 
     /// A condition was created in a captured body but no `graph_while` / `graph_if` tested it.
     #[error(
-        "the condition created at {location} in `{graph}` was never tested by a `graph_while`, `graph_if` or \
+        "the condition created at {location} in `{graph}` was never tested\nby a `graph_while`, `graph_if` or \
          `graph_if_else`, and CUDA refuses to instantiate a graph with an unused conditional handle. Fix: \
          remove it, or create it only where it is used"
     )]
@@ -785,7 +785,7 @@ fn not_launched(when: &When) -> &'static str {
 fn host_upload_text(above_cap: bool, op: &str) -> String {
     if above_cap {
         format!(
-            "the body uploads more than 4096 bytes of host data to the device inside the capture ({op}). candle \
+            "the body uploads more than 4096 bytes of host data to the device inside the capture ({op}).\ncandle \
              serves an upload inside a capture from a per-thread cache of what the warmup runs uploaded, and it \
              caches only uploads of at most 4096 bytes (`CUDA_GRAPH_HTOD_CACHE_MAX_BYTES`, candle-core 0.11); a \
              larger one would be recorded as a copy from host memory that is freed before any replay, so candle \
@@ -797,7 +797,7 @@ fn host_upload_text(above_cap: bool, op: &str) -> String {
     } else {
         format!(
             "the body uploads host data inside the capture whose bytes differ from every upload of the warmup \
-             runs ({op}): candle can only serve an upload inside a capture from the warmup's uploads of the same \
+             runs\n({op}): candle can only serve an upload inside a capture from the warmup's uploads of the same \
              bytes, and a recorded copy would replay the capture's values forever. Fix: keep what changes between \
              calls (positions, lengths, token ids) in device tensors given to the graph as inputs, not in host \
              data made in the body"

@@ -52,6 +52,8 @@ struct Session {
     /// The collectives recorded by the capture in progress, and its graph.
     captured: Vec<CollectiveCall>,
     captured_graph: Option<&'static str>,
+    /// While the determinism check records a second time (see [`pause_recording`]).
+    paused: bool,
 }
 
 /// Runs `f` on the sessions open on this thread, kept in the thread's capture frame
@@ -180,10 +182,24 @@ pub(crate) fn warmup_collective(
     )
 }
 
+/// Keeps the collectives recorded on this thread out of the lists the ranks compare until
+/// the guard drops: the determinism check's second recording of a graph records the same
+/// collectives again, and the ranks compare the first recording, the one instantiated.
+pub(crate) fn pause_recording() -> impl Drop {
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            with_sessions(|s| s.iter_mut().for_each(|x| x.paused = false));
+        }
+    }
+    with_sessions(|s| s.iter_mut().for_each(|x| x.paused = true));
+    Resume
+}
+
 /// A collective was recorded into the capture of `graph`.
 pub(crate) fn record_captured(group: u64, graph: &'static str, call: CollectiveCall) {
     with_sessions(|s| {
-        if let Some(session) = s.iter_mut().find(|x| x.key.group == group) {
+        if let Some(session) = s.iter_mut().find(|x| x.key.group == group && !x.paused) {
             if session.captured_graph != Some(graph) {
                 session.captured.clear();
                 session.captured_graph = Some(graph);
@@ -295,6 +311,7 @@ pub(crate) fn run<G>(
             warm: None,
             captured: Vec::new(),
             captured_graph: None,
+            paused: false,
         })
     });
     let _open = Open(group);
