@@ -670,7 +670,9 @@ impl Drop for Communicator {
                     )
                     .is_ok()
             };
-            one_shot.release(drained && !self.peer_lost.get(), meet);
+            // Every rank of a group of threads comes here when it drops its communicator, also
+            // one whose peer failed: meet them (up to the timeout) before freeing.
+            one_shot.release(drained, meet);
         }
     }
 }
