@@ -2,6 +2,7 @@
 // tensor ops in place of a host branch, and methods of your own types named like candle's
 // reads (`to_vec1`, `to_scalar`, `to_device(&Device::Cpu)`). `ui_tests::candle` stands in
 // for candle_core: the checks see names, not types.
+// Look-alikes of: candle-host-read, candle-branch-on-device-data
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, DeviceState, GraphError, Runtime};
 use ui_tests::candle::{Device, Tensor};

@@ -1,4 +1,5 @@
 // cuBLAS through the runtime's handle, which is bound to the capture stream.
+// Look-alikes of: cublas-handle-in-body
 use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};

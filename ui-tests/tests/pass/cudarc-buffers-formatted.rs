@@ -1,5 +1,6 @@
 // cudarc's buffers format as their address, length and stream (`#[derive(Debug)]`): no
 // device memory is read, so they may be formatted in the body, in `format!` or an assertion.
+// Look-alikes of: device-value-formatted
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

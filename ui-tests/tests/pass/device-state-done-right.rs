@@ -2,6 +2,7 @@
 // kernel advances, a host value read (not written) as read-only state, a struct of yours
 // as `&mut` state, a host value read outside the body and passed as a constant, raw driver
 // work on the capture stream, and methods of your own named like host reads.
+// Look-alikes of: raw-sync-memory-op, host-state-mut, host-input
 use graph_runtime::cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 use graph_runtime::{cuda_graph, DeviceState, GraphError, Runtime};
 

@@ -1,6 +1,7 @@
 // The macro checks the body's own tokens. A call it cannot see into (a helper function) is
 // where a deliberate exception goes; the runtime's guards check those at run time
 // (`Runtime::synchronize` inside a capture returns `GraphError::SyncInCapture`).
+// Look-alikes of: host-sync
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, ensure_not_capturing, GraphError, Runtime};
 

@@ -1,5 +1,6 @@
 // A realistic body: NVRTC kernels through the runtime's cache, a temporary from
 // alloc_zeros, state, a constant, several launches. None of it may trip a capture check.
+// Look-alikes of: module-load-in-body
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

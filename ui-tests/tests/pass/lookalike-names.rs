@@ -1,5 +1,6 @@
 // Names that only look like the capture checks' names: locals called `rng`, `random`,
 // `stdout`, `sleep`, `query`, methods of your own, host values formatted (not printed).
+// Look-alikes of: cpu-randomness, host-sleep, host-io
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

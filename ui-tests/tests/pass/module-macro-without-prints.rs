@@ -1,6 +1,7 @@
 // Module-level macros of yours in a body: one that queues GPU work, one that formats and
 // asserts with the standard library's macros; and one that prints, in a body that opts into
 // host effects. None of them prints through a bare `eprintln!` in a checked body.
+// Look-alikes of: host-print
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

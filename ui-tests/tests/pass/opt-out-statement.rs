@@ -1,5 +1,6 @@
 // The per-statement opt-out: `replays_as_captured!` is your word that a statement does on
 // every replay what it did at capture, for code of yours named like what the checks reject.
+// Look-alikes of: thread-spawned-in-body, cpu-randomness
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, replays_as_captured, GraphError, Runtime};
 

@@ -1,5 +1,6 @@
 // Things that are legal while capturing: asking the phase, the capture status, asserting on
 // host values (lengths), panicking, returning errors, joining and waiting on streams.
+// Look-alikes of: host-branch-on-device-data
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, is_capturing, phase, GraphError, Phase, Runtime};
 

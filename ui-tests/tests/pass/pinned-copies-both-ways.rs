@@ -1,5 +1,6 @@
 // A pinned host buffer that outlives the graph, held as `#[state]`: copies into it and out
 // of it inside the body are recorded into the graph, and every replay repeats them.
+// Look-alikes of: device-to-host, pinned-host-read
 use graph_runtime::cudarc::driver::{CudaSlice, PinnedHostSlice};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

@@ -1,6 +1,7 @@
 // A pinned buffer held in a field of a state struct of yours: copying into it and out of it
 // inside the body is recorded and replayed (the runtime would refuse a pageable field at
 // capture). A macro of yours whose name only contains a logging word (`catalog!`) is not a log.
+// Look-alikes of: pinned-host-read, host-log
 use graph_runtime::cudarc::driver::{CudaSlice, PinnedHostSlice};
 use graph_runtime::{cuda_graph, DeviceState, GraphError, Runtime};
 

@@ -1,5 +1,6 @@
 // A pinned host buffer that outlives the graph, declared as state: copying from it inside
 // the body is the legal host-to-device copy (every replay re-reads it).
+// Look-alikes of: host-to-device, pinned-host-alloc
 use graph_runtime::cudarc::driver::{CudaSlice, PinnedHostSlice};
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

@@ -1,5 +1,6 @@
 // Parallel branches through the runtime's scoped fork/join: the side stream is made before
 // the capture and always rejoins it. Also with a stream as the context (`fork_join`).
+// Look-alikes of: stream-created-in-body
 use std::sync::Arc;
 
 use graph_runtime::cudarc::driver::{CudaSlice, CudaStream};

@@ -1,6 +1,7 @@
 // Look-alikes of the logging and clock rules that are neither: a tracing span (it prints
 // nothing by itself) and an `elapsed(layer)` method of the user's, which takes an argument
 // (`Instant::elapsed` takes none).
+// Look-alikes of: host-log, host-clock
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

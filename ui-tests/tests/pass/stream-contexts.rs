@@ -1,4 +1,5 @@
 // The three execution contexts a body may take: `&Runtime`, `&Arc<CudaStream>`, `&CudaStream`.
+// Look-alikes of: legacy-default-stream
 use std::sync::Arc;
 
 use graph_runtime::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};

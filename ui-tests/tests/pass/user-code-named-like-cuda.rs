@@ -2,6 +2,7 @@
 // field or a builder chain, a comparison with your own enum's variant, your own functions
 // whose calls do not have the shape of the imported ones, constants, and a function
 // declared in the body that only queues GPU work.
+// Look-alikes of: thread-spawned-in-body
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

@@ -1,5 +1,6 @@
 // Variants of your own enum named like standard I/O types (`File`, `Stdout`, `Command`):
 // a pattern or a variant is not a call, so none of this is host I/O.
+// Look-alikes of: host-io
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 

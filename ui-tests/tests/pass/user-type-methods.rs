@@ -1,5 +1,6 @@
 // Methods of your own types that share a name with a CUDA operation (`synchronize`,
 // `query`): the receiver is declared (or built) as your type, so the method is yours.
+// Look-alikes of: host-sync, stream-or-event-query
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, DeviceState, GraphError, Runtime};
 

@@ -1,0 +1,67 @@
+// Correct code shaped like the mistakes of the rules no other case stands for: methods of
+// your own types named like a legacy stream, capture control, a module load and a channel
+// receive; a collection of the body's own (not a parameter) filled in the body; an
+// immutable static read by value; and another graph function called eagerly from the body
+// (its work is recorded into this graph).
+// Look-alikes of: legacy-default-stream, capture-control, module-load-in-body, host-input, host-bookkeeping, host-static-state, nested-graph-capture
+use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::{cuda_graph, GraphError, Runtime};
+
+/// A scheduler of your own whose methods share names with CUDA's.
+struct Plan {
+    lanes: usize,
+}
+
+impl Plan {
+    fn new(lanes: usize) -> Self {
+        Plan { lanes }
+    }
+    fn default_stream(&self) -> usize {
+        0
+    }
+    fn begin_capture(&self) -> usize {
+        self.lanes
+    }
+    fn end_capture(&self) -> usize {
+        self.lanes
+    }
+    fn load_module(&self, name: &str) -> usize {
+        name.len()
+    }
+    fn recv(&self) -> Option<usize> {
+        Some(self.lanes)
+    }
+}
+
+/// A fixed table, read by value (nothing is written).
+static SCALES: [usize; 4] = [1, 1, 2, 2];
+
+#[cuda_graph(warmup = 1)]
+fn copy_once(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, y)?;
+    Ok(())
+}
+
+#[cuda_graph(warmup = 2)]
+fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), GraphError> {
+    let plan = Plan::new(2);
+    let lanes = plan.default_stream() + plan.begin_capture() + plan.end_capture();
+    let _kernels = plan.load_module("copy") + plan.recv().unwrap_or(0);
+    // A list of the body's own, rebuilt by every run (a parameter would be the host's).
+    let mut sizes = Vec::new();
+    sizes.push(x.len());
+    sizes.push(lanes);
+    for _ in 0..SCALES[sizes.len()] {
+        // Another graph function, called eagerly: its copy is recorded into this graph.
+        copy_once(rt, x, y)?;
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn use_it(rt: &Runtime, x: &CudaSlice<f32>) -> Result<(), GraphError> {
+    let _ = StepGraph::capture(rt, x, x.len())?;
+    Ok(())
+}
+
+fn main() {}
