@@ -201,6 +201,11 @@
 //! | a symmetric buffer asked for inside a capture or warmup run | [`CollectiveError::SetupInCapture`] |
 //! | symmetric buffers with NCCL older than 2.27 | [`CollectiveError::SymmetricUnsupported`] |
 //! | a rank skips a one-shot all-reduce the others make | the others give up after the timeout: NaN output, an error logged (no hang) |
+//! | a capture that overlaps an eager collective of the previous step | cannot happen: a communicator issues on its runtime's one stream, in program order, and a capture starts after what was queued before it |
+//! | one communicator replayed from two streams | cannot happen: collectives take no stream, and a [`Communicator`] is neither `Send` nor `Sync`, so its graphs replay on its thread's stream |
+//! | a communicator destroyed before the graphs that use it | does not compile (the graphs borrow it) |
+//! | buffer or window registration issued during a capture | [`CollectiveError::SetupInCapture`] ([`Communicator::symmetric_buffer`]) |
+//! | a rank's process dies | the others: [`CollectiveError::Timeout`] at their next meeting; their communicators are then aborted, not destroyed, when dropped |
 //! | libnccl not found, or too old | [`CollectiveError::LibraryMissing`], [`CollectiveError::LibraryTooOld`] |
 //!
 //! **Mixing graph and eager collectives.** NCCL treats "captured or not" as a property
