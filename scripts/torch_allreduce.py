@@ -23,9 +23,7 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 
 try:
     import torch
@@ -35,7 +33,7 @@ except ImportError as e:
     print(f"skipped: PyTorch is not installed ({e})", file=sys.stderr)
     sys.exit(0)
 
-REPEATS = 7
+import torch_models as tm  # noqa: E402 (after the check that PyTorch is there)
 
 
 def inputs(n, rank, dev):
@@ -81,17 +79,8 @@ def per_op(fn, iters):
 
 
 def loop_us(fn, iters):
-    per = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e6 / iters)
-    return statistics.median(per)
+    """Host wall time per call of a loop of `iters` calls (median of REPEATS), ranks aligned."""
+    return tm.per_call_us(fn, iters, align=dist.barrier)
 
 
 def measure(fn, iters):

@@ -1,9 +1,92 @@
-//! Collects every error of one expansion so the user sees them all at once.
+//! Collects every error of one expansion so the user sees them all at once, and lays out
+//! every message the same way ([`Message`]).
 //!
-//! Owns the error collector. Imports nothing of this crate, so every module may use it.
+//! Owns the error collector and the message type. Imports nothing of this crate, so every
+//! module may use it.
 
 use proc_macro2::TokenStream;
-use std::fmt::Display;
+use std::fmt::{self, Display};
+
+/// The longest first line a [`Message`] may have (issue 33); `style_tests` holds every
+/// message of the crate to it.
+#[cfg(test)]
+pub const MAX_FIRST_LINE: usize = 119;
+
+/// One error message, laid out like rustc's own: a first line that says what happened, then
+/// the reason (`= note: …`, what CUDA or the graph would do) and the fix (`= help: …`, what to
+/// write instead), each on a line of its own. rustc indents the lines after the first under
+/// it, so the error reads
+///
+/// ```text
+/// error: `.synchronize()` makes the CPU wait for the GPU inside a captured body
+///        = note: a capture cannot record a wait: it fails with CUDA error 900 (…)
+///        = help: delete it: the graph's kernels already run in stream order; …
+/// ```
+///
+/// Every error the macros emit is one: [`Ctxt`] takes nothing else. The first line stays
+/// short (at most [`MAX_FIRST_LINE`] characters with typical names in it); the others may be
+/// as long as they need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    what: String,
+    why: Vec<String>,
+    fix: Vec<String>,
+}
+
+impl Message {
+    /// A message whose first line is `what`: what happened, in one short line.
+    pub fn new(what: impl Into<String>) -> Self {
+        Message {
+            what: what.into(),
+            why: Vec::new(),
+            fix: Vec::new(),
+        }
+    }
+
+    /// Adds a reason, rendered as `= note: …` after the first line (and any reason before it).
+    #[must_use]
+    pub fn why(mut self, why: impl Into<String>) -> Self {
+        self.why.push(why.into());
+        self
+    }
+
+    /// Adds a fix, rendered as `= help: …` after the reasons (and any fix before it).
+    #[must_use]
+    pub fn fix(mut self, fix: impl Into<String>) -> Self {
+        self.fix.push(fix.into());
+        self
+    }
+
+    /// The first line.
+    #[cfg(test)]
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// The message with `from` replaced by `to` in every line.
+    #[must_use]
+    pub fn replace(&self, from: &str, to: &str) -> Self {
+        let all = |lines: &[String]| lines.iter().map(|l| l.replace(from, to)).collect();
+        Message {
+            what: self.what.replace(from, to),
+            why: all(&self.why),
+            fix: all(&self.fix),
+        }
+    }
+}
+
+impl Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)?;
+        for why in &self.why {
+            write!(f, "\n= note: {why}")?;
+        }
+        for fix in &self.fix {
+            write!(f, "\n= help: {fix}")?;
+        }
+        Ok(())
+    }
+}
 
 /// An error collector. Checks push into it; [`Ctxt::finish`] turns the lot into one
 /// `compile_error!` per message, each at its own span.
@@ -18,16 +101,17 @@ pub struct Ctxt {
 
 impl Ctxt {
     /// Records an error spanning `tokens`.
-    pub fn error_spanned_by<T: quote::ToTokens, M: Display>(&mut self, tokens: T, message: M) {
+    pub fn error_spanned_by<T: quote::ToTokens>(&mut self, tokens: T, message: Message) {
         self.errors.push(syn::Error::new_spanned(tokens, message));
     }
 
     /// Records an error at `span`.
-    pub fn error_at<M: Display>(&mut self, span: proc_macro2::Span, message: M) {
+    pub fn error_at(&mut self, span: proc_macro2::Span, message: Message) {
         self.errors.push(syn::Error::new(span, message));
     }
 
-    /// Records a ready-made error.
+    /// Records a ready-made error (one made from a [`Message`], or one of `syn`'s own
+    /// parse errors).
     pub fn push(&mut self, error: syn::Error) {
         self.errors.push(error);
     }
@@ -78,11 +162,26 @@ mod tests {
     #[test]
     fn finish_renders_every_error() {
         let mut cx = Ctxt::default();
-        cx.error_at(proc_macro2::Span::call_site(), "first");
-        cx.error_at(proc_macro2::Span::call_site(), "second");
+        cx.error_at(proc_macro2::Span::call_site(), Message::new("first"));
+        cx.error_at(proc_macro2::Span::call_site(), Message::new("second"));
         assert_eq!(cx.count(), 2);
         let out = cx.finish().to_string();
         assert_eq!(out.matches("compile_error").count(), 2, "{out}");
+    }
+
+    #[test]
+    fn a_message_leads_with_its_first_line() {
+        let m = Message::new("`x` waits for the GPU")
+            .why("a capture only records work")
+            .fix("move it after `replay()`")
+            .fix("or mark the helper");
+        assert_eq!(
+            m.to_string(),
+            "`x` waits for the GPU\n= note: a capture only records work\n\
+             = help: move it after `replay()`\n= help: or mark the helper"
+        );
+        assert_eq!(Message::new("alone").to_string(), "alone");
+        assert_eq!(m.replace("`x`", "`y`").what(), "`y` waits for the GPU");
     }
 
     #[test]
@@ -97,7 +196,7 @@ mod tests {
     #[should_panic(expected = "never reported")]
     fn unreported_errors_panic_on_drop() {
         let mut cx = Ctxt::default();
-        cx.error_at(proc_macro2::Span::call_site(), "lost");
+        cx.error_at(proc_macro2::Span::call_site(), Message::new("lost"));
         drop(cx);
     }
 }
