@@ -10,7 +10,7 @@ use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, Lit, Meta, Token};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 
 pub mod buckets;
 mod lit;
@@ -118,13 +118,13 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
     let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(tokens) {
         Ok(metas) => metas,
         Err(e) => {
-            cx.push(syn::Error::new(
+            cx.error_at(
                 e.span(),
-                format!(
-                    "malformed `#[cuda_graph]` arguments: {e}; write `key = value` pairs separated by commas, \
-                     with keys from {valid_keys}, e.g. `#[cuda_graph(warmup = 3)]`"
-                ),
-            ));
+                Message::new(format!("malformed `#[cuda_graph]` arguments: {e}")).fix(format!(
+                    "write `key = value` pairs separated by commas, with keys from {valid_keys}, e.g. \
+                     `#[cuda_graph(warmup = 3)]`"
+                )),
+            );
             return args;
         }
     };
@@ -133,24 +133,26 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         let Some(key) = meta.path().get_ident().map(ToString::to_string) else {
             cx.error_spanned_by(
                 meta.path(),
-                format!("unknown `#[cuda_graph]` key; expected one of: {valid_keys}"),
+                Message::new("unknown `#[cuda_graph]` key")
+                    .fix(format!("expected one of: {valid_keys}")),
             );
             continue;
         };
         if !KEYS.contains(&key.as_str()) {
+            let mut message = Message::new(format!("unknown `#[cuda_graph]` key `{key}`"));
+            if let Some(hint) = hint(&key) {
+                message = message.fix(hint);
+            }
             cx.error_spanned_by(
                 meta.path(),
-                format!(
-                    "unknown `#[cuda_graph]` key `{key}`; expected one of: {valid_keys}{}",
-                    hint(&key)
-                ),
+                message.fix(format!("expected one of: {valid_keys}")),
             );
             continue;
         }
         if seen.contains(&key) {
             cx.error_spanned_by(
                 meta.path(),
-                format!("`{key}` set multiple times; give each key once"),
+                Message::new(format!("`{key}` set multiple times")).fix("give each key once"),
             );
             continue;
         }
@@ -159,10 +161,11 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             args.host_effects = flag(
                 &meta,
                 cx,
-                &format!(
-                    "`{HOST_EFFECTS_KEY}` is a flag: write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
-                ),
-                &format!("`{HOST_EFFECTS_KEY}` is a flag and takes no list: write `{HOST_EFFECTS_KEY}`"),
+                &Message::new(format!("`{HOST_EFFECTS_KEY}` is a flag")).fix(format!(
+                    "write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
+                )),
+                &Message::new(format!("`{HOST_EFFECTS_KEY}` is a flag and takes no list"))
+                    .fix(format!("write `{HOST_EFFECTS_KEY}`")),
             )
             .unwrap_or_default();
             continue;
@@ -171,9 +174,10 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             args.check_determinism = flag(
                 &meta,
                 cx,
-                "`check_determinism` is `true` or `false` (on by default in debug builds): capture \
-                 twice and compare the recordings",
-                "`check_determinism` takes `= true` or `= false`",
+                &Message::new("`check_determinism` is `true` or `false`")
+                    .why("on by default in debug builds, it captures twice and compares the recordings")
+                    .fix("write `check_determinism = true` or `check_determinism = false`"),
+                &Message::new("`check_determinism` takes `= true` or `= false`"),
             );
             continue;
         }
@@ -182,7 +186,8 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
                 Meta::List(list) => args.buckets = buckets::parse(list, cx),
                 _ => cx.error_spanned_by(
                     &meta,
-                    "`buckets` takes a list: `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter",
+                    Message::new("`buckets` takes a list")
+                        .fix("write `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter"),
                 ),
             }
             continue;
@@ -192,7 +197,8 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             _ => {
                 cx.error_spanned_by(
                     &meta,
-                    format!("`{key}` needs a value: write `{key} = {}`", example(&key)),
+                    Message::new(format!("`{key}` needs a value"))
+                        .fix(format!("write `{key} = {}`", example(&key))),
                 );
                 continue;
             }
@@ -211,9 +217,9 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
     args
 }
 
-/// A "did you mean" suffix for an unknown key: a valid key one or two edits away, or the
+/// A "did you mean" fix for an unknown key: a valid key one or two edits away, or the
 /// host-effects opt-in for keys that look like an attempt at it.
-fn hint(key: &str) -> String {
+fn hint(key: &str) -> Option<String> {
     let lower = key.to_ascii_lowercase();
     let about_effects = lower.split('_').any(|part| {
         ["host", "effect", "print", "log", "println"]
@@ -222,16 +228,15 @@ fn hint(key: &str) -> String {
             || part == "io"
     });
     if about_effects {
-        return format!(
-            " (to allow printing, logging, I/O, sleeping or clock reads in the body, write \
-             `{HOST_EFFECTS_KEY}`: they then run during warmup and capture, never on replay)"
-        );
+        return Some(format!(
+            "to allow printing, logging, I/O, sleeping or clock reads in the body, write \
+             `{HOST_EFFECTS_KEY}`: they then run during warmup and capture, never on replay"
+        ));
     }
     KEYS.iter()
         .filter(|k| edit_distance(&lower, k) <= 2)
         .min_by_key(|k| edit_distance(&lower, k))
-        .map(|k| format!(" (did you mean `{k}`?)"))
-        .unwrap_or_default()
+        .map(|k| format!("did you mean `{k}`?"))
 }
 
 /// Levenshtein distance, for the key hint.
@@ -256,12 +261,12 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// A flag key: alone it is `true`, `key = true` or `key = false` says which. Anything else
 /// is an error spanning the value (`not_a_bool`) or the list (`a_list`).
-fn flag(meta: &Meta, cx: &mut Ctxt, not_a_bool: &str, a_list: &str) -> Option<bool> {
+fn flag(meta: &Meta, cx: &mut Ctxt, not_a_bool: &Message, a_list: &Message) -> Option<bool> {
     match meta {
         Meta::Path(_) => Some(true),
         Meta::NameValue(nv) => literal(&nv.value, cx, not_a_bool, boolean).map(|b| b.value),
         Meta::List(_) => {
-            cx.error_spanned_by(meta, a_list);
+            cx.error_spanned_by(meta, a_list.clone());
             None
         }
     }
@@ -280,25 +285,33 @@ fn example(key: &str) -> &'static str {
 }
 
 fn parse_warmup(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected = "`warmup` must be an integer literal, e.g. `warmup = 3`";
-    let Some(n) = literal(value, cx, expected, integer) else {
+    let expected = Message::new("`warmup` must be an integer literal").fix("e.g. `warmup = 3`");
+    let Some(n) = literal(value, cx, &expected, integer) else {
         return;
     };
     match n.base10_parse::<u32>() {
         Ok(0) => cx.error_spanned_by(
             n,
-            "`warmup` must be at least 1: without an eager run before capture, one-time work (NVRTC \
-             compilation, module loading, cuBLAS setup, first allocations) would happen inside the capture \
-             and fail it or be baked into the graph; use `warmup = 1` or more (3 is the usual choice)",
+            Message::new("`warmup` must be at least 1")
+                .why(
+                    "without an eager run before capture, one-time work (NVRTC compilation, module \
+                     loading, cuBLAS setup, first allocations) would happen inside the capture and fail \
+                     it or be baked into the graph",
+                )
+                .fix("use `warmup = 1` or more (3 is the usual choice)"),
         ),
         Ok(w) => args.warmup = Some((w, n.span())),
-        Err(_) => cx.error_spanned_by(n, "`warmup` must be a whole number between 1 and 4294967295"),
+        Err(_) => cx.error_spanned_by(
+            n,
+            Message::new("`warmup` must be a whole number between 1 and 4294967295"),
+        ),
     }
 }
 
 fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected = "`mode` must be a string: \"thread_local\" (default), \"global\" or \"relaxed\"";
-    let Some(s) = literal(value, cx, expected, string) else {
+    let expected = Message::new("`mode` must be a string")
+        .fix("write \"thread_local\" (the default), \"global\" or \"relaxed\"");
+    let Some(s) = literal(value, cx, &expected, string) else {
         return;
     };
     let mode = match s.value().as_str() {
@@ -308,7 +321,8 @@ fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
         other => {
             cx.error_spanned_by(
                 s,
-                format!("unknown capture mode \"{other}\"; expected \"thread_local\" (default), \"global\" or \"relaxed\""),
+                Message::new(format!("unknown capture mode \"{other}\""))
+                    .fix("expected \"thread_local\" (the default), \"global\" or \"relaxed\""),
             );
             return;
         }
@@ -317,9 +331,11 @@ fn parse_mode(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
 }
 
 fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected = "`verify` must be a string: \"never\", \"first\", \"doubling\" (replays 1, 2, 4, …: the default \
-                    in debug builds) or \"every\"";
-    let Some(s) = literal(value, cx, expected, string) else {
+    let expected = Message::new("`verify` must be a string").fix(
+        "write \"never\", \"first\", \"doubling\" (replays 1, 2, 4, …: the default in debug builds) or \
+         \"every\"",
+    );
+    let Some(s) = literal(value, cx, &expected, string) else {
         return;
     };
     let every = match s.value().as_str() {
@@ -330,34 +346,33 @@ fn parse_verify(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
         other => {
             cx.error_spanned_by(
                 s,
-                format!(
-                    "unknown `verify` value \"{other}\"; expected \"never\", \"first\", \"doubling\" or \
-                     \"every\" (or `verify_every = N`)"
+                Message::new(format!("unknown `verify` value \"{other}\"")).fix(
+                    "expected \"never\", \"first\", \"doubling\" or \"every\" (or `verify_every = N`)",
                 ),
             );
             return;
         }
     };
     if args.verify.is_some() {
-        cx.error_spanned_by(value, "give `verify` or `verify_every`, not both");
+        cx.error_spanned_by(value, both_verify_keys());
         return;
     }
     args.verify = Some(every);
 }
 
 fn parse_verify_every(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected = "`verify_every` must be an integer, e.g. `verify_every = 100`";
-    let Some(n) = literal(value, cx, expected, integer) else {
+    let expected =
+        Message::new("`verify_every` must be an integer").fix("e.g. `verify_every = 100`");
+    let Some(n) = literal(value, cx, &expected, integer) else {
         return;
     };
     match n.base10_parse::<u64>() {
         Ok(0) | Err(_) => cx.error_spanned_by(
             n,
-            "`verify_every` must be at least 1 (write `verify = \"never\"` to turn verification off)",
+            Message::new("`verify_every` must be at least 1")
+                .fix("write `verify = \"never\"` to turn verification off"),
         ),
-        Ok(_) if args.verify.is_some() => {
-            cx.error_spanned_by(value, "give `verify` or `verify_every`, not both")
-        }
+        Ok(_) if args.verify.is_some() => cx.error_spanned_by(value, both_verify_keys()),
         Ok(k) => args.verify = Some(VerifyEvery::Every(k)),
     }
 }
@@ -376,34 +391,39 @@ fn parse_verify_tolerance(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
         Some(t) if t >= 0.0 && t.is_finite() => args.verify_tolerance = Some(t),
         _ => cx.error_spanned_by(
             value,
-            "`verify_tolerance` must be a non-negative number, e.g. `verify_tolerance = 1e-5` (absolute and \
-             relative); leave it out for bitwise comparisons",
+            Message::new("`verify_tolerance` must be a non-negative number").fix(
+                "e.g. `verify_tolerance = 1e-5` (absolute and relative); leave it out for bitwise \
+                 comparisons",
+            ),
         ),
     }
 }
 
+/// Both `verify` and `verify_every` were given.
+fn both_verify_keys() -> Message {
+    Message::new("give `verify` or `verify_every`, not both")
+}
+
 fn parse_name(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
+    let one_identifier = || {
+        Message::new("`name` is the start of the generated types' names, one identifier").fix(
+            "write `name = DecodeStep` for `DecodeStepGraph`, `DecodeStepInputs`, \
+             `DecodeStepOutputs` and `DecodeStepState`",
+        )
+    };
     match value {
         Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => match p.path.get_ident() {
             Some(ident) => args.name = Some(ident.clone()),
-            None => cx.error_spanned_by(
-                value,
-                "`name` is the start of the generated types' names, one identifier: write `name = DecodeStep` \
-                 for `DecodeStepGraph`, `DecodeStepInputs`, `DecodeStepOutputs` and `DecodeStepState`",
-            ),
+            None => cx.error_spanned_by(value, one_identifier()),
         },
-        _ => cx.error_spanned_by(
-            value,
-            "`name` is the start of the generated types' names, one identifier: write `name = DecodeStep` \
-             for `DecodeStepGraph`, `DecodeStepInputs`, `DecodeStepOutputs` and `DecodeStepState`",
-        ),
+        _ => cx.error_spanned_by(value, one_identifier()),
     }
 }
 
 fn parse_crate(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
-    let expected =
-        "`crate` must be a string naming the runtime crate, e.g. `crate = \"graph_runtime\"`";
-    let Some(s) = literal(value, cx, expected, string) else {
+    let expected = Message::new("`crate` must be a string naming the runtime crate")
+        .fix("e.g. `crate = \"graph_runtime\"`");
+    let Some(s) = literal(value, cx, &expected, string) else {
         return;
     };
     match s.parse::<syn::Path>() {
@@ -416,7 +436,7 @@ fn parse_crate(value: &Expr, cx: &mut Ctxt, args: &mut GraphArgs) {
         }
         Err(_) => cx.error_spanned_by(
             s,
-            "`crate` must name a path, e.g. `crate = \"graph_runtime\"`",
+            Message::new("`crate` must name a path").fix("e.g. `crate = \"graph_runtime\"`"),
         ),
     }
 }
@@ -501,7 +521,7 @@ mod tests {
     fn unknown_keys_get_a_hint() {
         let (_, errors) = parse_str(quote!(warmups = 3));
         assert!(
-            errors[0].ends_with("(did you mean `warmup`?)"),
+            errors[0].contains("\n= help: did you mean `warmup`?\n"),
             "{errors:?}"
         );
         let (_, errors) = parse_str(quote!(allow_host_effects));
@@ -516,7 +536,7 @@ mod tests {
         );
         let (_, errors) = parse_str(quote!(pool = "shared"));
         assert!(
-            errors[0].ends_with(&valid_keys()),
+            errors[0].ends_with(&valid_keys()) && errors[0].matches("= help:").count() == 1,
             "no hint for a far key: {errors:?}"
         );
         assert_eq!(edit_distance("mdoe", "mode"), 2);

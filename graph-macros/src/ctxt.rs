@@ -9,7 +9,7 @@ use std::fmt::{self, Display};
 
 /// The longest first line a [`Message`] may have (issue 33); `style_tests` holds every
 /// message of the crate to it.
-#[cfg(test)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub const MAX_FIRST_LINE: usize = 119;
 
 /// One error message, laid out like rustc's own: a first line that says what happened, then

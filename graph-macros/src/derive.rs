@@ -14,7 +14,7 @@ use quote::{format_ident, quote};
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, LitStr};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 
 /// Entry point: `#[derive(DeviceState)] item`.
 pub fn derive(input: TokenStream) -> TokenStream {
@@ -63,8 +63,9 @@ pub fn derive(input: TokenStream) -> TokenStream {
         Data::Union(u) => {
             cx.error_spanned_by(
                 u.union_token,
-                "`DeviceState` cannot be derived for a union: the runtime could not tell which field \
-                 holds the device buffers; implement the trait by hand",
+                Message::new("`DeviceState` cannot be derived for a union")
+                    .why("the runtime could not tell which field holds the device buffers")
+                    .fix("implement the trait by hand"),
             );
             quote!()
         }
@@ -202,11 +203,14 @@ fn skip_field(f: &syn::Field, cx: &mut Ctxt) -> bool {
     if let Some(t) = skips_device_memory(&f.ty) {
         cx.error_spanned_by(
             &f.ty,
-            format!(
-                "`#[device_state(skip)]` on a field that holds a `{t}`: the graph reads such buffers by \
-                 address, and a skipped one could be replaced under it unnoticed; remove `skip` (the \
-                 field's buffers are then checked before every replay)"
-            ),
+            Message::new(format!(
+                "`#[device_state(skip)]` on a field that holds a `{t}`"
+            ))
+            .why(
+                "the graph reads such buffers by address, and a skipped one could be replaced under \
+                 it unnoticed",
+            )
+            .fix("remove `skip` (the field's buffers are then checked before every replay)"),
         );
     }
     true
@@ -222,8 +226,11 @@ fn skipped(attrs: &[syn::Attribute], cx: &mut Ctxt) -> bool {
                 Ok(())
             } else {
                 Err(meta.error(
-                    "unknown `device_state` field option; the only one is `skip` (a field that holds no \
-                     device memory the graph uses)",
+                    Message::new("unknown `device_state` field option; the only one is `skip`")
+                        .fix(
+                        "write `#[device_state(skip)]` on a field that holds no device memory the \
+                         graph uses",
+                    ),
                 ))
             }
         });
@@ -244,9 +251,9 @@ fn crate_path(attrs: &[syn::Attribute], cx: &mut Ctxt) -> syn::Path {
                 path = s.parse()?;
                 Ok(())
             } else {
-                Err(meta.error(
+                Err(meta.error(Message::new(
                     "unknown `device_state` option on the type; the only one is `crate = \"path\"`",
-                ))
+                )))
             }
         });
         if let Err(e) = parsed {

@@ -21,7 +21,7 @@ use syn::ItemFn;
 
 use crate::args::{self, GraphArgs};
 use crate::check::check_body;
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 use crate::model::{self, GraphFn};
 use crate::tokens::{relocated_path, unraw};
 
@@ -46,16 +46,15 @@ pub fn graph_helper(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => {
             let msg = syn::Error::new(
                 e.span(),
-                format!(
-                    "`#[graph_helper]` goes on a function that a `#[cuda_graph]` body calls: {e}"
-                ),
+                Message::new(format!("`#[graph_helper]` goes on a function: {e}"))
+                    .fix("put it on a function that a `#[cuda_graph]` body calls"),
             )
             .to_compile_error();
             return quote!(#msg #item);
         }
     };
     if !args.is_empty() {
-        cx.error_spanned_by(&args, "`#[graph_helper]` takes no arguments");
+        cx.error_spanned_by(&args, Message::new("`#[graph_helper]` takes no arguments"));
     }
     for f in crate::check::helper_findings(&parsed) {
         cx.push(f.to_error());
@@ -71,9 +70,8 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => {
             let msg = syn::Error::new(
                 e.span(),
-                format!(
-                    "`#[cuda_graph]` goes on a free function (`fn name(rt: &Runtime, …)`): {e}"
-                ),
+                Message::new(format!("`#[cuda_graph]` goes on a free function: {e}"))
+                    .fix("put it on a `fn name(rt: &Runtime, …)`"),
             )
             .to_compile_error();
             return quote!(#msg #item);
@@ -93,8 +91,9 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
         if let Some(b) = &args.buckets {
             cx.error_spanned_by(
                 &b.param,
-                "a bucket family cannot have eager islands: each bucket is one graph; write the function \
-                 without `buckets(…)` to use islands",
+                Message::new("a bucket family cannot have eager islands")
+                    .why("each bucket is one graph")
+                    .fix("write the function without `buckets(…)` to use islands"),
             );
         }
         islands::rewrite(&mut model, &args.krate(), &names, &mut cx);

@@ -27,6 +27,8 @@ mod ctxt;
 mod derive;
 mod expand;
 mod model;
+#[cfg(test)]
+mod style_tests;
 mod tokens;
 
 use proc_macro::TokenStream;

@@ -20,7 +20,7 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{Attribute, FnArg, ItemFn, Pat, Type};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 
 /// The role attributes a parameter may carry.
 pub const ROLE_ATTRS: [&str; 5] = ["input", "output", "state", "constant", "island"];
@@ -113,11 +113,13 @@ fn too_many_statics(params: &[Param], cx: &mut Ctxt) {
         if let Some(p) = params.iter().filter(|p| p.role == role).nth(MAX_STATICS) {
             cx.error_spanned_by(
                 &p.ident,
-                format!(
-                    "a graph holds at most {MAX_STATICS} {kind}, and `{}` is one more; group \
-                     buffers into a `#[derive(DeviceState)]` struct passed as `#[state]`, or split \
-                     the function into two graphs",
+                Message::new(format!(
+                    "a graph holds at most {MAX_STATICS} {kind}, and `{}` is one more",
                     p.ident
+                ))
+                .fix(
+                    "group buffers into a `#[derive(DeviceState)]` struct passed as `#[state]`, or \
+                     split the function into two graphs",
                 ),
             );
         }
@@ -141,9 +143,14 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     match inputs.next() {
         None => cx.error_spanned_by(
             &item.sig,
-            "a `#[cuda_graph]` function needs an execution context as its first parameter, e.g. \
-             `rt: &Runtime` or `stream: &Arc<CudaStream>`: the graph passes its own runtime there so that \
-             the body's GPU work lands on the capture stream",
+            Message::new(
+                "a `#[cuda_graph]` function needs an execution context as its first parameter",
+            )
+            .why(
+                "the graph passes its own runtime there so that the body's GPU work lands on the \
+                     capture stream",
+            )
+            .fix("add one, e.g. `rt: &Runtime` or `stream: &Arc<CudaStream>`"),
         ),
         Some((FnArg::Receiver(_), _)) => {
             // Reported by check_signature; the other parameters of a method are not
@@ -160,18 +167,24 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
             for a in &roles {
                 cx.error_spanned_by(
                     a,
-                    "the first parameter is the execution context and takes no role attribute; \
-                     add the context (`rt: &Runtime`) before the graph's inputs",
+                    Message::new(
+                        "the first parameter is the execution context and takes no role attribute",
+                    )
+                    .fix("add the context (`rt: &Runtime`) before the graph's inputs"),
                 );
             }
             match &*first.ty {
                 Type::Reference(r) if r.mutability.is_none() => {
-                    context = Some(ContextParam { ty: (*r.elem).clone() })
+                    context = Some(ContextParam {
+                        ty: (*r.elem).clone(),
+                    })
                 }
                 other => cx.error_spanned_by(
                     other,
-                    "the first parameter of a `#[cuda_graph]` function is its execution context and must be a \
-                     shared reference: `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`",
+                    Message::new(
+                        "the execution context (the first parameter) must be a shared reference",
+                    )
+                    .fix("write `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`"),
                 ),
             }
         }
@@ -184,8 +197,11 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         if ident == "rt" {
             cx.error_spanned_by(
                 &ident,
-                "parameter `rt` clashes with the first parameter of the generated `capture(rt: &Runtime, …)`, \
-                 which passes the runtime; rename this parameter",
+                Message::new(
+                    "parameter `rt` clashes with the first parameter of the generated `capture`",
+                )
+                .why("`capture(rt: &Runtime, …)` passes the runtime as `rt`")
+                .fix("rename this parameter"),
             );
             continue;
         }
@@ -205,8 +221,9 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         for p in params.iter().filter(|p| p.island) {
             cx.error_spanned_by(
                 &p.ident,
-                "a bucket family cannot have eager islands or `#[island]` state: each bucket is one graph; \
-                 write the function without `buckets(…)` to use islands",
+                Message::new("a bucket family cannot have eager islands or `#[island]` state")
+                    .why("each bucket is one graph")
+                    .fix("write the function without `buckets(…)` to use islands"),
             );
         }
     }
@@ -214,10 +231,12 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         if !params.iter().any(|p| p.role == Role::Bucket) && context.is_some() {
             cx.error_spanned_by(
                 b,
-                format!(
-                    "`buckets({b} = …)` names a parameter `{b}` that the function does not have; add `{b}: usize`, \
-                     which receives each bucket's batch size"
-                ),
+                Message::new(format!(
+                    "`buckets({b} = …)` names a parameter `{b}` that the function does not have"
+                ))
+                .fix(format!(
+                    "add `{b}: usize`, which receives each bucket's batch size"
+                )),
             );
         }
         if params.iter().any(|p| p.role == Role::Bucket)
@@ -227,7 +246,9 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         {
             cx.error_spanned_by(
                 b,
-                "a bucket family needs at least one input or output batched along `batch` rows",
+                Message::new(
+                    "a bucket family needs at least one input or output batched along `batch` rows",
+                ),
             );
         }
     }
@@ -236,18 +257,22 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
         if let Some(b) = bucket {
             cx.error_spanned_by(
                 ty,
-                format!(
-                    "a bucket family (`buckets({b} = …)`) cannot return a value: each bucket's graph writes \
-                     its own rows; return `Result<(), E>` and write the result into an output parameter \
-                     (`y: &mut CudaSlice<f32>`)"
+                Message::new(format!(
+                    "a bucket family (`buckets({b} = …)`) cannot return a value"
+                ))
+                .why("each bucket's graph writes its own rows")
+                .fix(
+                    "return `Result<(), E>` and write the result into an output parameter \
+                     (`y: &mut CudaSlice<f32>`)",
                 ),
             );
         }
         if let Some(p) = params.iter().find(|p| p.ident == "result") {
             cx.error_spanned_by(
                 &p.ident,
-                "a parameter named `result` clashes with the graph's output `result`, which holds the \
-                 function's returned value; rename the parameter",
+                Message::new("a parameter named `result` clashes with the graph's output `result`")
+                    .why("the output `result` holds the function's returned value")
+                    .fix("rename the parameter"),
             );
         }
     }
@@ -285,7 +310,9 @@ fn classify_bucket(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) 
     if let Some(a) = roles.first() {
         cx.error_spanned_by(
             a,
-            format!("`{ident}` is the batch parameter named in `buckets(…)`; it takes no role attribute"),
+            Message::new(format!(
+                "`{ident}` is the batch parameter named in `buckets(…)`; it takes no role attribute"
+            )),
         );
         return None;
     }
@@ -295,7 +322,10 @@ fn classify_bucket(ident: Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctxt) 
     if !is_integer {
         cx.error_spanned_by(
             ty,
-            format!("the batch parameter `{ident}` must be an integer passed by value, e.g. `{ident}: usize`"),
+            Message::new(format!(
+                "the batch parameter `{ident}` must be an integer passed by value"
+            ))
+            .fix(format!("e.g. `{ident}: usize`")),
         );
         return None;
     }
@@ -313,50 +343,76 @@ fn check_signature(item: &ItemFn, cx: &mut Ctxt) {
     if let Some(t) = &sig.asyncness {
         cx.error_spanned_by(
             t,
-            "`#[cuda_graph]` requires a non-async fn: a graph is recorded by running the body once on the \
-             calling thread, and an `async fn` body only runs when polled; make the function synchronous",
+            Message::new("`#[cuda_graph]` requires a non-async fn")
+                .why(
+                    "a graph is recorded by running the body once on the calling thread, and an \
+                     `async fn` body only runs when polled",
+                )
+                .fix("make the function synchronous"),
         );
     }
     if let Some(t) = &sig.constness {
         cx.error_spanned_by(
             t,
-            "`#[cuda_graph]` cannot be put on a `const fn`: a graph records GPU work, which only exists at run \
-             time; remove `const`",
+            Message::new("`#[cuda_graph]` cannot be put on a `const fn`")
+                .why("a graph records GPU work, which only exists at run time")
+                .fix("remove `const`"),
         );
     }
     if let syn::Safety::Unsafe(t) = &sig.safety {
         cx.error_spanned_by(
             t,
-            "`#[cuda_graph]` requires a safe fn: the generated `capture` calls it without `unsafe`; keep the \
-             function safe and put `unsafe { … }` around the launches inside it, with a SAFETY comment",
+            Message::new("`#[cuda_graph]` requires a safe fn")
+                .why("the generated `capture` calls it without `unsafe`")
+                .fix(
+                    "keep the function safe and put `unsafe { … }` around the launches inside it, \
+                     with a SAFETY comment",
+                ),
         );
     }
     if let Some(abi) = &sig.abi {
         cx.error_spanned_by(
             abi,
-            "`#[cuda_graph]` requires a Rust fn, without an `extern` ABI: the generated graph type calls it as \
-             one; remove the ABI, and call the graph's `replay` from an `extern` function of your own if C must \
-             reach it",
+            Message::new("`#[cuda_graph]` requires a Rust fn, without an `extern` ABI")
+                .why("the generated graph type calls it as one")
+                .fix(
+                    "remove the ABI, and call the graph's `replay` from an `extern` function of your \
+                     own if C must reach it",
+                ),
         );
     }
     if let Some(v) = &sig.variadic {
-        cx.error_spanned_by(v, "`#[cuda_graph]` cannot capture a variadic fn");
+        cx.error_spanned_by(
+            v,
+            Message::new("`#[cuda_graph]` cannot capture a variadic fn"),
+        );
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         cx.error_spanned_by(
             &sig.generics,
-            "`#[cuda_graph]` requires a function without generic or lifetime parameters: a graph is captured for \
-             one set of concrete types and owns its buffers; write a non-generic function for each element type \
-             you capture (a generic helper can do the work)",
+            Message::new(
+                "`#[cuda_graph]` requires a function without generic or lifetime parameters",
+            )
+            .why("a graph is captured for one set of concrete types and owns its buffers")
+            .fix(
+                "write a non-generic function for each element type you capture (a generic \
+                     helper can do the work)",
+            ),
         );
     }
     for arg in &sig.inputs {
         if let FnArg::Receiver(r) = arg {
             cx.error_spanned_by(
                 r,
-                "`#[cuda_graph]` cannot be put on a method: the generated graph type must own its static buffers \
-                 and borrow its state separately; make it a free function and pass the fields it reads as \
-                 `#[state]` parameters",
+                Message::new("`#[cuda_graph]` cannot be put on a method")
+                    .why(
+                        "the generated graph type must own its static buffers and borrow its state \
+                         separately",
+                    )
+                    .fix(
+                        "make it a free function and pass the fields it reads as `#[state]` \
+                         parameters",
+                    ),
             );
         }
     }
@@ -368,8 +424,10 @@ fn binding_ident(pat: &Pat, cx: &mut Ctxt) -> Option<Ident> {
         other => {
             cx.error_spanned_by(
                 other,
-                "`#[cuda_graph]` parameters must be plain names (`x: &CudaSlice<f32>`): the name becomes the \
-                 static buffer's field and the replay argument",
+                Message::new(
+                    "`#[cuda_graph]` parameters must be plain names (`x: &CudaSlice<f32>`)",
+                )
+                .why("the name becomes the static buffer's field and the replay argument"),
             );
             None
         }
@@ -416,7 +474,8 @@ fn role_attr_options(ident: &Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctx
                 .unwrap_or_default();
             cx.error_spanned_by(
                 a,
-                format!("`#[{name}]` takes no arguments; write `#[{name}]`"),
+                Message::new(format!("`#[{name}]` takes no arguments"))
+                    .fix(format!("write `#[{name}]`")),
             );
         }
     }
@@ -427,10 +486,9 @@ fn role_attr_options(ident: &Ident, ty: &Type, roles: &[Attribute], cx: &mut Ctx
             .collect();
         cx.error_spanned_by(
             &roles[1],
-            format!(
-                "parameter `{ident}` has more than one role ({}); give it exactly one",
-                names.join(", ")
-            ),
+            Message::new(format!("parameter `{ident}` has more than one role"))
+                .why(format!("it is marked {}", names.join(", ")))
+                .fix("give it exactly one"),
         );
         return None;
     }
@@ -458,27 +516,30 @@ fn role_of(
         (Some(("input", span)), Some(true)) => {
             cx.error_at(
                 span,
-                format!(
-                    "input `{ident}` is `&mut`: a graph input is a read-only static buffer that each replay refills; \
-                     take it as `&T`, or mark it `#[state]` if the graph updates it in place"
-                ),
+                Message::new(format!("input `{ident}` is `&mut`"))
+                    .why("a graph input is a read-only static buffer that each replay refills")
+                    .fix("take it as `&T`, or mark it `#[state]` if the graph updates it in place"),
             );
             return None;
         }
         (Some(("output", span)), Some(false)) => {
             cx.error_at(
                 span,
-                format!("output `{ident}` must be `&mut`: the graph writes its outputs; write `{ident}: &mut T`"),
+                Message::new(format!("output `{ident}` must be `&mut`"))
+                    .why("the graph writes its outputs")
+                    .fix(format!("write `{ident}: &mut T`")),
             );
             return None;
         }
         (Some(("constant", span)), Some(_)) => {
             cx.error_at(
                 span,
-                format!(
-                    "`#[constant]` parameter `{ident}` is a reference: a constant is a host value frozen at capture; \
-                     take it by value (`{ident}: u32`), or use `#[state]` for device data read by address"
-                ),
+                Message::new(format!("`#[constant]` parameter `{ident}` is a reference"))
+                    .why("a constant is a host value frozen at capture")
+                    .fix(format!(
+                        "take it by value (`{ident}: u32`), or use `#[state]` for device data read by \
+                         address"
+                    )),
             );
             return None;
         }
@@ -486,27 +547,32 @@ fn role_of(
             let ty_text = ty.to_token_stream().to_string().replace(' ', "");
             cx.error_at(
                 span,
-                format!(
-                    "parameter `{ident}` is passed by value, so it can only be a `#[constant]`: inputs, outputs \
-                     and state are device buffers passed by reference; write `#[{role}] {ident}: &{ty_text}` \
-                     (or `&mut` for state the graph updates)"
-                ),
+                Message::new(format!(
+                    "parameter `{ident}` is passed by value, so it can only be a `#[constant]`"
+                ))
+                .why("inputs, outputs and state are device buffers passed by reference")
+                .fix(format!(
+                    "write `#[{role}] {ident}: &{ty_text}` (or `&mut` for state the graph updates)"
+                )),
             );
             return None;
         }
         (None, None) => {
             cx.error_spanned_by(
                 ty,
-                format!(
-                    "parameter `{ident}` is passed by value, so the graph would freeze the value it had at capture \
-                     and every replay would reuse it; mark it `#[constant]` if that is what you want, or pass it \
-                     in a device buffer (`{ident}: &CudaSlice<_>`) so that replays can change it"
-                ),
+                Message::new(format!(
+                    "parameter `{ident}` is passed by value, which a graph freezes at capture"
+                ))
+                .why("the graph would keep the value it had at capture, and every replay would reuse it")
+                .fix(format!(
+                    "mark it `#[constant]` if that is what you want, or pass it in a device buffer \
+                     (`{ident}: &CudaSlice<_>`) so that replays can change it"
+                )),
             );
             return None;
         }
         (Some((other, span)), Some(_)) => {
-            cx.error_at(span, format!("unknown role `#[{other}]`"));
+            cx.error_at(span, Message::new(format!("unknown role `#[{other}]`")));
             return None;
         }
     };
@@ -537,11 +603,12 @@ fn check_param_type(ident: &Ident, role: Role, ty: &Type, cx: &mut Ctxt) -> Opti
             };
             cx.error_spanned_by(
                 ty,
-                format!(
-                    "{what} `{ident}` is host memory (`{}`), but a graph's inputs and outputs are device buffers \
-                     the graph owns at fixed addresses; {fix}",
+                Message::new(format!(
+                    "{what} `{ident}` is host memory (`{}`)",
                     ty.to_token_stream().to_string().replace(' ', "")
-                ),
+                ))
+                .why("a graph's inputs and outputs are device buffers the graph owns at fixed addresses")
+                .fix(fix),
             );
             return None;
         }
@@ -550,16 +617,22 @@ fn check_param_type(ident: &Ident, role: Role, ty: &Type, cx: &mut Ctxt) -> Opti
         if let Some(span) = first_lifetime(ty).or_else(|| view_type(ty)) {
             cx.error_at(
                 span,
-                format!(
-                    "the type of `{ident}` borrows (it has a lifetime): a graph keeps its buffers for as long as it \
-                     lives, so inputs, outputs and state must be owned buffer types such as `CudaSlice<f32>`, \
-                     not views. A `&CudaSlice<T>` input already accepts a `CudaView<T>` (or host data) in \
-                     `capture` and `replay`, copying it into the graph's buffer: declare `{ident}: &CudaSlice<T>`. \
-                     For a model, hold a type that owns what it uses, whose lifetimes are all `'static` \
-                     (`Func<'static>`, `Box<dyn Module>`; a model of another crate in \
-                     `graph_runtime::candle::ModelState<M>`), and give the graph the model itself (owned, \
-                     borrowed for the graph's life, or in an `Arc`)"
-                ),
+                Message::new(format!("the type of `{ident}` borrows (it has a lifetime)"))
+                    .why(
+                        "a graph keeps its buffers for as long as it lives, so inputs, outputs and state \
+                         must be owned buffer types such as `CudaSlice<f32>`, not views",
+                    )
+                    .fix(format!(
+                        "a `&CudaSlice<T>` input already accepts a `CudaView<T>` (or host data) in \
+                         `capture` and `replay`, copying it into the graph's buffer: declare \
+                         `{ident}: &CudaSlice<T>`"
+                    ))
+                    .fix(
+                        "for a model, hold a type that owns what it uses, whose lifetimes are all \
+                         `'static` (`Func<'static>`, `Box<dyn Module>`; a model of another crate in \
+                         `graph_runtime::candle::ModelState<M>`), and give the graph the model itself \
+                         (owned, borrowed for the graph's life, or in an `Arc`)",
+                    ),
             );
             return None;
         }
@@ -567,7 +640,10 @@ fn check_param_type(ident: &Ident, role: Role, ty: &Type, cx: &mut Ctxt) -> Opti
     if let Some(span) = first_impl_trait(ty) {
         cx.error_at(
             span,
-            format!("`impl Trait` in the type of `{ident}` makes the function generic; name a concrete type"),
+            Message::new(format!(
+                "`impl Trait` in the type of `{ident}` makes the function generic"
+            ))
+            .fix("name a concrete type"),
         );
         return None;
     }
@@ -581,17 +657,23 @@ fn state_options(attr: &Attribute, ident: &Ident, ty: &Type, cx: &mut Ctxt) -> b
     let parsed = attr.parse_nested_meta(|meta| {
         if meta.path.is_ident("no_restore") {
             if !mutable {
-                return Err(meta.error(format!(
-                    "`no_restore` applies to `&mut` state only: `{ident}` is read-only, so the warmup cannot \
-                     change it and there is nothing to restore; write `#[state]`"
-                )));
+                return Err(meta.error(
+                    Message::new("`no_restore` applies to `&mut` state only")
+                        .why(format!(
+                            "`{ident}` is read-only, so the warmup cannot change it and there is nothing \
+                             to restore"
+                        ))
+                        .fix("write `#[state]`"),
+                ));
             }
             no_restore = true;
             Ok(())
         } else {
             Err(meta.error(
-                "unknown `#[state]` option; the only one is `no_restore` (keep what the warmup runs wrote to \
-                 this `&mut` state instead of restoring the value it had before them)",
+                Message::new("unknown `#[state]` option; the only one is `no_restore`").fix(
+                    "write `#[state(no_restore)]` to keep what the warmup runs wrote to this `&mut` \
+                     state instead of restoring the value it had before them",
+                ),
             ))
         }
     });

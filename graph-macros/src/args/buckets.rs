@@ -12,7 +12,7 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Meta, Token};
 
 use super::lit::{integer, literal, string};
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 
 /// The parsed `buckets(…)` argument.
 pub struct BucketArgs {
@@ -33,9 +33,9 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
         Err(e) => {
             cx.error_at(
                 e.span(),
-                format!(
-                    "malformed `buckets(…)`: {e}; write `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter \
-                     and listing the batch sizes to capture"
+                Message::new(format!("malformed `buckets(…)`: {e}")).fix(
+                    "write `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter and listing the \
+                     batch sizes to capture",
                 ),
             );
             return None;
@@ -48,35 +48,41 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
         let Meta::NameValue(nv) = &meta else {
             cx.error_spanned_by(
                 &meta,
-                "expected `name = [sizes]`, `fallback = \"eager\"` or `lazy = N` inside `buckets(…)`",
+                Message::new(
+                    "expected `name = [sizes]`, `fallback = \"eager\"` or `lazy = N` inside `buckets(…)`",
+                ),
             );
             continue;
         };
         let Some(key) = nv.path.get_ident() else {
             cx.error_spanned_by(
                 &nv.path,
-                "expected the batch parameter's name, `fallback` or `lazy`",
+                Message::new("expected the batch parameter's name, `fallback` or `lazy`"),
             );
             continue;
         };
         if key == "fallback" {
-            const FALLBACK: &str = "`fallback` is \"error\" (the default: a batch above the largest bucket is \
-                                    an error) or \"eager\" (such a batch runs the function eagerly)";
-            match literal(&nv.value, cx, FALLBACK, string).map(|s| s.value()) {
+            let fallback = Message::new("`fallback` is \"error\" or \"eager\"").fix(
+                "write \"error\" (the default: a batch above the largest bucket is an error) or \
+                 \"eager\" (such a batch runs the function eagerly)",
+            );
+            match literal(&nv.value, cx, &fallback, string).map(|s| s.value()) {
                 Some(v) if v == "eager" => eager_fallback = true,
                 Some(v) if v == "error" => eager_fallback = false,
-                Some(_) => cx.error_spanned_by(&nv.value, FALLBACK),
+                Some(_) => cx.error_spanned_by(&nv.value, fallback),
                 None => {}
             }
             continue;
         }
         if key == "lazy" {
-            const LAZY: &str = "`lazy` is the most graphs kept live, at least 1: `lazy = 2` captures each \
-                                bucket on its first use and drops the least recently replayed one to make room";
-            if let Some(n) = literal(&nv.value, cx, LAZY, integer) {
+            let lazy_count = Message::new("`lazy` is the most graphs kept live, at least 1").fix(
+                "e.g. `lazy = 2`, which captures each bucket on its first use and drops the least \
+                 recently replayed one to make room",
+            );
+            if let Some(n) = literal(&nv.value, cx, &lazy_count, integer) {
                 match n.base10_parse::<usize>() {
                     Ok(v) if v >= 1 => lazy = Some(v),
-                    _ => cx.error_spanned_by(n, LAZY),
+                    _ => cx.error_spanned_by(n, lazy_count),
                 }
             }
             continue;
@@ -84,38 +90,41 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
         let Expr::Array(array) = &nv.value else {
             cx.error_spanned_by(
                 &nv.value,
-                format!("`{key}` needs a list of batch sizes, e.g. `{key} = [1, 2, 4, 8]`"),
+                Message::new(format!("`{key}` needs a list of batch sizes"))
+                    .fix(format!("e.g. `{key} = [1, 2, 4, 8]`")),
             );
             continue;
         };
         if let Some((first, _)) = &param {
             cx.error_spanned_by(
                 key,
-                format!("`buckets(…)` takes one batch parameter, and `{first}` is already given"),
+                Message::new(format!(
+                    "`buckets(…)` takes one batch parameter, and `{first}` is already given"
+                )),
             );
             continue;
         }
         let mut sizes = Vec::new();
         for elem in &array.elems {
-            let Some(n) = literal(elem, cx, "bucket sizes must be integer literals", integer)
-            else {
+            let integers = Message::new("bucket sizes must be integer literals");
+            let Some(n) = literal(elem, cx, &integers, integer) else {
                 continue;
             };
             match n.base10_parse::<usize>() {
                 Ok(0) => {
-                    cx.error_spanned_by(n, "a bucket must hold at least one row");
+                    cx.error_spanned_by(n, Message::new("a bucket must hold at least one row"));
                 }
                 Ok(v) if sizes.contains(&v) => {
-                    cx.error_spanned_by(n, format!("bucket {v} is listed twice"));
+                    cx.error_spanned_by(n, Message::new(format!("bucket {v} is listed twice")));
                 }
                 Ok(v) => sizes.push(v),
                 Err(_) => {
-                    cx.error_spanned_by(n, "bucket sizes are whole numbers");
+                    cx.error_spanned_by(n, Message::new("bucket sizes are whole numbers"));
                 }
             }
         }
         if array.elems.is_empty() {
-            cx.error_spanned_by(array, "list at least one bucket size");
+            cx.error_spanned_by(array, Message::new("list at least one bucket size"));
         }
         sizes.sort_unstable();
         param = Some((key.clone(), sizes));
@@ -123,7 +132,8 @@ pub fn parse(list: &syn::MetaList, cx: &mut Ctxt) -> Option<BucketArgs> {
     let Some((param, sizes)) = param else {
         cx.error_spanned_by(
             list,
-            "`buckets(…)` must name the batch parameter and list its sizes, e.g. `buckets(batch = [1, 2, 4, 8])`",
+            Message::new("`buckets(…)` must name the batch parameter and list its sizes")
+                .fix("e.g. `buckets(batch = [1, 2, 4, 8])`"),
         );
         return None;
     };

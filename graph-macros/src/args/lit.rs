@@ -6,14 +6,14 @@
 
 use syn::{Expr, ExprLit, Lit, LitBool, LitInt, LitStr};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 
 /// `value` as the kind of literal `pick` accepts; anything else is an error spanning it that
 /// says what was `expected`.
 pub fn literal<'v, L>(
     value: &'v Expr,
     cx: &mut Ctxt,
-    expected: &str,
+    expected: &Message,
     pick: fn(&'v Lit) -> Option<&'v L>,
 ) -> Option<&'v L> {
     let found = match value {
@@ -21,7 +21,7 @@ pub fn literal<'v, L>(
         _ => None,
     };
     if found.is_none() {
-        cx.error_spanned_by(value, expected);
+        cx.error_spanned_by(value, expected.clone());
     }
     found
 }

@@ -1,10 +1,12 @@
 //! One mistake found in a body, and the error that reports it over the offending tokens.
 //!
-//! Imports the rule table's `Rule` only; never its parent (`check/mod.rs`) or the walker.
+//! Imports the rule table's `Rule` and `ctxt`'s message type only; never its parent
+//! (`check/mod.rs`) or the walker.
 
 use proc_macro2::{Punct, Spacing, Span, TokenStream, TokenTree};
 
 use super::rules::Rule;
+use crate::ctxt::Message;
 
 /// One mistake found in a body.
 pub struct Finding {
@@ -14,7 +16,7 @@ pub struct Finding {
     /// First and last span of the offending construct.
     pub span: (Span, Span),
     /// The message, with its placeholders filled in.
-    pub message: String,
+    pub message: Message,
 }
 
 impl Finding {

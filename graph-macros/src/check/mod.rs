@@ -44,6 +44,12 @@ use crate::model::{GraphFn, Role};
 
 use finding::Finding;
 
+/// Every rule, for the message style test (`style_tests.rs`).
+#[cfg(test)]
+pub fn rule_table() -> &'static [rules::Rule] {
+    rules::RULES
+}
+
 /// Checks the body of the model's function, recording one error per offending construct.
 pub fn check_body(model: &GraphFn, args: &GraphArgs, cx: &mut Ctxt) {
     for f in findings(model, args) {
@@ -75,7 +81,7 @@ pub fn state_guards(model: &GraphFn, args: &GraphArgs) -> proc_macro2::TokenStre
         }
         let ty = &p.ty;
         let what = format!("`{}: &mut {}`", p.ident, quote::quote!(#ty));
-        let message = host_state.render(&what, "");
+        let message = host_state.render(&what, "").to_string();
         let span = syn::spanned::Spanned::span(ty);
         out.extend(quote::quote_spanned! {span=>
             const _: () = {
@@ -120,10 +126,12 @@ pub fn shadow_host_macros(model: &mut GraphFn, args: &GraphArgs) {
     let mut shadows: Vec<syn::Stmt> = Vec::new();
     for (name, rule_id) in SHADOWED {
         let ident = proc_macro2::Ident::new(name, proc_macro2::Span::call_site());
-        let message = rules::rule(rule_id).render_plain(
-            &format!("`{name}!`, reached through a macro of yours (the invocation below),"),
-            "",
-        );
+        let message = rules::rule(rule_id)
+            .render_plain(&format!("`{name}!`"), "")
+            .why(format!(
+                "`{name}!` is reached through a macro of yours (the invocation below)"
+            ))
+            .to_string();
         shadows.push(syn::parse_quote! {
             #[allow(unused_macros)]
             macro_rules! #ident {
@@ -148,7 +156,8 @@ pub fn helper_findings(item: &syn::ItemFn) -> Vec<Finding> {
     w.visit_block(&item.block);
     // A helper has no attribute of its own to opt into host effects.
     let helper_opt_in = "if running it only then is what you want, keep it in the body of a \
-                         `#[cuda_graph(host_effects_not_replayed)]` function, or in a helper that is not marked";
+                         `#[cuda_graph(host_effects_not_replayed)]` function, or in a helper that is not \
+                         marked";
     for f in &mut w.findings {
         f.message = f.message.replace(&rules::opt_in(), helper_opt_in);
     }

@@ -1,10 +1,11 @@
 //! The rule table: every mistake `#[cuda_graph]` rejects in a body, one row each, with its
-//! message. This is the only place that knows a name (with `names.rs`, the name lists it
-//! shares with the walker, re-exported here); the walker (`walk.rs`) only asks the table
-//! whether a construct matches.
+//! message split into what happened (its first line), why, and what to write instead
+//! (`ctxt::Message`). This is the only place that knows a name (with `names.rs`, the name
+//! lists it shares with the walker, re-exported here); the walker (`walk.rs`) only asks the
+//! table whether a construct matches.
 //!
-//! Imports `names.rs` (re-exported) and the opt-in's name from `args`; never the walker,
-//! `scope.rs`, `syntax.rs` or this folder's `mod.rs`.
+//! Imports `names.rs` (re-exported), the opt-in's name from `args` and `ctxt`'s message
+//! type; never the walker, `scope.rs`, `syntax.rs` or this folder's `mod.rs`.
 //!
 //! The macro sees tokens, not types, so every rule matches **names** (of methods, paths and
 //! macros), helped by what the signature says about the parameters (their roles and declared
@@ -60,7 +61,7 @@
 //! The `host-*` rules are lifted by the `host_effects_not_replayed` attribute key, whose
 //! name states the consequence; the others cannot be lifted (each is a failed capture or a
 //! wrong graph). Every rule whose names the user's code can share (`misfires`) ends its
-//! message with the per-statement opt-out, `graph_runtime::replays_as_captured!`, inside
+//! message with a last fix, the per-statement opt-out, `graph_runtime::replays_as_captured!`, inside
 //! which the walker reports only what no statement can make replay as captured: a
 //! synchronize, a device-to-host read or a query whose receiver is provably a CUDA object
 //! (the context parameter, a stream bound from it, a call chain on one; `OPT_OUT_KEEPS`). Functions and `impl` methods declared *inside* the
@@ -88,6 +89,7 @@
 //! [`ensure_not_capturing`]: https://docs.rs/graph-runtime/latest/graph_runtime/fn.ensure_not_capturing.html
 
 use crate::args::HOST_EFFECTS_KEY;
+use crate::ctxt::Message;
 
 /// How a rule recognises a construct in the body's tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,32 +181,40 @@ pub struct Rule {
     /// Whether it can match correct code (its names are also the user's): the message then
     /// ends with the per-statement opt-out, [`OPT_OUT_MACRO`].
     pub misfires: bool,
-    /// The error message. `{what}` becomes the construct found (`` `.clone_dtoh()` ``,
-    /// `` `println!` ``), `{data}` the device data involved, where the rule has one, and
-    /// `{opt_in}` the way to lift a `host-*` rule.
-    pub message: &'static str,
+    /// The message's first line: what happened, in at most 119 characters with the
+    /// placeholders filled in. `{what}` becomes the construct found (`` `.clone_dtoh()` ``,
+    /// `` `println!` ``), `{data}` the device data involved, where the rule has one.
+    pub what: &'static str,
+    /// The reason (a `= note:` line): what CUDA, candle or the runtime would do.
+    pub why: &'static str,
+    /// The fix (a `= help:` line): what to write instead. A `host-*` rule's message adds the
+    /// way to lift it ([`opt_in`]) as a second fix.
+    pub fix: &'static str,
 }
 
 impl Rule {
-    /// The message with its placeholders filled in.
-    pub fn render(&self, what: &str, data: &str) -> String {
-        let mut message = self
-            .message
-            .replace("{opt_in}", &opt_in())
-            .replace("{what}", what)
-            .replace("{data}", data);
+    /// The message with its placeholders filled in, ending with the per-statement opt-out
+    /// when the rule can misfire.
+    pub fn render(&self, what: &str, data: &str) -> Message {
+        let message = self.render_plain(what, data);
         if self.misfires {
-            message.push_str(&opt_out());
+            message.fix(opt_out())
+        } else {
+            message
         }
-        message
     }
 
     /// The message without the per-statement opt-out (for errors the opt-out cannot lift).
-    pub fn render_plain(&self, what: &str, data: &str) -> String {
-        self.message
-            .replace("{opt_in}", &opt_in())
-            .replace("{what}", what)
-            .replace("{data}", data)
+    pub fn render_plain(&self, what: &str, data: &str) -> Message {
+        let fill = |text: &str| text.replace("{what}", what).replace("{data}", data);
+        let message = Message::new(fill(self.what))
+            .why(fill(self.why))
+            .fix(fill(self.fix));
+        if self.host_effect {
+            message.fix(opt_in())
+        } else {
+            message
+        }
     }
 
     /// Whether `matcher` is one of this rule's.
@@ -222,24 +232,24 @@ pub const OPT_OUT_MACRO: &str = "replays_as_captured";
 /// did at capture, whatever the statement claims.
 pub const OPT_OUT_KEEPS: &[&str] = &["host-sync", "device-to-host", "stream-or-event-query"];
 
-/// What ends a message reported inside the opt-out, in place of [`opt_out`].
+/// The reason a message reported inside the opt-out adds, in place of the fix [`opt_out`].
 pub fn inside_opt_out() -> String {
     format!(
-        " (`{OPT_OUT_MACRO}!` does not lift this one: its receiver is the runtime's own CUDA \
-         object, and no statement of this kind does on a replay what it did at capture)"
+        "`{OPT_OUT_MACRO}!` does not lift this one: its receiver is the runtime's own CUDA \
+         object, and no statement of this kind does on a replay what it did at capture"
     )
 }
 
-/// The end of every message that can misfire: how to say that the code is correct.
+/// The last fix of every message that can misfire: how to say that the code is correct.
 pub fn opt_out() -> String {
     format!(
-        " (if this is code of your own that only shares the name, and it does the same on every \
+        "if this is code of your own that only shares the name, and it does the same on every \
          replay as at capture, say so for this statement with \
-         `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`)"
+         `graph_runtime::{OPT_OUT_MACRO}!{{ … }}`"
     )
 }
 
-/// The end of every `host-*` message: how to opt in.
+/// The fix every `host-*` message adds: how to opt in.
 pub fn opt_in() -> String {
     format!(
         "if running it only then is what you want, add `{HOST_EFFECTS_KEY}` to the `#[cuda_graph(…)]` \
@@ -272,9 +282,11 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} makes the CPU wait for the GPU, which a capture cannot record: it fails with CUDA \
-                  error 900 (operation not permitted when stream is capturing); the graph's kernels already \
-                  run in stream order, so delete it, and wait for results after `replay()` returns",
+        what: "{what} makes the CPU wait for the GPU inside a captured body",
+        why: "a capture cannot record a wait: it fails with CUDA error 900 (operation not permitted \
+             when stream is capturing)",
+        fix: "delete it: the graph's kernels already run in stream order; wait for results after \
+             `replay()` returns",
     },
     Rule {
         id: "device-to-host",
@@ -290,15 +302,16 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} reads device memory on the host, which a captured body cannot do; make the value an \
-                  output parameter (`out: &mut CudaSlice<T>`) and read it after the replay \
-                  (`stream.clone_dtoh(graph.replay(…)?.out)`), or copy into a pinned buffer that outlives \
-                  the graph, which every replay repeats (`#[state] staging: &mut PinnedHostSlice<T>`, copied \
-                  into as `staging`). While the body is captured the GPU has not run yet: the copy is \
-                  recorded into the graph instead of done, the host buffer holds garbage, and every replay \
-                  would write into a host buffer that is long gone (the runtime refuses such a graph with \
-                  `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, operation \
-                  not permitted when stream is capturing)",
+        what: "{what} reads device memory on the host, which a captured body cannot do",
+        why: "while the body is captured the GPU has not run yet: the copy is recorded into the graph \
+             instead of done, the host buffer holds garbage, and every replay would write into a \
+             host buffer that is long gone (the runtime refuses such a graph with \
+             `GraphError::PageableCopyCaptured`; a read that waits fails with CUDA error 900, \
+             operation not permitted when stream is capturing)",
+        fix: "make the value an output parameter (`out: &mut CudaSlice<T>`) and read it after the \
+             replay (`stream.clone_dtoh(graph.replay(…)?.out)`), or copy into a pinned buffer that \
+             outlives the graph, which every replay repeats (`#[state] staging: &mut \
+             PinnedHostSlice<T>`, copied into as `staging`)",
     },
     Rule {
         id: "candle-host-read",
@@ -319,13 +332,14 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} copies a candle tensor from the GPU to the host, which a captured body cannot do; \
-                  return the tensor from the body (`-> candle_core::Result<Tensor>`) and read it after the \
-                  replay (`graph.replay(…)?.result.to_vec1::<f32>()`), or keep it on the device and go on \
-                  with tensor ops. In the warmup runs it reads values that no replay reads again, and while \
-                  the body is captured the GPU has not run yet, so candle refuses the copy (`to_cpu_storage \
-                  during CUDA graph capture`; without candle's capture guard the copy is recorded into the \
-                  graph, which the runtime refuses with `GraphError::PageableCopyCaptured`)",
+        what: "{what} copies a candle tensor from the GPU to the host, which a captured body cannot do",
+        why: "in the warmup runs it reads values that no replay reads again, and while the body is \
+             captured the GPU has not run yet, so candle refuses the copy (`to_cpu_storage during \
+             CUDA graph capture`; without candle's capture guard the copy is recorded into the \
+             graph, which the runtime refuses with `GraphError::PageableCopyCaptured`)",
+        fix: "return the tensor from the body (`-> candle_core::Result<Tensor>`) and read it after \
+             the replay (`graph.replay(…)?.result.to_vec1::<f32>()`), or keep it on the device and \
+             go on with tensor ops",
     },
     Rule {
         id: "host-to-device",
@@ -342,14 +356,14 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} copies host memory to the device, which a replay would repeat from a stale address; \
-                  take the data as an input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), as \
-                  `#[state]` if it rarely changes, or upload it once before `capture` (a copy from a pinned \
-                  buffer that outlives the graph is legal and every replay repeats it: declare it as \
-                  `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`). A capture records the \
-                  host address, not the values, so every replay would copy from that address again after \
-                  the `Vec` or slice is gone (the runtime refuses such a graph with \
-                  `GraphError::PageableCopyCaptured`)",
+        what: "{what} copies host memory to the device, which a replay would repeat from a stale address",
+        why: "a capture records the host address, not the values, so every replay would copy from \
+             that address again after the `Vec` or slice is gone (the runtime refuses such a graph \
+             with `GraphError::PageableCopyCaptured`)",
+        fix: "take the data as an input parameter (`x: &CudaSlice<T>`, refilled by every `replay`), \
+             as `#[state]` if it rarely changes, or upload it once before `capture` (a copy from a \
+             pinned buffer that outlives the graph is legal and every replay repeats it: declare it \
+             as `#[state] staging: &PinnedHostSlice<T>` and copy from `staging`)",
     },
     Rule {
         id: "raw-sync-memory-op",
@@ -376,51 +390,55 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: false,
-        message: "{what} is a synchronous memory call of cudarc's raw driver layer, which a graph does not \
-                  record; use the capture stream's asynchronous calls, which it does \
-                  (`rt.stream().memcpy_dtod(…)`, `memset_zeros(…)`, `alloc_zeros(…)`), and move host \
-                  transfers before `capture` or after `replay()` returns. The call does not go through the \
-                  capture stream, so no replay repeats it; it runs in the warmup runs, and while capturing \
-                  CUDA either refuses it (error 900, operation not permitted when stream is capturing, in the \
-                  `thread_local` and `global` capture modes) or runs it once, outside the graph",
+        what: "{what} is a synchronous memory call of cudarc's raw driver layer, which a graph does not record",
+        why: "the call does not go through the capture stream, so no replay repeats it; it runs in \
+             the warmup runs, and while capturing CUDA either refuses it (error 900, operation not \
+             permitted when stream is capturing, in the `thread_local` and `global` capture modes) \
+             or runs it once, outside the graph",
+        fix: "use the capture stream's asynchronous calls, which the graph records \
+             (`rt.stream().memcpy_dtod(…)`, `memset_zeros(…)`, `alloc_zeros(…)`), and move host \
+             transfers before `capture` or after `replay()` returns",
     },
     Rule {
         id: "device-value-formatted",
         matchers: &[FormatsDeviceBuffer],
         host_effect: false,
         misfires: false,
-        message: "{what} formats the candle tensor {data}: candle's `Debug` and `Display` copy the tensor's \
-                  values to the host, and while the body is captured they have not been computed yet; candle \
-                  refuses the copy (`to_cpu_storage during CUDA graph capture`), or it fails with CUDA error 900 \
-                  (operation not permitted when stream is capturing); format it after `replay()` returns, from \
-                  the graph's outputs (cudarc's buffers are different: their `Debug` shows the address, length \
-                  and stream, reads nothing, and may be formatted in the body)",
+        what: "{what} formats the candle tensor {data}, which reads its values back from the GPU",
+        why: "candle's `Debug` and `Display` copy the tensor's values to the host, and while the body \
+             is captured they have not been computed yet; candle refuses the copy (`to_cpu_storage \
+             during CUDA graph capture`), or it fails with CUDA error 900 (operation not permitted \
+             when stream is capturing)",
+        fix: "format it after `replay()` returns, from the graph's outputs (cudarc's buffers are \
+             different: their `Debug` shows the address, length and stream, reads nothing, and may \
+             be formatted in the body)",
     },
     Rule {
         id: "host-branch-on-device-data",
         matchers: &[BranchesOnDeviceData],
         host_effect: false,
         misfires: false,
-        message: "this condition decides on the host from {data}, which a graph cannot replay; keep the \
-                  decision on the GPU: a loop or a branch whose condition a kernel sets \
-                  (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: conditional graph \
-                  nodes), or a kernel that reads the flag from device memory and skips its work; or decide \
-                  after `replay()` returns and capture one graph per path. While the body is captured that \
-                  value does not exist yet (reading it fails with CUDA error 900, operation not permitted when \
-                  stream is capturing, or yields garbage), and a graph records only the path taken at capture \
-                  and replays it whatever the data says",
+        what: "this condition decides on the host from data read back from the GPU, which a graph cannot replay",
+        why: "it reads {data}; while the body is captured that value does not exist yet (reading it fails with CUDA \
+             error 900, operation not permitted when stream is capturing, or yields garbage), and a \
+             graph records only the path taken at capture and replays it whatever the data says",
+        fix: "keep the decision on the GPU: a loop or a branch whose condition a kernel sets \
+             (`rt.graph_while(&cond, max, |rt| …)`, `rt.graph_if(&cond, |rt| …)`: conditional graph \
+             nodes), or a kernel that reads the flag from device memory and skips its work; or \
+             decide after `replay()` returns and capture one graph per path",
     },
     Rule {
         id: "candle-branch-on-device-data",
         matchers: &[BranchesOnTensorData],
         host_effect: false,
         misfires: false,
-        message: "this condition decides on the host from {data}, a candle tensor's values: while the body is \
-                  captured they do not exist yet (candle refuses the read: `to_cpu_storage during CUDA graph \
-                  capture`), and a graph records only the path taken at capture and replays it whatever the \
-                  tensor holds; keep the decision on the GPU with tensor ops \
-                  (`mask.where_cond(&on_true, &on_false)?`, or multiply by a 0/1 mask), or decide after \
-                  `replay()` returns and capture one graph per path",
+        what: "this condition decides on the host from a candle tensor's values",
+        why: "it reads {data}; while the body is captured those values do not exist yet (candle refuses the read: \
+             `to_cpu_storage during CUDA graph capture`), and a graph records only the path taken at \
+             capture and replays it whatever the tensor holds",
+        fix: "keep the decision on the GPU with tensor ops (`mask.where_cond(&on_true, &on_false)?`, \
+             or multiply by a 0/1 mask), or decide after `replay()` returns and capture one graph \
+             per path",
     },
     Rule {
         id: "stream-or-event-query",
@@ -437,11 +455,11 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} asks whether GPU work has finished, which has no answer while the work is only being \
-                  recorded: it fails with CUDA error 900 (operation not permitted when stream is capturing), or \
-                  CUDA error 907 (operation not permitted on an event last recorded in a capturing stream) for an event \
-                  recorded in the body; query streams and time events outside the body, around \
-                  `graph.replay(…)`",
+        what: "{what} asks whether GPU work has finished while the work is only being recorded",
+        why: "the question has no answer during a capture: it fails with CUDA error 900 (operation \
+             not permitted when stream is capturing), or CUDA error 907 (operation not permitted on \
+             an event last recorded in a capturing stream) for an event recorded in the body",
+        fix: "query streams and time events outside the body, around `graph.replay(…)`",
     },
     Rule {
         id: "pinned-host-alloc",
@@ -455,11 +473,12 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} allocates page-locked host memory, a blocking driver call that a capture refuses with CUDA \
-                  error 900 (operation not permitted when stream is capturing) in the `thread_local` and \
-                  `global` capture modes, and freeing it at the end of the body waits for the GPU as well; \
-                  allocate pinned buffers once, before `capture`, and keep them as long as the graph, or use \
-                  device memory (`rt.stream().alloc_zeros`), which becomes part of the graph",
+        what: "{what} allocates page-locked host memory inside the captured body",
+        why: "that is a blocking driver call, which a capture refuses with CUDA error 900 (operation \
+             not permitted when stream is capturing) in the `thread_local` and `global` capture \
+             modes, and freeing it at the end of the body waits for the GPU as well",
+        fix: "allocate pinned buffers once, before `capture`, and keep them as long as the graph, or \
+             use device memory (`rt.stream().alloc_zeros`), which becomes part of the graph",
     },
     Rule {
         id: "pinned-host-read",
@@ -473,13 +492,14 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} on the pinned buffer {data} first waits for the GPU work that uses it (cudarc \
-                  synchronizes the buffer's event), which a capture refuses with CUDA error 900 (operation not \
-                  permitted when stream is capturing), and the host values it would show are not computed yet; \
-                  inside the body a pinned `#[state]` buffer is only the source or destination of the stream's \
-                  asynchronous copies (`memcpy_htod(&*staging, …)`, `memcpy_dtoh(&y, &mut *staging)`), which \
-                  the graph records and every replay repeats; read or fill its host side before `capture` or \
-                  after `replay()` returns",
+        what: "{what} on the pinned buffer {data} waits for the GPU inside a captured body",
+        why: "it first waits for the GPU work that uses the buffer (cudarc synchronizes the buffer's \
+             event), which a capture refuses with CUDA error 900 (operation not permitted when \
+             stream is capturing), and the host values it would show are not computed yet",
+        fix: "inside the body a pinned `#[state]` buffer is only the source or destination of the \
+             stream's asynchronous copies (`memcpy_htod(&*staging, …)`, `memcpy_dtoh(&y, &mut \
+             *staging)`), which the graph records and every replay repeats; read or fill its host \
+             side before `capture` or after `replay()` returns",
     },
     Rule {
         id: "legacy-default-stream",
@@ -491,12 +511,14 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} is not the capture stream: the runtime captures on its own non-blocking stream, so work \
-                  queued on a default stream (cudarc's, or a null `CUstream` given to a raw driver call) does not wait for the capture, runs once, right away, and is not \
-                  in the graph (a body with nothing else fails with `GraphError::EmptyGraph`); with a blocking \
-                  capture stream it would fail with CUDA error 906 (operation would make the legacy stream \
-                  depend on a capturing blocking stream); queue the work on `rt.stream()` (or the context \
-                  parameter)",
+        what: "{what} is not the capture stream, so the work queued on it escapes the graph",
+        why: "the runtime captures on its own non-blocking stream, so work queued on a default stream \
+             (cudarc's, or a null `CUstream` given to a raw driver call) does not wait for the \
+             capture, runs once, right away, and is not in the graph (a body with nothing else fails \
+             with `GraphError::EmptyGraph`); with a blocking capture stream it would fail with CUDA \
+             error 906 (operation would make the legacy stream depend on a capturing blocking \
+             stream)",
+        fix: "queue the work on `rt.stream()` (or the context parameter)",
     },
     Rule {
         id: "stream-created-in-body",
@@ -512,24 +534,25 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} creates a stream inside the captured body, whose work the graph loses unless it \
-                  rejoins; run side work with `rt.fork(|side| { … })`, which uses a stream made before the \
-                  capture and always rejoins the runtime's stream. Work on a new stream is not recorded \
-                  unless the stream first waits on the capture, and then it must rejoin the capture stream \
-                  before the body returns or the capture fails with CUDA error 904 (capturing stream has \
-                  unjoined work); creating and using a stream during a capture also failed with CUDA error \
-                  900 on an H100",
+        what: "{what} creates a stream inside the captured body, whose work the graph loses unless it rejoins",
+        why: "work on a new stream is not recorded unless the stream first waits on the capture, and \
+             then it must rejoin the capture stream before the body returns or the capture fails \
+             with CUDA error 904 (capturing stream has unjoined work); creating and using a stream \
+             during a capture also failed with CUDA error 900 on an H100",
+        fix: "run side work with `rt.fork(|side| { … })`, which uses a stream made before the capture \
+             and always rejoins the runtime's stream",
     },
     Rule {
         id: "cublas-handle-in-body",
         matchers: &[Path(&["CudaBlas", "new"]), Path(&["CudaBlasLT", "new"])],
         host_effect: false,
         misfires: true,
-        message: "{what} creates a cuBLAS handle inside the captured body: it is created again on every warmup \
-                  run and at capture, and destroying it at the end of the body synchronizes the device, which a \
-                  capture refuses (CUDA error 900, operation not permitted when stream is capturing); use \
-                  `rt.blas()`, the runtime's handle, bound to the capture stream with its workspace set up \
-                  before any capture",
+        what: "{what} creates a cuBLAS handle inside the captured body",
+        why: "it is created again on every warmup run and at capture, and destroying it at the end of \
+             the body synchronizes the device, which a capture refuses (CUDA error 900, operation \
+             not permitted when stream is capturing)",
+        fix: "use `rt.blas()`, the runtime's handle, bound to the capture stream with its workspace \
+             set up before any capture",
     },
     Rule {
         id: "capture-control",
@@ -543,20 +566,21 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: false,
-        message: "{what} controls a stream capture by hand, but the runtime already captures this body on \
-                  its stream: a second capture cannot begin there, ending it early leaves the rest of the body \
-                  unrecorded, and ending it on another stream is CUDA error 903 (capture was not ended in the \
-                  same stream as it began); delete it, the generated `capture` begins and ends the capture \
-                  around the body",
+        what: "{what} controls a stream capture by hand, but the runtime already captures this body",
+        why: "the runtime captures the body on its own stream: a second capture cannot begin there, \
+             ending it early leaves the rest of the body unrecorded, and ending it on another stream \
+             is CUDA error 903 (capture was not ended in the same stream as it began)",
+        fix: "delete it: the generated `capture` begins and ends the capture around the body",
     },
     Rule {
         id: "nested-graph-capture",
         matchers: &[NestedGraphCapture],
         host_effect: false,
         misfires: true,
-        message: "{what} captures a graph inside the body of another: captures do not nest, and the runtime \
-                  refuses it with `GraphError::NestedCapture`; call the inner `#[cuda_graph]` function \
-                  directly (its work becomes part of this graph), or capture the inner graph before this one",
+        what: "{what} captures a graph inside the body of another",
+        why: "captures do not nest, and the runtime refuses it with `GraphError::NestedCapture`",
+        fix: "call the inner `#[cuda_graph]` function directly (its work becomes part of this graph), \
+             or capture the inner graph before this one",
     },
     Rule {
         id: "module-load-in-body",
@@ -577,11 +601,12 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} compiles or loads a CUDA module inside the captured body: that is done again in every \
-                  warmup run and at capture, and the kernels the graph records point into the module loaded at \
-                  capture, so once the body drops it every replay launches unloaded code; get kernels with \
-                  `rt.function(SOURCE, \"name\")`, which compiles once per process and keeps the module loaded \
-                  as long as the runtime",
+        what: "{what} compiles or loads a CUDA module inside the captured body",
+        why: "that is done again in every warmup run and at capture, and the kernels the graph \
+             records point into the module loaded at capture, so once the body drops it every replay \
+             launches unloaded code",
+        fix: "get kernels with `rt.function(SOURCE, \"name\")`, which compiles once per process and \
+             keeps the module loaded as long as the runtime",
     },
     Rule {
         id: "thread-spawned-in-body",
@@ -607,15 +632,16 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} runs code on other threads inside the captured body: their host work runs during the \
-                  warmup runs and the capture only, never on replay (a graph holds only GPU work); GPU work they \
-                  queue on the capture stream is recorded in whatever order the threads happen to reach it \
-                  (a scoped thread, `rayon::join` or a parallel iterator joins before the body goes on, but \
-                  nothing orders the threads among themselves, so another capture may record another order), \
-                  a detached thread's work is recorded only if it lands before the capture ends, and work on \
-                  other streams is not recorded at all; do host work before `capture` or after `replay()` \
-                  returns, and run parallel GPU work with `rt.fork(|side| { … })`, which records it as a \
-                  parallel branch of the graph",
+        what: "{what} runs code on other threads inside the captured body",
+        why: "their host work runs during the warmup runs and the capture only, never on replay (a \
+             graph holds only GPU work); GPU work they queue on the capture stream is recorded in \
+             whatever order the threads happen to reach it (a scoped thread, `rayon::join` or a \
+             parallel iterator joins before the body goes on, but nothing orders the threads among \
+             themselves, so another capture may record another order), a detached thread's work is \
+             recorded only if it lands before the capture ends, and work on other streams is not \
+             recorded at all",
+        fix: "do host work before `capture` or after `replay()` returns, and run parallel GPU work \
+             with `rt.fork(|side| { … })`, which records it as a parallel branch of the graph",
     },
     Rule {
         id: "cpu-randomness",
@@ -658,11 +684,12 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: false,
         misfires: true,
-        message: "{what} draws random numbers (or a random hash seed) on the CPU, but the body runs only during warmup and capture: the \
-                  values drawn at capture are frozen into the graph (as kernel arguments or copied data) and \
-                  every replay repeats them; draw on the GPU instead, with the runtime's graph-safe generator \
-                  (`rt.rng().uniform(rt, &mut noise, lo, hi)?`), whose seed and offset live in device memory \
-                  and advance on every replay",
+        what: "{what} draws random numbers (or a random hash seed) on the CPU inside the captured body",
+        why: "the body runs only during warmup and capture: the values drawn at capture are frozen \
+             into the graph (as kernel arguments or copied data) and every replay repeats them",
+        fix: "draw on the GPU instead, with the runtime's graph-safe generator (`rt.rng().uniform(rt, \
+             &mut noise, lo, hi)?`), whose seed and offset live in device memory and advance on \
+             every replay",
     },
     Rule {
         id: "host-print",
@@ -675,8 +702,10 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} prints on the host: it runs during the warmup runs and the capture, and never when the \
-                  graph replays, because a graph holds only GPU work; print after `replay()` returns, or, {opt_in}",
+        what: "{what} prints on the host during warmup and capture only, never on replay",
+        why: "it runs during the warmup runs and the capture, and never when the graph replays, \
+             because a graph holds only GPU work",
+        fix: "print after `replay()` returns",
     },
     Rule {
         id: "host-log",
@@ -699,8 +728,10 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} logs on the host: it runs during the warmup runs and the capture, and never when the \
-                  graph replays, because a graph holds only GPU work; log around `replay()`, or, {opt_in}",
+        what: "{what} logs on the host during warmup and capture only, never on replay",
+        why: "it runs during the warmup runs and the capture, and never when the graph replays, \
+             because a graph holds only GPU work",
+        fix: "log around `replay()`",
     },
     Rule {
         id: "host-io",
@@ -718,18 +749,20 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} does file, network or process I/O on the host: it happens during the warmup runs and \
-                  the capture only, so a replay neither reads fresh data nor writes anything; do the I/O outside \
-                  the body and pass data in through an input parameter, or, {opt_in}",
+        what: "{what} does file, network or process I/O on the host during warmup and capture only",
+        why: "the I/O happens during the warmup runs and the capture only, so a replay neither reads \
+             fresh data nor writes anything",
+        fix: "do the I/O outside the body and pass data in through an input parameter",
     },
     Rule {
         id: "host-sleep",
         matchers: &[Path(&["sleep"])],
         host_effect: true,
         misfires: true,
-        message: "{what} sleeps on the host during the warmup runs and the capture only: a replay does not wait \
-                  (the GPU runs the graph without the CPU); sleep between `replay()` calls to pace them, or, \
-                  {opt_in}",
+        what: "{what} sleeps on the host during warmup and capture only, and a replay does not wait",
+        why: "the sleep happens during the warmup runs and the capture only: a replay does not wait \
+             (the GPU runs the graph without the CPU)",
+        fix: "sleep between `replay()` calls to pace them",
     },
     Rule {
         id: "host-bookkeeping",
@@ -754,9 +787,10 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} changes the host collection {data} during the warmup runs and the capture only: \
-                  replays do not run it, so the collection stops following the graph after capture; keep \
-                  per-replay records outside the body (after each `replay()`), or, {opt_in}",
+        what: "{what} changes the host collection {data} during warmup and capture only",
+        why: "it runs during the warmup runs and the capture only: replays do not run it, so the \
+             collection stops following the graph after capture",
+        fix: "keep per-replay records outside the body (after each `replay()`)",
     },
     Rule {
         id: "host-clock",
@@ -771,9 +805,11 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} reads the host clock during the warmup runs and the capture only: a replay does not \
-                  read it again, and anything computed from it (a timestamp, a seed, a timeout) is frozen into \
-                  the graph; time replays from outside the body (CUDA events around `replay()`), or, {opt_in}",
+        what: "{what} reads the host clock during warmup and capture only, and a replay does not read it",
+        why: "the clock is read during the warmup runs and the capture only: a replay does not read \
+             it again, and anything computed from it (a timestamp, a seed, a timeout) is frozen into \
+             the graph",
+        fix: "time replays from outside the body (CUDA events around `replay()`)",
     },
     Rule {
         id: "host-input",
@@ -793,33 +829,36 @@ pub const RULES: &[Rule] = &[
         ],
         host_effect: true,
         misfires: true,
-        message: "{what} reads a host value (an environment variable, whether a file exists, a message from a \
-                  channel) during the warmup runs and the capture only: the value read at capture is frozen \
-                  into the graph, and no replay reads it again (a message is taken from the channel once); \
-                  read it outside the body and pass what changes as an input buffer, or capture one graph per \
-                  value, or, {opt_in}",
+        what: "{what} reads a host value during warmup and capture only, and freezes what it read",
+        why: "the value (an environment variable, whether a file exists, a message from a channel) is \
+             read during the warmup runs and the capture only: the value read at capture is frozen \
+             into the graph, and no replay reads it again (a message is taken from the channel once)",
+        fix: "read it outside the body and pass what changes as an input buffer, or capture one graph \
+             per value",
     },
     Rule {
         id: "host-static-state",
         matchers: &[StaticAccess],
         host_effect: true,
         misfires: true,
-        message: "{what} uses a `static` of the host (an atomic, a `static mut`, a lock): the body updates or \
-                  reads it during the warmup runs and the capture only, so a replay neither advances it nor \
-                  sees its new value, and a value read from it is frozen into the graph; a counter that must \
-                  advance on every replay belongs in device memory (a `#[state] step: &mut CudaSlice<u64>` \
-                  that a kernel increments), or, {opt_in}",
+        what: "{what} uses a `static` of the host, which a replay neither advances nor reads",
+        why: "the body updates or reads the static (an atomic, a `static mut`, a lock) during the \
+             warmup runs and the capture only, so a replay neither advances it nor sees its new \
+             value, and a value read from it is frozen into the graph",
+        fix: "a counter that must advance on every replay belongs in device memory (a `#[state] step: \
+             &mut CudaSlice<u64>` that a kernel increments)",
     },
     Rule {
         id: "host-state-mut",
         matchers: &[HostStateMut],
         host_effect: true,
         misfires: false,
-        message: "{what} is `&mut` state that lives on the host: the body's updates to it (`*step += 1`) run \
-                  in the warmup runs and the capture only, and no replay repeats them, because a graph holds \
-                  only GPU work; a counter or value that must change on every replay belongs in a device \
-                  buffer (`#[state] step: &mut CudaSlice<u64>`, advanced by a kernel), and a value fixed at \
-                  capture is a `#[constant]`; or, {opt_in}",
+        what: "{what} is `&mut` state that lives on the host, which no replay updates",
+        why: "the body's updates to it (`*step += 1`) run in the warmup runs and the capture only, \
+             and no replay repeats them, because a graph holds only GPU work",
+        fix: "a counter or value that must change on every replay belongs in a device buffer \
+             (`#[state] step: &mut CudaSlice<u64>`, advanced by a kernel), and a value fixed at \
+             capture is a `#[constant]`",
     },
 ];
 

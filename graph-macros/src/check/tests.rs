@@ -3,7 +3,7 @@ use std::collections::HashSet;
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::quote;
 
-use super::rules::{rule, Matcher, CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, RULES};
+use super::rules::{rule, Matcher, Rule, CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, RULES};
 use super::*;
 use crate::expand;
 
@@ -40,16 +40,19 @@ fn ids_with(args: TokenStream, params: TokenStream, body: TokenStream) -> Vec<&'
     let messages = compile_errors(out);
     assert_eq!(messages.len(), direct.len(), "{messages:#?}");
     for (id, msg) in direct.iter().zip(&messages) {
-        let head: String = rule(id).message.split('{').next().unwrap_or("").to_owned();
-        let marker = rule(id)
-            .message
-            .split(['{', '}'])
-            .filter(|part| !part.is_empty() && !["what", "data", "opt_in"].contains(part))
-            .max_by_key(|part| part.len())
-            .unwrap_or(&head);
-        assert!(msg.contains(marker.trim()), "rule {id}: {msg}");
+        assert!(msg.contains(marker(rule(id))), "rule {id}: {msg}");
     }
     direct
+}
+
+/// The longest fixed part of a rule's reason, which identifies its message.
+fn marker(rule: &Rule) -> &'static str {
+    rule.why
+        .split(['{', '}'])
+        .filter(|part| !["what", "data"].contains(part))
+        .max_by_key(|part| part.len())
+        .expect("a reason has text")
+        .trim()
 }
 
 /// The findings of the checks alone, on the model built from `item`.
@@ -214,15 +217,9 @@ fn every_rule_has_a_ui_case() {
         .map(|e| std::fs::read_to_string(e.path()).expect("readable snapshot"))
         .collect();
     for rule in RULES {
-        // The longest fixed part of the message identifies it.
-        let marker = rule
-            .message
-            .split(['{', '}'])
-            .filter(|part| !["what", "data", "opt_in"].contains(part))
-            .max_by_key(|part| part.len())
-            .expect("a message has text");
+        // The longest fixed part of the reason identifies the message.
         assert!(
-            snapshots.iter().any(|s| s.contains(marker.trim())),
+            snapshots.iter().any(|s| s.contains(marker(rule))),
             "rule `{}` has no ui case in {}",
             rule.id,
             dir.display()
@@ -261,25 +258,35 @@ fn rule_ids_are_unique_and_messages_follow_the_style() {
     let mut seen = HashSet::new();
     for rule in RULES {
         assert!(seen.insert(rule.id), "duplicate id {}", rule.id);
-        let m = rule.message;
-        assert!(!m.ends_with('.'), "{}: trailing period", rule.id);
-        let first = m.chars().next().unwrap();
+        for m in [rule.what, rule.why, rule.fix] {
+            assert!(!m.ends_with('.'), "{}: trailing period in {m}", rule.id);
+            assert!(!m.contains('\n'), "{}: a line break in {m}", rule.id);
+            let first = m.chars().next().unwrap();
+            assert!(
+                first == '{' || first.is_lowercase(),
+                "{}: starts upper-case: {m}",
+                rule.id
+            );
+        }
         assert!(
-            first == '{' || first.is_lowercase(),
-            "{}: starts upper-case",
+            rule.why.contains("CUDA error")
+                || rule.why.contains("GraphError")
+                || rule.why.contains("replay"),
+            "{}: the reason must say what goes wrong",
             rule.id
         );
         assert!(
-            m.contains("CUDA error") || m.contains("GraphError") || m.contains("replay"),
-            "{}: must say what goes wrong",
-            rule.id
-        );
-        assert!(
-            m.contains(';'),
+            !rule.fix.is_empty(),
             "{}: must say what to write instead",
             rule.id
         );
-        assert_eq!(rule.host_effect, m.contains("{opt_in}"), "{}", rule.id);
+        let message = rule.render("`what`", "`data`");
+        assert_eq!(
+            rule.host_effect,
+            message.to_string().contains(&super::rules::opt_in()),
+            "{}",
+            rule.id
+        );
     }
 }
 
@@ -1101,6 +1108,7 @@ fn a_candle_read_is_reported_at_the_call() {
     assert!(
         found[0]
             .message
+            .what()
             .starts_with("`.to_device(&Device::Cpu)` copies a candle tensor"),
         "{}",
         found[0].message

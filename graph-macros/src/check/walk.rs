@@ -16,9 +16,8 @@ use syn::{Expr, Token};
 
 use super::finding::Finding;
 use super::rules::{
-    inside_opt_out, opt_out, path_matches, rule, without_version_suffix, Matcher, Rule,
-    CANDLE_READS, CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS, OPT_OUT_KEEPS, OPT_OUT_MACRO,
-    RULES,
+    inside_opt_out, path_matches, rule, without_version_suffix, Matcher, Rule, CANDLE_READS,
+    CANDLE_TO_CPU, DEVICE_READS, FORMATTING_MACROS, OPT_OUT_KEEPS, OPT_OUT_MACRO, RULES,
 };
 use super::scope::{annotated_type, bound_names, kind_of_type, Binding, DeviceData, Kind, Scope};
 use super::syntax::{
@@ -82,7 +81,7 @@ impl Walker {
             if !(self.provable && OPT_OUT_KEEPS.contains(&rule.id)) {
                 return;
             }
-            let message = rule.render(what, data).replace(&opt_out(), "") + &inside_opt_out();
+            let message = rule.render_plain(what, data).why(inside_opt_out());
             self.findings.push(Finding {
                 rule,
                 span,

@@ -34,7 +34,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprClosure, ExprMethodCall, FnArg, Pat, Stmt};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Message};
 use crate::model::{GraphFn, Param, Role};
 use crate::tokens::relocated;
 
@@ -188,9 +188,13 @@ pub(super) fn rewrite(
     if count > 0 && rewriter.ret.is_none() {
         rewriter.cx.error_spanned_by(
             &model.item.sig,
-            "a body with eager islands must return `Result<(), E>` (or `Result<T, E>`): an island's code \
-             returns `Result<(), E>` with the same `E`, and its failure on a replay comes back as \
-             `GraphError::Island`",
+            Message::new(
+                "a body with eager islands must return `Result<(), E>` (or `Result<T, E>`)",
+            )
+            .why(
+                "an island's code returns `Result<(), E>` with the same `E`, and its failure on a \
+                 replay comes back as `GraphError::Island`",
+            ),
         );
     }
     count
@@ -369,10 +373,11 @@ impl Rewriter<'_> {
         let Some(closure) = closure else {
             self.cx.error_spanned_by(
                 &m.args,
-                format!(
-                    "`{}.eager` takes the island's code as a closure without parameters: `{}.eager(|| {{ … }})?;`",
-                    self.ctx, self.ctx
-                ),
+                Message::new(format!(
+                    "`{}.eager` takes the island's code as a closure without parameters",
+                    self.ctx
+                ))
+                .fix(format!("write `{}.eager(|| {{ … }})?;`", self.ctx)),
             );
             return Expr::MethodCall(m.clone());
         };
@@ -393,11 +398,14 @@ impl Rewriter<'_> {
             if self.param_names.contains(&name) || *u == self.ctx {
                 self.cx.error_spanned_by(
                     u,
-                    format!(
-                        "inside an island, `{name}` is the function's parameter `{name}`, not the local `{name}` \
-                         the body defines before it: an island sees the function's parameters by name; rename \
-                         the local"
-                    ),
+                    Message::new(format!(
+                        "inside an island, `{name}` is the function's parameter, not the body's local `{name}`"
+                    ))
+                    .why(format!(
+                        "the body defines a local `{name}` before the island, and an island sees the \
+                         function's parameters by name"
+                    ))
+                    .fix("rename the local"),
                 );
                 continue;
             }
@@ -440,17 +448,19 @@ impl Rewriter<'_> {
         if !c.inputs.is_empty() {
             self.cx.error_spanned_by(
                 &c.inputs,
-                format!(
-                    "an island's closure takes no parameters: inside it, the function's parameters are in \
-                     scope by name (`{}`, the inputs, outputs and state); write `{}.eager(|| {{ … }})`",
-                    self.ctx, self.ctx
-                ),
+                Message::new("an island's closure takes no parameters")
+                    .why(format!(
+                        "inside it, the function's parameters are in scope by name (`{}`, the inputs, \
+                         outputs and state)",
+                        self.ctx
+                    ))
+                    .fix(format!("write `{}.eager(|| {{ … }})`", self.ctx)),
             );
         }
         if let Some(a) = &c.asyncness {
             self.cx.error_spanned_by(
                 a,
-                "an island's code runs on the calling thread; remove `async`",
+                Message::new("an island's code runs on the calling thread; remove `async`"),
             );
         }
         // `y = …` / `*y = …` on a parameter the segments read by address: reported, and left
@@ -496,13 +506,18 @@ impl Rewriter<'_> {
         for (i, lhs) in replaced.found {
             self.cx.error_spanned_by(
                 &i,
-                format!(
-                    "an island cannot replace `{i}` (`{} = …`): the segments after it read `{i}` by the address \
-                     they were captured with, so they would read the old buffer; write into it instead \
-                     (`stream.memcpy_htod(&host, &mut {i})`, a kernel, `copy_from`), or keep what the island \
-                     replaces in `#[island]` state",
+                Message::new(format!(
+                    "an island cannot replace `{i}` (`{} = …`)",
                     lhs.replace(' ', "")
-                ),
+                ))
+                .why(format!(
+                    "the segments after it read `{i}` by the address they were captured with, so they \
+                     would read the old buffer"
+                ))
+                .fix(format!(
+                    "write into it instead (`stream.memcpy_htod(&host, &mut {i})`, a kernel, \
+                     `copy_from`), or keep what the island replaces in `#[island]` state"
+                )),
             );
         }
     }
@@ -519,12 +534,18 @@ impl Rewriter<'_> {
             if self.island_state.contains(&name) && self.local(&u).is_none() {
                 self.cx.error_spanned_by(
                     &u,
-                    format!(
-                        "`{name}` is `#[island]` state: only the code of an island (`{}.eager(|| {{ … }})`) may use \
-                         it, because a replay runs the islands' code and not the rest of the body; move this use \
-                         into an island, or make `{name}` `#[state]` if the graph reads it on the device",
+                    Message::new(format!(
+                        "`{name}` is `#[island]` state, used outside an island"
+                    ))
+                    .why(format!(
+                        "only the code of an island (`{}.eager(|| {{ … }})`) may use it, because a \
+                         replay runs the islands' code and not the rest of the body",
                         self.ctx
-                    ),
+                    ))
+                    .fix(format!(
+                        "move this use into an island, or make `{name}` `#[state]` if the graph reads \
+                         it on the device"
+                    )),
                 );
             }
         }
@@ -582,12 +603,19 @@ impl VisitMut for Rewriter<'_> {
     fn visit_expr_mut(&mut self, e: &mut Expr) {
         if let Some(m) = island_call(e, &self.ctx) {
             let message = if self.closure_depth > 0 {
-                "an island cannot be inside a closure (a `graph_while` / `graph_if` body, a fork, an iterator \
-                 adapter): a replay runs islands between whole segments of the body; move it to the body's own \
-                 statements (loops and `if` are fine)"
+                Message::new(
+                    "an island cannot be inside a closure (a `graph_while` / `graph_if` body, a fork, an \
+                     iterator adapter)",
+                )
+                .why("a replay runs islands between whole segments of the body")
+                .fix("move it to the body's own statements (loops and `if` are fine)")
             } else {
-                "an island is a statement of its own, `rt.eager(|| { … })?;`: its code runs between two \
-                 segments of the graph, so it cannot be part of an expression; write it as a statement"
+                Message::new("an island is a statement of its own, `rt.eager(|| { … })?;`")
+                    .why(
+                        "its code runs between two segments of the graph, so it cannot be part of an \
+                         expression",
+                    )
+                    .fix("write it as a statement")
             };
             let span = m.method.span();
             self.cx.error_at(span, message);
