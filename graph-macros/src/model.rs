@@ -136,33 +136,60 @@ pub fn analyze(item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
 fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
     let role_attrs = strip_role_attrs(&mut item);
     check_signature(&item, cx);
-
-    let mut context = None;
-    let mut params = Vec::new();
     let mut inputs = item.sig.inputs.iter().zip(role_attrs);
-    match inputs.next() {
-        None => cx.error_spanned_by(
-            &item.sig,
-            Message::new(
-                "a `#[cuda_graph]` function needs an execution context as its first parameter",
-            )
-            .why(
-                "the graph passes its own runtime there so that the body's GPU work lands on the \
+    let Some(context) = context_param(&item.sig, inputs.next(), cx) else {
+        // A method: reported by check_signature; the other parameters are not classified,
+        // their roles would only add noise to that one error.
+        return GraphFn {
+            usable: false,
+            item,
+            context: None,
+            params: Vec::new(),
+            result: None,
+        };
+    };
+    let params = classify_params(inputs, bucket, cx);
+    if let Some(b) = bucket {
+        check_bucket_family(b, &params, context.is_some(), cx);
+    } else {
+        too_many_statics(&params, cx);
+    }
+    let result = returned_value(&item.sig.output);
+    if let Some(ty) = &result {
+        check_returned(ty, bucket, &params, cx);
+    }
+    GraphFn {
+        item,
+        context,
+        params,
+        result,
+        usable: false,
+    }
+}
+
+/// The execution context from the first parameter: `Some(None)` when it is missing or
+/// malformed (reported), `None` for a method's receiver (reported by `check_signature`).
+fn context_param(
+    sig: &syn::Signature,
+    first: Option<(&FnArg, Vec<syn::Attribute>)>,
+    cx: &mut Ctxt,
+) -> Option<Option<ContextParam>> {
+    match first {
+        None => {
+            cx.error_spanned_by(
+                sig,
+                Message::new(
+                    "a `#[cuda_graph]` function needs an execution context as its first parameter",
+                )
+                .why(
+                    "the graph passes its own runtime there so that the body's GPU work lands on the \
                      capture stream",
-            )
-            .fix("add one, e.g. `rt: &Runtime` or `stream: &Arc<CudaStream>`"),
-        ),
-        Some((FnArg::Receiver(_), _)) => {
-            // Reported by check_signature; the other parameters of a method are not
-            // classified, their roles would only add noise to that one error.
-            return GraphFn {
-                usable: false,
-                item,
-                context,
-                params,
-                result: None,
-            };
+                )
+                .fix("add one, e.g. `rt: &Runtime` or `stream: &Arc<CudaStream>`"),
+            );
+            Some(None)
         }
+        Some((FnArg::Receiver(_), _)) => None,
         Some((FnArg::Typed(first), roles)) => {
             for a in &roles {
                 cx.error_spanned_by(
@@ -174,21 +201,32 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
                 );
             }
             match &*first.ty {
-                Type::Reference(r) if r.mutability.is_none() => {
-                    context = Some(ContextParam {
-                        ty: (*r.elem).clone(),
-                    })
+                Type::Reference(r) if r.mutability.is_none() => Some(Some(ContextParam {
+                    ty: (*r.elem).clone(),
+                })),
+                other => {
+                    cx.error_spanned_by(
+                        other,
+                        Message::new(
+                            "the execution context (the first parameter) must be a shared reference",
+                        )
+                        .fix("write `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`"),
+                    );
+                    Some(None)
                 }
-                other => cx.error_spanned_by(
-                    other,
-                    Message::new(
-                        "the execution context (the first parameter) must be a shared reference",
-                    )
-                    .fix("write `&Runtime`, `&Arc<CudaStream>` or `&CudaStream`"),
-                ),
             }
         }
     }
+}
+
+/// The parameters after the context, each with its role (the bucket parameter of a family
+/// as such); a parameter that cannot be classified is reported and left out.
+fn classify_params<'a>(
+    inputs: impl Iterator<Item = (&'a FnArg, Vec<syn::Attribute>)>,
+    bucket: Option<&Ident>,
+    cx: &mut Ctxt,
+) -> Vec<Param> {
+    let mut params = Vec::new();
     for (arg, roles) in inputs {
         let FnArg::Typed(pt) = arg else { continue };
         let Some(ident) = binding_ident(&pt.pat, cx) else {
@@ -205,83 +243,75 @@ fn build(mut item: ItemFn, bucket: Option<&Ident>, cx: &mut Ctxt) -> GraphFn {
             );
             continue;
         }
-        if bucket == Some(&ident) {
-            if let Some(param) = classify_bucket(ident, &pt.ty, &roles, cx) {
-                params.push(param);
-            }
-            continue;
-        }
-        if let Some(param) = classify(ident, &pt.ty, &roles, cx) {
-            params.push(param);
-        }
+        let param = if bucket == Some(&ident) {
+            classify_bucket(ident, &pt.ty, &roles, cx)
+        } else {
+            classify(ident, &pt.ty, &roles, cx)
+        };
+        params.extend(param);
     }
-    if bucket.is_none() {
-        too_many_statics(&params, cx);
-    } else {
-        for p in params.iter().filter(|p| p.island) {
-            cx.error_spanned_by(
-                &p.ident,
-                Message::new("a bucket family cannot have eager islands or `#[island]` state")
-                    .why("each bucket is one graph")
-                    .fix("write the function without `buckets(…)` to use islands"),
-            );
-        }
+    params
+}
+
+/// What a bucket family (`buckets(b = …)`) requires of its parameters.
+fn check_bucket_family(b: &Ident, params: &[Param], has_context: bool, cx: &mut Ctxt) {
+    for p in params.iter().filter(|p| p.island) {
+        cx.error_spanned_by(
+            &p.ident,
+            Message::new("a bucket family cannot have eager islands or `#[island]` state")
+                .why("each bucket is one graph")
+                .fix("write the function without `buckets(…)` to use islands"),
+        );
     }
+    let has_bucket = params.iter().any(|p| p.role == Role::Bucket);
+    if !has_bucket && has_context {
+        cx.error_spanned_by(
+            b,
+            Message::new(format!(
+                "`buckets({b} = …)` names a parameter `{b}` that the function does not have"
+            ))
+            .fix(format!(
+                "add `{b}: usize`, which receives each bucket's batch size"
+            )),
+        );
+    }
+    if has_bucket
+        && !params
+            .iter()
+            .any(|p| matches!(p.role, Role::Input | Role::Output))
+    {
+        cx.error_spanned_by(
+            b,
+            Message::new(
+                "a bucket family needs at least one input or output batched along `batch` rows",
+            ),
+        );
+    }
+}
+
+/// What a returned value (`-> Result<T, E>`) requires: not in a family, and no parameter
+/// named like the output that holds it.
+fn check_returned(ty: &Type, bucket: Option<&Ident>, params: &[Param], cx: &mut Ctxt) {
     if let Some(b) = bucket {
-        if !params.iter().any(|p| p.role == Role::Bucket) && context.is_some() {
-            cx.error_spanned_by(
-                b,
-                Message::new(format!(
-                    "`buckets({b} = …)` names a parameter `{b}` that the function does not have"
-                ))
-                .fix(format!(
-                    "add `{b}: usize`, which receives each bucket's batch size"
-                )),
-            );
-        }
-        if params.iter().any(|p| p.role == Role::Bucket)
-            && !params
-                .iter()
-                .any(|p| matches!(p.role, Role::Input | Role::Output))
-        {
-            cx.error_spanned_by(
-                b,
-                Message::new(
-                    "a bucket family needs at least one input or output batched along `batch` rows",
-                ),
-            );
-        }
+        cx.error_spanned_by(
+            ty,
+            Message::new(format!(
+                "a bucket family (`buckets({b} = …)`) cannot return a value"
+            ))
+            .why("each bucket's graph writes its own rows")
+            .fix(
+                "return `Result<(), E>` and write the result into an output parameter \
+                 (`y: &mut CudaSlice<f32>`)",
+            ),
+        );
     }
-    let result = returned_value(&item.sig.output);
-    if let Some(ty) = &result {
-        if let Some(b) = bucket {
-            cx.error_spanned_by(
-                ty,
-                Message::new(format!(
-                    "a bucket family (`buckets({b} = …)`) cannot return a value"
-                ))
-                .why("each bucket's graph writes its own rows")
-                .fix(
-                    "return `Result<(), E>` and write the result into an output parameter \
-                     (`y: &mut CudaSlice<f32>`)",
-                ),
-            );
-        }
-        if let Some(p) = params.iter().find(|p| p.ident == "result") {
-            cx.error_spanned_by(
-                &p.ident,
-                Message::new("a parameter named `result` clashes with the graph's output `result`")
-                    .why("the output `result` holds the function's returned value")
-                    .fix("rename the parameter"),
-            );
-        }
-    }
-    GraphFn {
-        item,
-        context,
-        params,
-        result,
-        usable: false,
+    if let Some(p) = params.iter().find(|p| p.ident == "result") {
+        cx.error_spanned_by(
+            &p.ident,
+            Message::new("a parameter named `result` clashes with the graph's output `result`")
+                .why("the output `result` holds the function's returned value")
+                .fix("rename the parameter"),
+        );
     }
 }
 

@@ -1231,6 +1231,10 @@ fn spellings_nobody_listed() {
     for (id, body) in cases {
         assert_eq!(one(body.clone()), vec![id], "{body}");
     }
+}
+
+#[test]
+fn tracing_fields_around_a_device_read_are_still_reads() {
     // tracing's field syntax around a device read: the read is reported even with the
     // host-effects opt-in, which lifts the log itself.
     for body in [
@@ -1244,6 +1248,10 @@ fn spellings_nobody_listed() {
             "{body}"
         );
     }
+}
+
+#[test]
+fn host_only_mut_state_is_the_signatures_mistake() {
     // `&mut` state that lives on the host is the signature's mistake.
     for params in [
         quote!(x: &CudaSlice<f32>, #[state] step: &mut u64),

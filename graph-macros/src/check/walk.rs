@@ -322,6 +322,16 @@ impl Walker {
             }
         }
         self.provable = false;
+        self.static_method(receiver, &name, span);
+        self.receiver_kind_rules(receiver, &name, span, &what);
+        if !users_own && !pinned_destination {
+            self.note_filled_from_device(&name, &args);
+        }
+    }
+
+    /// `STATIC.load()`, `COUNTER.fetch_add(1)`, …: a `static` used through an atomic or a
+    /// cell (`host-static-state`).
+    fn static_method(&mut self, receiver: Option<&Expr>, name: &str, span: (Span, Span)) {
         if let Some(stat) = receiver.and_then(|r| self.scope.static_root(r)) {
             const STATIC_METHODS: &[&str] = &[
                 "load",
@@ -342,11 +352,22 @@ impl Walker {
                 "take",
                 "with_borrow_mut",
             ];
-            if STATIC_METHODS.contains(&name.as_str()) {
+            if STATIC_METHODS.contains(&name) {
                 let what = format!("`{stat}.{name}()`");
                 self.match_rules(span, &what, |m| *m == Matcher::StaticAccess);
             }
         }
+    }
+
+    /// The rules that match by what the receiver was declared as: a pinned buffer, a host
+    /// collection parameter, a field of a `#[state]` struct of the user's.
+    fn receiver_kind_rules(
+        &mut self,
+        receiver: Option<&Expr>,
+        name: &str,
+        span: (Span, Span),
+        what: &str,
+    ) {
         if let Some(recv) = receiver.and_then(root_name) {
             let (pinned, collection, users_state) = match self.scope.get(&recv) {
                 Some(b) => (
@@ -366,11 +387,15 @@ impl Walker {
                     _ => false,
                 });
                 if hit {
-                    self.report(r, span, &what, &data);
+                    self.report(r, span, what, &data);
                 }
             }
         }
-        if name == "memcpy_dtoh" && !users_own && !pinned_destination {
+    }
+
+    /// `.memcpy_dtoh(src, dst)`: `dst` now holds device data (for the branch rules).
+    fn note_filled_from_device(&mut self, name: &str, args: &[&Expr]) {
+        if name == "memcpy_dtoh" {
             if let Some(dst) = args.get(1).and_then(|a| root_name(a)) {
                 if let Some(b) = self.scope.assign(&dst) {
                     b.device_data = Some(DeviceData {
