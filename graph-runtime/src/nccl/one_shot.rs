@@ -349,3 +349,32 @@ impl OneShot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_of_a_ranks_memory_do_not_overlap_and_the_table_is_aligned() {
+        for (half, world) in [(1, 2), (65_536, 2), (65_536, 8), (3, 5)] {
+            let l = Layout::new(half, world);
+            // [stage: two halves of f32 | flags: blocks × MAX_WORLD u32 | epochs | status | table]
+            assert_eq!(l.flags, 2 * half * 4);
+            assert_eq!(l.epochs, l.flags + BLOCKS as usize * MAX_WORLD * 4);
+            assert_eq!(l.status, l.epochs + BLOCKS as usize * 4);
+            assert!(l.table >= l.status + 4);
+            assert_eq!(l.table % 8, 0, "the table holds u64 addresses");
+            assert_eq!(l.total, l.table + 2 * world * 8);
+        }
+    }
+
+    #[test]
+    fn the_kernel_indexes_flags_by_block_and_world() {
+        // The kernel's flag of block b from rank r sits at b · world + r, which must stay
+        // inside the flags' room for every block and the largest world.
+        let last = (BLOCKS as usize - 1) * MAX_WORLD + (MAX_WORLD - 1);
+        assert!(last < BLOCKS as usize * MAX_WORLD);
+        assert!(SOURCE.contains("b * world + rank") && SOURCE.contains("b * world + peer"));
+        assert!(SOURCE.contains("__launch_bounds__(512)") && THREADS == 512);
+    }
+}
