@@ -255,6 +255,28 @@ mod tests {
     }
 
     #[test]
+    fn a_stray_connection_is_dropped_and_the_store_serves_on() {
+        let server = StoreServer::start("127.0.0.1:0").unwrap();
+        // Garbage, and a length beyond the limit: the server closes those connections.
+        for junk in [&b"HELLO\n"[..], format!("S {} 1\n", MAX_LEN + 1).as_bytes()] {
+            let mut stray = TcpStream::connect(server.addr()).unwrap();
+            stray.write_all(junk).unwrap();
+            let mut buf = [0u8; 8];
+            stray
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            assert_eq!(
+                stray.read(&mut buf).unwrap_or(0),
+                0,
+                "the server answered {junk:?}"
+            );
+        }
+        let c = StoreClient::connect(server.addr(), Duration::from_secs(5)).unwrap();
+        c.set("still", b"here").unwrap();
+        assert_eq!(c.get("still").unwrap().as_deref(), Some(&b"here"[..]));
+    }
+
+    #[test]
     fn a_client_retries_until_the_server_listens() {
         // Find a free port, then start the server on it a little after the client tries.
         let port = TcpListener::bind("127.0.0.1:0")
