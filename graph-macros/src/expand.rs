@@ -183,11 +183,16 @@ fn expand(
         None => expand_graph(&parts, args),
     };
     let outer_vis = &item.vis;
+    // The module is hidden when the function is public: its types are then documented where
+    // the re-export below inlines them. rustdoc does not inline a non-public re-export, so for
+    // a private function the module stays visible to `cargo doc --document-private-items`,
+    // which is how a binary's user finds the generated types.
+    let hidden = matches!(item.vis, syn::Visibility::Public(_)).then(|| quote!(#[doc(hidden)]));
     quote! {
         #item
         #island_items
 
-        #[doc(hidden)]
+        #hidden
         #[allow(non_snake_case, unused_mut, unused_variables, unused_imports, dead_code)]
         #[allow(missing_docs, clippy::needless_lifetimes, clippy::too_many_arguments)]
         mod #module {
@@ -197,6 +202,9 @@ fn expand(
             #body
         }
 
+        // Inlined: the module is hidden, so the types' documentation appears where they are
+        // used from (the crate's docs; a binary's with `--document-private-items`).
+        #[doc(inline)]
         #[allow(unused_imports)]
         #outer_vis use self::#module::{#(#names),*};
     }

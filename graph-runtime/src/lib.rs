@@ -86,12 +86,14 @@
 //! | `StepState<'g>` | the state lent by `state_mut()`, one field per state parameter |
 //! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
 //!
-//! The code behind them lives in a hidden module `__cuda_graph_step` (`__StepBody<'s>`, the
-//! held state and constants, is the runtime's `__private::GraphBody`, which names the static
+//! The code behind them lives in a module `__cuda_graph_step` (`__StepBody<'s>`, the held
+//! state and constants, is the runtime's `__private::GraphBody`, which names the static
 //! inputs and outputs as tuples; what `StepGraph` dereferences to is the generic
-//! `__private::TypedGraph`, which owns them). In a library, `cargo doc` lists the four types
-//! where the function is; in a binary crate, `cargo doc --document-private-items` shows them
-//! (or read the table above: every name and method is derived from the function's).
+//! `__private::TypedGraph`, which owns them). For a `pub` function, `cargo doc` lists the
+//! four types where the function is (the module is hidden); for a private one (the usual
+//! case in a binary's `main.rs`), `cargo doc --document-private-items` shows them in the
+//! module `__cuda_graph_step`, since rustdoc does not inline a private re-export. Or read the
+//! table above: every name and method is derived from the function's.
 //!
 //! # Learning path
 //! The examples are numbered and build on each other:

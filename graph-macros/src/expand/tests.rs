@@ -267,3 +267,31 @@ fn expansion_with_an_island() {
     assert!(out.contains("Probe(&n)).crosses().taken()"), "{out}");
     assert!(out.contains("Probe(&n)).crosses().across()"), "{out}");
 }
+
+#[test]
+fn the_module_is_hidden_only_behind_a_public_function() {
+    let module = |vis: TokenStream| {
+        let out = expand_str(
+            quote!(warmup = 1),
+            quote! {
+                #vis fn step(rt: &Runtime, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>)
+                    -> Result<(), GraphError> { body(rt) }
+            },
+        );
+        let at = out
+            .find("mod __cuda_graph_step {")
+            .expect("the generated module");
+        let before = &out[..at];
+        let attrs = &before[before.rfind("\n}").map_or(0, |i| i + 2)..];
+        (
+            attrs.contains("#[doc(hidden)]"),
+            out.contains("#[doc(inline)]"),
+        )
+    };
+    // `pub`: hidden, its types inlined where the function is (plain `cargo doc`).
+    assert_eq!(module(quote!(pub)), (true, true));
+    // Private or `pub(crate)`: rustdoc does not inline a non-public re-export, so the module
+    // itself stays documented for `cargo doc --document-private-items`.
+    assert!(!module(quote!()).0);
+    assert!(!module(quote!(pub(crate))).0);
+}
