@@ -326,3 +326,41 @@ fn graphs_without_collectives_are_compared_too() {
         ));
     }
 }
+
+#[test]
+fn a_second_recording_for_the_determinism_check_is_not_compared() {
+    // Debug builds record a graph twice (the determinism check). Rank 1 records one more
+    // collective than rank 0 in each recording: the ranks compare the first recording, and
+    // the mismatch names its collective #2, not a collective of the second recording.
+    let rv = Arc::new(Rendezvous::new(2));
+    let out = ranks(2, |rank| {
+        run(key(rank, &rv, LONG), || {
+            let captured: &[CollectiveCall] = match rank {
+                0 => &[all_reduce(8)],
+                _ => &[all_reduce(8), all_reduce(16)],
+            };
+            {
+                let _p = FrameScope::phase(Phase::Capture { graph: SITE.name });
+                for c in captured {
+                    record_captured(GROUP, SITE.name, *c);
+                }
+                let _second = pause_recording();
+                for c in captured {
+                    record_captured(GROUP, SITE.name, *c);
+                }
+            }
+            before_instantiate(&SITE)?;
+            Ok("graph")
+        })
+    });
+    for r in &out {
+        let CollectiveError::Mismatch { at, first, .. } = collective_error(r) else {
+            panic!("expected a mismatch, got {r:?}");
+        };
+        assert_eq!(
+            at,
+            &format!("in the capture of `{}`, collective #2", SITE.name)
+        );
+        assert!(first.1.starts_with("recorded nothing more"), "{first:?}");
+    }
+}
