@@ -7,8 +7,8 @@
 use proc_macro2::TokenStream;
 use std::fmt::{self, Display};
 
-/// The longest first line a [`Message`] may have (issue 33); `style_tests` holds every
-/// message of the crate to it.
+/// The longest first line a [`Message`] may have (issue 33); `style_tests` holds the rule
+/// table to it, and `ui-tests/tests/source_style.rs` every `Message::new` and snapshot.
 #[cfg_attr(not(test), allow(dead_code))]
 pub const MAX_FIRST_LINE: usize = 119;
 

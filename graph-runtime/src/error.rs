@@ -18,8 +18,6 @@ mod candle;
 mod collective;
 mod convert;
 #[cfg(test)]
-mod style_tests;
-#[cfg(test)]
 mod tests;
 mod variants;
 
