@@ -75,12 +75,11 @@ struct Config {
 // 1. The graph: one all-reduce of `x` into `y`, on the communicator's ranks.
 #[cuda_graph(warmup = 2)]
 fn reduce(
-    rt: &Runtime,
+    _rt: &Runtime,
     #[state] comm: &Communicator,
     #[state] x: &CudaSlice<f32>,
     #[state(no_restore)] y: &mut CudaSlice<f32>,
 ) -> Result<(), GraphError> {
-    let _ = rt;
     comm.all_reduce(x, y, ReduceOp::Sum)
 }
 
@@ -99,12 +98,11 @@ fn empty(rt: &Runtime) -> Result<(), GraphError> {
 // 2. The same over symmetric buffers.
 #[cuda_graph(warmup = 2)]
 fn reduce_symmetric(
-    rt: &Runtime,
+    _rt: &Runtime,
     #[state] comm: &Communicator,
     #[state] x: &SymmetricBuffer<f32>,
     #[state(no_restore)] y: &mut SymmetricBuffer<f32>,
 ) -> Result<(), GraphError> {
-    let _ = rt;
     comm.all_reduce(x, y, ReduceOp::Sum)
 }
 

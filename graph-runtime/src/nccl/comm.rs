@@ -287,7 +287,7 @@ impl CommGroup {
             rank,
             group: self.clone(),
             sessions: std::cell::Cell::new(0),
-            barriers: std::cell::Cell::new(0),
+            host_steps: std::cell::Cell::new(0),
             captured: std::cell::Cell::new(false),
             peer_lost: std::cell::Cell::new(false),
             windows: std::cell::RefCell::new(Vec::new()),
@@ -439,7 +439,8 @@ pub struct Communicator {
     rank: usize,
     group: CommGroup,
     sessions: std::cell::Cell<u64>,
-    barriers: std::cell::Cell<u64>,
+    /// Host steps made outside captures (barriers, window and one-shot set-up).
+    host_steps: std::cell::Cell<u64>,
     captured: std::cell::Cell<bool>,
     /// Whether a meeting found a rank gone (see `note_lost_peer`).
     peer_lost: std::cell::Cell<bool>,
@@ -549,8 +550,8 @@ impl Communicator {
         checkpoint: Checkpoint,
         at: &str,
     ) -> Result<Vec<Checkpoint>, GraphError> {
-        let step = self.barriers.get();
-        self.barriers.set(step + 1);
+        let step = self.host_steps.get();
+        self.host_steps.set(step + 1);
         session::meet_raw(
             &self.group.inner.rendezvous,
             FIRST_HOST_STEP + step,

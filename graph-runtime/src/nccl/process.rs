@@ -103,6 +103,11 @@ fn serve(port: u16) -> std::io::Result<()> {
 /// same group, so its keys in the store are `group/n/…`.
 static CONNECTED: AtomicU64 = AtomicU64::new(0);
 
+/// The unique id's 128 bytes, as the store carries them.
+fn uid_bytes(uid: &sys::ncclUniqueId) -> Vec<u8> {
+    uid.internal.iter().map(|&c| c as u8).collect()
+}
+
 /// FNV-1a of the unique id: the group's number, the same in every process.
 fn id_of(uid: &[u8]) -> u64 {
     uid.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -154,8 +159,7 @@ impl CommGroup {
             let uid = super::raw::unique_id().map_err(|e| {
                 super::raw::error("ncclGetUniqueId", 0, e, Some(std::ptr::null_mut()))
             })?;
-            let bytes: Vec<u8> = uid.internal.iter().map(|&c| c as u8).collect();
-            client.set(&key, &bytes).map_err(unreachable)?;
+            client.set(&key, &uid_bytes(&uid)).map_err(unreachable)?;
             uid
         } else {
             let bytes = client
@@ -181,7 +185,7 @@ impl CommGroup {
             }
             uid
         };
-        let id = id_of(&uid.internal.iter().map(|&c| c as u8).collect::<Vec<_>>());
+        let id = id_of(&uid_bytes(&uid));
         let rendezvous = Rendezvous::over_store(launch.world, client, format!("group/{n}"));
         let group = CommGroup::assemble(
             id,

@@ -4,7 +4,7 @@
 //! find out whether the ranks would hang.
 //!
 //! Steps are keyed by a *channel* (one per capture session, plus one for joining the group
-//! and one for host barriers) and a step number within it, so ranks that drift apart meet
+//! and one per host step outside captures) and a step number within it, so ranks that drift apart meet
 //! the wrong step of the right channel and the comparison of what they posted names the
 //! difference. A failure is sticky per channel: once a rank has failed (an error, a panic,
 //! a timeout), every rank that waits on that channel, or arrives later, is told which rank

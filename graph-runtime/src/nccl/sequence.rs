@@ -42,7 +42,8 @@ impl ReduceOp {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The operation's name in messages and on the wire (`sum`).
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
             ReduceOp::Prod => "prod",
@@ -50,6 +51,19 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
         }
+    }
+
+    /// The operation [`ReduceOp::name`] names.
+    pub(crate) fn from_name(name: &str) -> Option<ReduceOp> {
+        [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+        ]
+        .into_iter()
+        .find(|op| op.name() == name)
     }
 }
 

@@ -28,36 +28,19 @@ fn intern(s: &str) -> &'static str {
 }
 
 fn op_text(op: CollectiveOp) -> String {
-    let red = |r: ReduceOp| match r {
-        ReduceOp::Sum => "sum",
-        ReduceOp::Prod => "prod",
-        ReduceOp::Max => "max",
-        ReduceOp::Min => "min",
-        ReduceOp::Avg => "avg",
-    };
     match op {
-        CollectiveOp::AllReduce(r) => format!("ar:{}", red(r)),
+        CollectiveOp::AllReduce(r) => format!("ar:{}", r.name()),
         CollectiveOp::AllGather => "ag".to_owned(),
-        CollectiveOp::ReduceScatter(r) => format!("rs:{}", red(r)),
+        CollectiveOp::ReduceScatter(r) => format!("rs:{}", r.name()),
         CollectiveOp::Broadcast { root } => format!("bc:{root}"),
     }
 }
 
 fn parse_op(s: &str) -> Option<CollectiveOp> {
-    let red = |r: &str| {
-        Some(match r {
-            "sum" => ReduceOp::Sum,
-            "prod" => ReduceOp::Prod,
-            "max" => ReduceOp::Max,
-            "min" => ReduceOp::Min,
-            "avg" => ReduceOp::Avg,
-            _ => return None,
-        })
-    };
     Some(match s.split_once(':') {
         None if s == "ag" => CollectiveOp::AllGather,
-        Some(("ar", r)) => CollectiveOp::AllReduce(red(r)?),
-        Some(("rs", r)) => CollectiveOp::ReduceScatter(red(r)?),
+        Some(("ar", r)) => CollectiveOp::AllReduce(ReduceOp::from_name(r)?),
+        Some(("rs", r)) => CollectiveOp::ReduceScatter(ReduceOp::from_name(r)?),
         Some(("bc", root)) => CollectiveOp::Broadcast {
             root: root.parse().ok()?,
         },
