@@ -10,7 +10,8 @@
 //! `10-tensor-parallel-mlp`, `11-data-parallel-train` and `24-allreduce-floor` (built with `--features nccl`;
 //! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
 //! `13-candle-decoder`, the real-models tier `17-candle-bert`, `18-candle-resnet` and
-//! `19-candle-llama-window`, and `20-candle-upload-cap` (when built with `--features candle`); `01`, `03` and `09` are
+//! `19-candle-llama-window`, and `20-candle-upload-cap` (when built with `--features candle`),
+//! `25-tensor-parallel-llama` on 1, 2 and 4 GPUs (`--features candle,nccl`); `01`, `03` and `09` are
 //! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py`,
 //! `scripts/torch_decode_loop.py` and `scripts/torch_real_models.py` when `python3` is there
 //! (they skip by themselves without PyTorch, transformers or torchvision). It reads the JSON lines they print (`bench_report::record`) and writes
@@ -111,6 +112,11 @@ const PROGRAMS: &[Program] = &[
         feature: Some("nccl"),
         gpus: 2,
         ..program("24-allreduce-floor", &["--json", "--torch"])
+    },
+    // Tensor-parallel decoding on every GPU count the machine has, PyTorch beside it.
+    Program {
+        feature: Some("candle,nccl"),
+        ..program("25-tensor-parallel-llama", &["--json", "--torch"])
     },
     Program {
         feature: Some("candle"),

@@ -9,7 +9,8 @@
 #   1. nvcc 13.0 and its headers: the pinned PyPI wheels below (about 100 MB; a pip cache makes
 #      the second install take seconds). The five are pinned together because the nvcc wheel
 #      otherwise pulls companions of other versions.
-#   2. libcuda.so, libnvrtc.so, libcublas.so, libcublasLt.so and libcurand.so to link against:
+#   2. libcuda.so, libnvrtc.so, libcublas.so, libcublasLt.so, libcurand.so and libnccl.so (for
+#      `candle` beside `nccl`, where cudarc links NCCL too) to link against:
 #      small stub libraries generated here from the function names in cudarc's bindings, with
 #      the real libraries' sonames (libcuda.so.1, libnvrtc.so.13, ...), so a binary built here
 #      asks for the real ones on a GPU machine. Every stub function returns 100
@@ -67,7 +68,8 @@ if [[ -z $cudarc_src ]]; then
   cudarc_src=$(ls -d "$registry"/*/"cudarc-$cudarc_version" | head -1)
 fi
 stamp="$stubs/cudarc.txt"
-if [[ "$(cat "$stamp" 2>/dev/null)" != "$cudarc_version" ]]; then
+stubs_of="$cudarc_version with nccl"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$stubs_of" ]]; then
   say "generating link stubs from cudarc $cudarc_version"
   # module of cudarc, library, soname
   while read -r module lib soname; do
@@ -87,8 +89,9 @@ nvrtc libnvrtc libnvrtc.so.13
 cublas libcublas libcublas.so.13
 cublaslt libcublasLt libcublasLt.so.13
 curand libcurand libcurand.so.10
+nccl libnccl libnccl.so.2
 EOF
-  echo "$cudarc_version" > "$stamp"
+  echo "$stubs_of" > "$stamp"
 fi
 
 "$cu13/bin/nvcc" --version | tail -2 | head -1 | sed 's/^/cuda-toolchain: nvcc: /' >&2

@@ -8,7 +8,8 @@
 # `libnccl.so` is on the loader path, this script finds a `libnccl.so.2` (NCCL_LIB if set,
 # else the ldconfig cache, the usual system directories, then the installed PyTorch's
 # nvidia/nccl/lib), links it as `libnccl.so` in a private directory and puts that directory
-# first on LD_LIBRARY_PATH. Nothing else in the environment changes (NCCL_NVLS_ENABLE and
+# first on LD_LIBRARY_PATH (with `libnccl.so.2` beside it, for binaries that link NCCL).
+# Nothing else in the environment changes (NCCL_NVLS_ENABLE and
 # every other NCCL_* variable are passed through as they are).
 set -euo pipefail
 
@@ -65,6 +66,9 @@ if ! have_unversioned; then
   dir=${TMPDIR:-/tmp}/nccl-link-$(id -u)
   mkdir -p "$dir"
   ln -sf "$lib" "$dir/libnccl.so"
+  # A binary linked against NCCL (`candle` beside `nccl`: cudarc's dynamic-linking) asks the
+  # loader for the soname itself.
+  ln -sf "$lib" "$dir/libnccl.so.2"
   export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "with-nccl: $dir/libnccl.so -> $lib" >&2
 fi

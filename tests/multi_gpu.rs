@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use graph_runtime::cudarc::driver::CudaSlice;
+use graph_runtime::half::bf16;
 use graph_runtime::nccl::{
     CollectiveError, CommGroup, Communicator, ReduceOp, SymmetricBuffer, MIN_NCCL_SYMMETRIC,
 };
@@ -572,6 +573,81 @@ fn the_one_shot_all_reduce_equals_nccls_bitwise(_group: CommGroup) -> Result<(),
             workloads::check::first_mismatch(&one_shot[0][0], &want).is_none(),
             "n = {n}"
         );
+    }
+    Ok(())
+}
+
+/// `y = Σ x` over the ranks in `bf16` (tensor-parallel decoders' partial sums).
+#[cuda_graph(warmup = 2)]
+fn sum_bf16(
+    _rt: &Runtime,
+    x: &CudaSlice<bf16>,
+    #[state] comm: &Communicator,
+    y: &mut CudaSlice<bf16>,
+) -> Result<(), GraphError> {
+    comm.all_reduce(x, y, ReduceOp::Sum)
+}
+
+/// `sum_bf16` eagerly, then as a graph replayed with new random inputs, on a group whose
+/// one-shot limit is `limit`: each rank's outputs (eager, then each replay), as bits.
+fn bf16_sums_with_limit(
+    limit: usize,
+    n: usize,
+    seed: u64,
+) -> Result<Vec<Vec<Vec<u16>>>, GraphError> {
+    let group = CommGroup::new(2)?;
+    group.set_one_shot_limit(limit);
+    let bits = |v: Vec<bf16>| v.into_iter().map(bf16::to_bits).collect::<Vec<u16>>();
+    group.run(&[0, 1], |comm| {
+        let rt = comm.runtime();
+        let s = rt.stream();
+        let rank = comm.rank();
+        let mut outs = Vec::new();
+        let x = s.clone_htod(&bf16_inputs(seed, n)[rank])?;
+        let mut y = s.alloc_zeros::<bf16>(n)?;
+        sum_bf16(rt, &x, comm, &mut y)?;
+        outs.push(bits(s.clone_dtoh(&y)?));
+        let mut graph = comm.capture(|| SumBf16Graph::capture(rt, &x, comm, n))?;
+        for replay in 1..=3u64 {
+            let x = s.clone_htod(&bf16_inputs(seed + replay, n)[rank])?;
+            outs.push(bits(s.clone_dtoh(graph.replay(&x)?.y)?));
+        }
+        Ok(outs)
+    })
+}
+
+/// Two ranks' random `bf16` inputs, of mixed magnitudes (so that sums round).
+fn bf16_inputs(seed: u64, n: usize) -> Vec<Vec<bf16>> {
+    random_inputs(seed, 2, n)
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| {
+            let v = v.into_iter().enumerate();
+            v.map(|(i, x)| bf16::from_f32(x * [1.0, 37.0, 1e-3][(i + r) % 3]))
+                .collect()
+        })
+        .collect()
+}
+
+#[gpu_test(gpus = 2)]
+fn the_one_shot_bf16_sum_equals_nccls_bitwise(_group: CommGroup) -> Result<(), GraphError> {
+    let limit = graph_runtime::nccl::DEFAULT_ONE_SHOT_LIMIT;
+    // One element, a ragged size, a Llama-8B hidden state, the whole limit, one more (NCCL).
+    for n in [1, 999, 4096, limit / 2, limit / 2 + 1] {
+        let seed = 9000 + n as u64;
+        let one_shot = bf16_sums_with_limit(limit, n, seed)?;
+        let nccl = bf16_sums_with_limit(0, n, seed)?;
+        assert_eq!(one_shot[0], one_shot[1], "n = {n}: the ranks differ");
+        // Two bf16 values sum exactly in f32 or round far from a bf16 tie: one rounding,
+        // the same bits as NCCL's bf16 sum.
+        assert_eq!(one_shot[0], nccl[0], "n = {n}: one-shot and NCCL differ");
+        for (k, got) in one_shot[0].iter().enumerate() {
+            let inputs = bf16_inputs(seed + k as u64, n);
+            let want: Vec<u16> = (0..n)
+                .map(|i| bf16::from_f32(inputs[0][i].to_f32() + inputs[1][i].to_f32()).to_bits())
+                .collect();
+            assert_eq!(got, &want, "n = {n}, output {k}: not the rounded sum");
+        }
     }
     Ok(())
 }

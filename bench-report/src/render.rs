@@ -302,6 +302,7 @@ fn family_title(bench: &str) -> String {
         "jacobi" => "Jacobi solve until the residual is small (µs per iteration: eager = one replay per iteration + host read, graph = the on-device loop)",
         "tp_mlp" => "tensor-parallel MLP, 2 GPUs (µs per forward)",
         "ddp_train" => "data-parallel training, 2 GPUs (µs per step)",
+        "tp_decode" => "tensor-parallel Llama decoding in candle, bf16, batch 1, on 1, 2 and 4 GPUs (µs per token, the slower rank; PyTorch: the same shapes with `torch.distributed`, the step captured whole)",
         "allreduce" => "an all-reduce of f32 (µs per operation, p50 GPU time back to back: eager = NCCL eager, graph = our fastest graph of it: NCCL's, NCCL's over symmetric buffers or the one-shot kernel)",
         "candle" => "candle code as graphs (µs per call)",
         "upload_cap" => "candle-transformers models that upload a host tensor in every forward, at the lengths the build's capture upload limit allows (µs per forward)",

@@ -43,6 +43,7 @@
 //! | `#[state] m: &ModelState<M>` | a model of another crate (candle-transformers') with the tensors it reads, from its `VarMap`: checked by address before every replay, lent back only as `&M` (see [`ModelState`] for the contract) |
 //! | every op's output | a stream-ordered allocation, recorded as a graph allocation node: a temporary at a fixed address, freed inside the graph |
 //! | candle's cuBLAS calls | recorded like any other kernel (the warmup runs make cuBLAS pick its algorithms) |
+//! | `comm.all_reduce_tensor(&t, op)`, `comm.all_gather_tensor(&t)` (feature `nccl`, `#[state] comm: &Communicator`) | NCCL collectives (or the one-shot all-reduce) on the rank's tensors, recorded on every rank like `Communicator::all_reduce`; capture with `comm.capture(\|\| FooGraph::capture(…))` |
 //!
 //! # What is arranged for you
 //! * **Small uploads inside ops.** Some candle ops (`index_select`, strided copies behind
@@ -118,6 +119,9 @@ pub use candle_core;
 /// The candle-nn crate this module was built with.
 pub use candle_nn;
 
+// The tensor collectives are methods of `crate::nccl::Communicator`.
+#[cfg(feature = "nccl")]
+mod collective;
 mod kv_cache;
 mod model_state;
 pub use kv_cache::{greedy_next, CachePosition, RotaryTables, StaticKvCache};

@@ -117,7 +117,9 @@
 //!     `candle`): candle code as a graph, against candle eager (16: against
 //!     candle-transformers' own Llama); `17-candle-bert`, `18-candle-resnet` and
 //!     `19-candle-llama-window`: candle-transformers' models as they are, held through
-//!     `candle::ModelState`, against candle eager and PyTorch;
+//!     `candle::ModelState`, against candle eager and PyTorch; `25-tensor-parallel-llama`
+//!     (features `candle` and `nccl`): a candle Llama split over 1, 2 or 4 GPUs, its
+//!     all-reduces and gathers inside one graph per rank, against PyTorch's;
 //! 11. `14-decode-loop` and `15-jacobi-solve`: loops that stop on device data inside one
 //!     graph launch (`graph_while`): decoding until the end token, iterating until the
 //!     residual is small;

@@ -10,6 +10,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice};
 use cudarc::nccl::NcclType;
 
 use super::comm::Communicator;
+use super::one_shot::Summed;
 use super::raw::{self, Buffers};
 use super::sequence::{CollectiveCall, CollectiveOp, ReduceOp};
 use super::session;
@@ -99,7 +100,7 @@ impl Communicator {
     /// The path of every collective: checks the buffers' lengths for `op` and their device,
     /// admits the call ([`Communicator::admit`]), then issues it with the buffers borrowed
     /// on the runtime's stream.
-    fn collective<T: NcclType>(
+    pub(crate) fn collective<T: NcclType>(
         &self,
         name: &'static str,
         op: CollectiveOp,
@@ -287,14 +288,13 @@ impl Communicator {
         stream.context().bind_to_thread()?;
         if let (CollectiveOp::AllReduce(ReduceOp::Sum), Some(one_shot)) = (call.op, &self.one_shot)
         {
-            if T::as_nccl_type() == cudarc::nccl::sys::ncclDataType_t::ncclFloat32
-                && one_shot.takes(call.count)
-            {
-                // SAFETY: `T` is `f32`; the buffers hold `call.count` elements on this rank's
-                // device (checked above), within the kernel's size (`takes`); every rank
-                // issues its collectives in the same order (the sessions check captured
-                // ones), so the peers make the same call next.
-                return unsafe { one_shot.launch(stream, send, recv, call.count) };
+            let summed = Summed::of(T::as_nccl_type()).filter(|&d| one_shot.takes(d, call.count));
+            if let Some(dtype) = summed {
+                // SAFETY: `dtype` is `T`'s (f32 or bf16); the buffers hold `call.count`
+                // elements on this rank's device (checked above), within the kernel's size
+                // (`takes`); every rank issues its collectives in the same order (the
+                // sessions check captured ones), so the peers make the same call next.
+                return unsafe { one_shot.launch(stream, dtype, send, recv, call.count) };
             }
         }
         let buffers = Buffers {
@@ -317,7 +317,7 @@ impl Communicator {
 
 /// The buffers of one collective: a send and a receive buffer, or one buffer read and written
 /// in place.
-enum Operands<'b, T> {
+pub(crate) enum Operands<'b, T> {
     Apart(&'b dyn DevicePtr<T>, &'b mut dyn DevicePtrMut<T>),
     InPlace(&'b mut dyn DevicePtrMut<T>),
 }

@@ -24,7 +24,7 @@ use crate::state::{lent_shared, DeviceRegion};
 /// [`CommGroup::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The largest `f32` sum (in bytes) the one-shot all-reduce takes, unless set with
+/// The largest `f32` or `bf16` sum (in bytes) the one-shot all-reduce takes, unless set with
 /// [`CommGroup::set_one_shot_limit`].
 pub const DEFAULT_ONE_SHOT_LIMIT: usize = 256 << 10;
 
@@ -173,12 +173,13 @@ impl CommGroup {
     }
 
     /// The largest all-reduce (in bytes) that communicators joined from now on run with the
-    /// one-shot kernel instead of NCCL: sums of `f32` (in place or not), when every rank is
+    /// one-shot kernel instead of NCCL: sums of `f32` or `bf16` (in place or not; `bf16`
+    /// summed in `f32`, rounded once), when every rank is
     /// a thread of this process and every pair of GPUs can access each other's memory.
     /// Larger messages, other types and operations, and groups without peer access use
-    /// NCCL. Each rank holds twice the limit in device memory for it.
+    /// NCCL. Each rank holds `2 × world` times the limit in device memory for it.
     ///
-    /// The kernel copies each rank's input into memory the peers read, waits for every rank
+    /// The kernel writes each rank's input into every rank's memory, waits for every rank
     /// (flags in peer memory) and sums in rank order, so the ranks' results are bitwise equal
     /// and the same whether called eagerly or replayed. On two H200s, inside a graph, a sum
     /// of 4–64 KiB takes 8.7–8.9 µs per operation back to back against NCCL's 10.9–11.6 µs

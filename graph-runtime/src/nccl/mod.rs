@@ -119,9 +119,9 @@
 //! NCCL's cost is protocol, not bandwidth. When every rank is a thread of this process and
 //! every pair of GPUs can access each other's memory (NVLink or PCIe peer access), the
 //! group sets up a one-shot all-reduce at join: [`Communicator::all_reduce`] and
-//! [`Communicator::all_reduce_in_place`] of `f32` with [`ReduceOp::Sum`], up to
+//! [`Communicator::all_reduce_in_place`] of `f32` or `bf16` with [`ReduceOp::Sum`], up to
 //! [`CommGroup::one_shot_limit`] bytes ([`DEFAULT_ONE_SHOT_LIMIT`], 256 KiB), run as one
-//! kernel per rank that copies the input where the peers can read it, meets them through
+//! kernel per rank that writes the input into every peer's memory, meets them through
 //! flags in peer memory, and sums every rank's copy in rank order. Everything else goes to
 //! NCCL. What it keeps:
 //!
@@ -274,14 +274,14 @@
 //! without authentication, like PyTorch's `TCPStore`: keep `MASTER_PORT` inside the
 //! cluster's network.
 
-mod collective;
+pub(crate) mod collective;
 mod comm;
 mod library;
 mod one_shot;
 mod process;
 mod raw;
 mod rendezvous;
-mod sequence;
+pub(crate) mod sequence;
 pub(crate) mod session;
 mod store;
 mod window;

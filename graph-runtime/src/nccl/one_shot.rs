@@ -1,5 +1,5 @@
-//! The one-shot all-reduce: small `f32` sums between the ranks of one process, through peer
-//! memory, in one kernel per rank.
+//! The one-shot all-reduce: small `f32` and `bf16` sums between the ranks of one process,
+//! through peer memory, in one kernel per rank.
 //!
 //! NCCL's all-reduce of a few KiB costs 9–12 µs on two H200s (in a graph, back to back),
 //! where a graph of one empty kernel costs 4.2 µs: most of it is protocol, NCCL's kernels
@@ -7,12 +7,13 @@
 //! a thread of this process and every pair of GPUs can read each other's memory, one kernel
 //! does it with a single exchange:
 //!
-//! 1. each rank copies its input into its *stage*, a buffer of its own device that the other
-//!    ranks can read (peer access);
+//! 1. each rank writes its input into every rank's *stage* (its own slot there): a buffer on
+//!    each device with one slot per rank, written by the peers through peer access (remote
+//!    writes are posted, where remote reads would wait a round trip each);
 //! 2. each block signals every rank ("my part is staged", a flag in the peer's memory written
 //!    with release semantics at system scope) and waits for every rank's signal;
-//! 3. each rank reads every rank's stage and sums in rank order, so every rank computes the
-//!    same bits, and writes its output.
+//! 3. each rank reads its own stage's slots and sums them in rank order, so every rank
+//!    computes the same bits, and writes its output.
 //!
 //! The flags hold a call counter kept on the device (an epoch per block), so the kernel is
 //! the same on every call and replays in a graph; stages alternate between two halves by
@@ -21,9 +22,11 @@
 //! writes NaN and records the failure, rather than spinning forever.
 //!
 //! Used by [`Communicator::all_reduce`](super::Communicator::all_reduce) and
-//! [`all_reduce_in_place`](super::Communicator::all_reduce_in_place) for `f32` sums of at
-//! most [`CommGroup::one_shot_limit`](super::CommGroup::one_shot_limit) bytes; everything
-//! else goes to NCCL.
+//! [`all_reduce_in_place`](super::Communicator::all_reduce_in_place) for `f32` and `bf16`
+//! sums of at most [`CommGroup::one_shot_limit`](super::CommGroup::one_shot_limit) bytes;
+//! everything else goes to NCCL. A `bf16` sum is computed in `f32` in rank order and rounded
+//! once (NCCL rounds after each step of its ring): on two ranks the same bits as NCCL's, on
+//! more the same bits on every rank.
 
 use std::sync::Arc;
 
@@ -42,65 +45,117 @@ const THREADS: u32 = 512;
 /// The most ranks the kernel's flags have room for.
 pub(crate) const MAX_WORLD: usize = 8;
 
-const SOURCE: &str = r#"
-extern "C" __global__ void __launch_bounds__(512) one_shot_sum_f32(
-    const float *in, float *out, unsigned long long n,
-    const unsigned long long *table, unsigned int *epochs, unsigned int *status,
-    int rank, int world, unsigned long long half, unsigned long long timeout_ns)
-{
-    __shared__ unsigned int epoch;
-    __shared__ int timed_out;
-    const unsigned int b = blockIdx.x;
-    if (threadIdx.x == 0) { epoch = epochs[b] + 1u; timed_out = 0; }
-    __syncthreads();
-    const unsigned int e = epoch;
-    const unsigned long long parity = (unsigned long long)(e & 1u) * half;
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    const unsigned long long first = (unsigned long long)b * blockDim.x + threadIdx.x;
-    float *mine = (float *)table[rank] + parity;
-    for (unsigned long long i = first; i < n; i += stride) mine[i] = in[i];
-    __syncthreads();
-    if (threadIdx.x < world) {
-        const int peer = threadIdx.x;
-        unsigned int *theirs = (unsigned int *)table[world + peer] + b * world + rank;
-        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(e) : "memory");
-        const unsigned int *slot = (const unsigned int *)table[world + rank] + b * world + peer;
-        unsigned long long start, now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-        for (;;) {
-            unsigned int v;
-            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(slot) : "memory");
-            if ((int)(v - e) >= 0) break;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            if (now - start > timeout_ns) { timed_out = 1; atomicExch(status, 1u); break; }
-        }
-    }
-    __syncthreads();
-    if (timed_out) {
-        for (unsigned long long i = first; i < n; i += stride) out[i] = __int_as_float(0x7fc00000);
-    } else {
-        for (unsigned long long i = first; i < n; i += stride) {
-            float acc = __ldcg((const float *)table[0] + parity + i);
-            for (int r = 1; r < world; ++r) acc += __ldcg((const float *)table[r] + parity + i);
-            out[i] = acc;
-        }
-    }
-    if (threadIdx.x == 0) epochs[b] = e;
+/// The element types the one-shot kernel sums: `f32`, and `bf16` (summed in `f32` in rank
+/// order, rounded once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Summed {
+    F32,
+    Bf16,
 }
+
+impl Summed {
+    /// The one-shot type of NCCL's `dtype`, if it has one.
+    pub(crate) fn of(dtype: cudarc::nccl::sys::ncclDataType_t) -> Option<Summed> {
+        use cudarc::nccl::sys::ncclDataType_t as D;
+        match dtype {
+            D::ncclFloat32 => Some(Summed::F32),
+            D::ncclBfloat16 => Some(Summed::Bf16),
+            _ => None,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Summed::F32 => 4,
+            Summed::Bf16 => 2,
+        }
+    }
+}
+
+const SOURCE: &str = r#"
+// One kernel body for every element type: T is what the buffers hold, ACC what the sum is
+// computed in, LOAD/STORE convert between them (bf16 travels as its 16 bits).
+#define ONE_SHOT_SUM(NAME, T, ACC, LOAD, STORE, NAN_BITS)                                      \
+extern "C" __global__ void __launch_bounds__(512) NAME(                                         \
+    const T *in, T *out, unsigned long long n,                                                  \
+    const unsigned long long *table, unsigned int *epochs, unsigned int *status,                \
+    int rank, int world, unsigned long long half_bytes, unsigned long long timeout_ns)          \
+{                                                                                               \
+    __shared__ unsigned int epoch;                                                              \
+    __shared__ int timed_out;                                                                   \
+    const unsigned int b = blockIdx.x;                                                          \
+    if (threadIdx.x == 0) { epoch = epochs[b] + 1u; timed_out = 0; }                            \
+    __syncthreads();                                                                            \
+    const unsigned int e = epoch;                                                               \
+    const unsigned long long parity = (unsigned long long)(e & 1u) * world * half_bytes;        \
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;               \
+    const unsigned long long first = (unsigned long long)b * blockDim.x + threadIdx.x;          \
+    const unsigned long long slot = parity + (unsigned long long)rank * half_bytes;             \
+    for (unsigned long long i = first; i < n; i += stride) {                                    \
+        const T v = in[i];                                                                      \
+        for (int p = 0; p < world; ++p) ((T *)((char *)table[p] + slot))[i] = v;                \
+    }                                                                                           \
+    __syncthreads();                                                                            \
+    if (threadIdx.x < world) {                                                                  \
+        const int peer = threadIdx.x;                                                           \
+        unsigned int *theirs = (unsigned int *)table[world + peer] + b * world + rank;          \
+        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(e) : "memory");  \
+        const unsigned int *slot = (const unsigned int *)table[world + rank] + b * world + peer; \
+        unsigned long long start, now;                                                          \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));                               \
+        for (;;) {                                                                              \
+            unsigned int v;                                                                     \
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(slot) : "memory"); \
+            if ((int)(v - e) >= 0) break;                                                       \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                             \
+            if (now - start > timeout_ns) { timed_out = 1; atomicExch(status, 1u); break; }     \
+        }                                                                                       \
+    }                                                                                           \
+    __syncthreads();                                                                            \
+    if (timed_out) {                                                                            \
+        for (unsigned long long i = first; i < n; i += stride) out[i] = (T)(NAN_BITS);          \
+    } else {                                                                                    \
+        for (unsigned long long i = first; i < n; i += stride) {                                \
+            const char *stage = (const char *)table[rank] + parity;                             \
+            ACC acc = LOAD(__ldcg((const T *)stage + i));                                       \
+            for (int r = 1; r < world; ++r)                                                     \
+                acc += LOAD(__ldcg((const T *)(stage + r * half_bytes) + i));                   \
+            out[i] = STORE(acc);                                                                \
+        }                                                                                       \
+    }                                                                                           \
+    if (threadIdx.x == 0) epochs[b] = e;                                                        \
+}
+
+__device__ __forceinline__ float f32_load(float x) { return x; }
+__device__ __forceinline__ float f32_store(float x) { return x; }
+// bf16 is the high half of an f32: widen exactly, narrow with round-to-nearest-even (NaN kept).
+__device__ __forceinline__ float bf16_load(unsigned short x) {
+    return __uint_as_float(((unsigned int)x) << 16);
+}
+__device__ __forceinline__ unsigned short bf16_store(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+ONE_SHOT_SUM(one_shot_sum_f32, float, float, f32_load, f32_store, __int_as_float(0x7fc00000))
+ONE_SHOT_SUM(one_shot_sum_bf16, unsigned short, float, bf16_load, bf16_store, 0x7fc0u)
 "#;
 
 /// One rank's part of the one-shot all-reduce: its stage, flags and counters, and the table
 /// of every rank's stage and flags that its kernel reads.
 pub(crate) struct OneShot {
     ctx: Arc<CudaContext>,
-    func: CudaFunction,
+    sum_f32: CudaFunction,
+    sum_bf16: CudaFunction,
     /// `[stage | flags | epochs | status | table]`, one allocation of this device.
     base: CUdeviceptr,
     table: CUdeviceptr,
     epochs: CUdeviceptr,
     status: CUdeviceptr,
-    /// Elements of one half of the stage: the most one call reduces.
-    half: usize,
+    /// Bytes of one half of the stage: the most one call reduces.
+    half_bytes: usize,
     rank: usize,
     world: usize,
     timeout_ns: u64,
@@ -120,7 +175,8 @@ struct Layout {
 
 impl Layout {
     fn new(half: usize, world: usize) -> Layout {
-        let stage = 2 * half * 4;
+        // Two halves (by the call counter's parity) of one slot per rank.
+        let stage = 2 * world * half * 4;
         let flags = stage;
         let epochs = flags + BLOCKS as usize * MAX_WORLD * 4;
         let status = epochs + BLOCKS as usize * 4;
@@ -238,15 +294,17 @@ impl OneShot {
         ctx.bind_to_thread()?;
         // SAFETY: `table_ptr` holds `2 · world` u64 in this rank's allocation (the layout).
         unsafe { super::raw::copy_htod_sync(table_ptr, &table) }?;
-        let func = rt.library_function(SOURCE, "one_shot_sum_f32")?;
+        let sum_f32 = rt.library_function(SOURCE, "one_shot_sum_f32")?;
+        let sum_bf16 = rt.library_function(SOURCE, "one_shot_sum_bf16")?;
         Ok(Some(OneShot {
             ctx,
-            func,
+            sum_f32,
+            sum_bf16,
             base,
             table: table_ptr,
             epochs: base + layout.epochs as u64,
             status: base + layout.status as u64,
-            half,
+            half_bytes: half * 4,
             rank,
             world,
             timeout_ns: comm.group().timeout().as_nanos().min(u64::MAX as u128) as u64,
@@ -270,27 +328,33 @@ impl OneShot {
         Ok(base)
     }
 
-    /// Whether the one-shot kernel takes a sum of `count` `f32`s.
-    pub(crate) fn takes(&self, count: usize) -> bool {
-        count <= self.half
+    /// Whether the one-shot kernel takes a sum of `count` elements of `dtype`.
+    pub(crate) fn takes(&self, dtype: Summed, count: usize) -> bool {
+        count.saturating_mul(dtype.bytes()) <= self.half_bytes
     }
 
     /// Launches (or records) `recv = Σ send` over the ranks on `stream`.
     ///
     /// # Safety
-    /// `send` and `recv` hold `count` `f32` on this rank's device (they may be the same),
-    /// `count` fits ([`OneShot::takes`]), and every other rank makes the same call next.
+    /// `send` and `recv` hold `count` elements of `dtype` on this rank's device (they may be
+    /// the same), `count` fits ([`OneShot::takes`]), and every other rank makes the same call
+    /// next.
     pub(crate) unsafe fn launch(
         &self,
         stream: &cudarc::driver::CudaStream,
+        dtype: Summed,
         send: CUdeviceptr,
         recv: CUdeviceptr,
         count: usize,
     ) -> Result<(), GraphError> {
         self.used.set(true);
-        let (n, half) = (count as u64, self.half as u64);
+        let (n, half) = (count as u64, self.half_bytes as u64);
         let (rank, world) = (self.rank as i32, self.world as i32);
-        let mut b = stream.launch_builder(&self.func);
+        let func = match dtype {
+            Summed::F32 => &self.sum_f32,
+            Summed::Bf16 => &self.sum_bf16,
+        };
+        let mut b = stream.launch_builder(func);
         b.arg(&send)
             .arg(&recv)
             .arg(&n)
@@ -358,8 +422,9 @@ mod tests {
     fn the_parts_of_a_ranks_memory_do_not_overlap_and_the_table_is_aligned() {
         for (half, world) in [(1, 2), (65_536, 2), (65_536, 8), (3, 5)] {
             let l = Layout::new(half, world);
-            // [stage: two halves of f32 | flags: blocks × MAX_WORLD u32 | epochs | status | table]
-            assert_eq!(l.flags, 2 * half * 4);
+            // [stage: two halves × world slots of f32 | flags: blocks × MAX_WORLD u32 | epochs
+            //  | status | table]
+            assert_eq!(l.flags, 2 * world * half * 4);
             assert_eq!(l.epochs, l.flags + BLOCKS as usize * MAX_WORLD * 4);
             assert_eq!(l.status, l.epochs + BLOCKS as usize * 4);
             assert!(l.table >= l.status + 4);
