@@ -133,8 +133,9 @@
 //! * it cannot hang: a kernel whose peers never come gives up after the group's timeout,
 //!   writes NaN to its output and logs an error when the communicator drops (NCCL would
 //!   wait forever);
-//! * a communicator's drop waits (up to the timeout) until every rank has drained its
-//!   stream before freeing the memory the peers read.
+//! * a communicator's drop waits (up to twice the timeout, longer than a peer's kernel
+//!   waits) until every rank has drained its stream before freeing the memory the peers
+//!   write into; a rank that never comes leaves that memory allocated, with a warning.
 //!
 //! `group.set_one_shot_limit(0)` before the ranks join turns it off.
 //! `examples/24-allreduce-floor.rs` measures it against NCCL and PyTorch.

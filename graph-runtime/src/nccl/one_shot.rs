@@ -159,8 +159,7 @@ pub(crate) struct OneShot {
     rank: usize,
     world: usize,
     timeout_ns: u64,
-    /// Whether a kernel ran or was recorded (then the peers may read this rank's memory
-    /// until every rank has stopped, and freeing waits for them).
+    /// Whether a kernel ran or was recorded (then its status may say that it gave up).
     used: std::cell::Cell<bool>,
 }
 
@@ -385,10 +384,11 @@ impl OneShot {
         unsafe { super::raw::copy_dtoh_sync(&mut flag, self.status) }.is_ok() && flag[0] != 0
     }
 
-    /// Frees this rank's memory once no peer can read it. Every rank meets the others here
-    /// (their streams drained) before freeing; when this rank's kernel ever ran and a rank
-    /// does not come within the group's timeout, the memory stays allocated (a warning),
-    /// since that rank's last kernel may still read it.
+    /// Frees this rank's memory once no peer can write or read it. Every rank meets the
+    /// others here (their streams drained) before freeing; when a rank does not come, the
+    /// memory stays allocated (a warning): that rank's last kernel may still write its input
+    /// into this rank's stage (at its start, whether or not this rank ever made the call) or
+    /// read this rank's flags.
     pub(crate) fn release(self, comm_drained: bool, meet: impl FnOnce() -> bool) {
         let _ = self.ctx.bind_to_thread();
         if self.used.get() && comm_drained && self.timed_out() {
@@ -399,10 +399,10 @@ impl OneShot {
             );
         }
         let met = comm_drained && meet();
-        if self.used.get() && !met {
+        if !met {
             tracing::warn!(
                 rank = self.rank,
-                "kept the one-shot all-reduce's memory: another rank may still read it"
+                "kept the one-shot all-reduce's memory: another rank may still write into it"
             );
             return;
         }
