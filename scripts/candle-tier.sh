@@ -14,7 +14,8 @@
 #      GPU its GPU tests count as ignored, CUDA_GRAPH_REQUIRE_GPU=1 makes them fail);
 #   4. builds the candle examples (12-candle-mlp, 13-candle-decoder, 16-candle-llama-decode,
 #      the real-models tier, 17-candle-bert, 18-candle-resnet, 19-candle-llama-window, and
-#      20-candle-upload-cap);
+#      20-candle-upload-cap), then with `nccl` too: the runtime's tests, `tests/multi_gpu_candle.rs`
+#      and 25-tensor-parallel-llama;
 #   5. builds and runs ci/beside-candle: graph-runtime beside cudarc with candle-core `cuda`'s
 #      features (dynamic linking, version from nvcc), after ci/beside-candle/check-features.py
 #      has checked that its cudarc line is the locked candle-core's and that the workspace's
@@ -74,6 +75,13 @@ step cargo test "${ws[@]}" --test candle
 step cargo build "${ws[@]}" --example 12-candle-mlp --example 13-candle-decoder \
   --example 16-candle-llama-decode --example 17-candle-bert --example 18-candle-resnet \
   --example 19-candle-llama-window --example 20-candle-upload-cap
+# Both features, as a candle user with several GPUs builds: linked against libnccl (here its
+# stub), the runtime's own tests, the collectives on candle tensors (ignored without a GPU)
+# and the tensor-parallel decoder.
+both=(--workspace --features cuda-graphs/candle,cuda-graphs/nccl)
+step cargo test "${both[@]}" --lib
+step cargo test "${both[@]}" --test multi_gpu_candle
+step cargo build "${both[@]}" --example 25-tensor-parallel-llama
 
 echo "== build beside candle-core's cuda feature"
 step python3 ci/beside-candle/check-features.py

@@ -76,12 +76,11 @@ impl InputNodes {
 
 /// Only the runtime's own buffer types are static buffers: a graph lends its inputs as their
 /// `DeviceState::Lent` views and never checks their addresses again, which is sound only
-/// for types whose views cannot replace them.
-mod sealed {
+/// for types whose views cannot replace them. A framework's module adds its own (candle's
+/// `Tensor`).
+pub(crate) mod sealed {
     pub trait Sealed {}
     impl<T> Sealed for cudarc::driver::CudaSlice<T> {}
-    #[cfg(feature = "candle")]
-    impl Sealed for candle_core::Tensor {}
 
     /// Only the runtime's own input sources: a replay may point a graph's copy node at a
     /// source's device memory, which is sound only for types that report it truthfully.
@@ -91,8 +90,6 @@ mod sealed {
     impl<T> SealedSource for [T] {}
     impl<T> SealedSource for Vec<T> {}
     impl<T, const N: usize> SealedSource for [T; N] {}
-    #[cfg(feature = "candle")]
-    impl SealedSource for candle_core::Tensor {}
 }
 
 /// A static buffer that can hold what a body returns (`-> Result<Tensor>`): the returned value

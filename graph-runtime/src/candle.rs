@@ -108,6 +108,7 @@
 //!   [`StaticKvCache`] and [`RotaryTables`] do that for a Llama-style decoder
 //!   (`16-candle-llama-decode`).
 
+use std::any::Any;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::CudaStorageSlice;
@@ -122,13 +123,15 @@ pub use candle_nn;
 // The tensor collectives are methods of `crate::nccl::Communicator`.
 #[cfg(feature = "nccl")]
 mod collective;
+mod error;
 mod kv_cache;
 mod model_state;
 pub use kv_cache::{greedy_next, CachePosition, RotaryTables, StaticKvCache};
 pub use model_state::ModelState;
 
 use crate::buffer::{same_stream, InputSource, Staging, StaticBuffer};
-use crate::error::GraphError;
+use crate::error::{FrameworkErrors, GraphError};
+use crate::framework::Framework;
 use crate::region::{DeviceRegion, Elem};
 use crate::runtime::{FromRuntime, Runtime};
 use crate::state::DeviceState;
@@ -244,7 +247,7 @@ fn cuda_stream_of(t: &Tensor) -> Option<Arc<CudaStream>> {
 }
 
 fn candle_err(e: candle_core::Error) -> GraphError {
-    crate::error::from_candle(e)
+    error::from_candle(e)
 }
 
 /// Copies `src` (any layout, any device) into the static tensor `dst` of the same shape, on
@@ -397,7 +400,61 @@ impl Runtime {
             return Err(GraphError::DefaultStream);
         }
         let ctx = stream.context().clone();
-        Self::assemble_with(ctx, stream, None, Some(device.clone()))
+        let candle = CandleFramework {
+            device: device.clone(),
+        };
+        Self::assemble_with(ctx, stream, None, Some(Arc::new(candle)))
+    }
+
+    /// The candle device of a runtime made by [`Runtime::from_candle`].
+    pub fn candle_device(&self) -> Option<&Device> {
+        let framework: &dyn Any = self.framework()?;
+        framework
+            .downcast_ref::<CandleFramework>()
+            .map(|c| &c.device)
+    }
+}
+
+// candle's `Tensor` is a static buffer and an input source of the runtime's own (see
+// `crate::buffer::sealed`).
+impl crate::buffer::sealed::Sealed for Tensor {}
+impl crate::buffer::sealed::SealedSource for Tensor {}
+
+/// candle as the framework of the runtimes [`Runtime::from_candle`] makes.
+struct CandleFramework {
+    device: Device,
+}
+
+impl Framework for CandleFramework {
+    fn errors(&self) -> (&'static str, FrameworkErrors) {
+        ("candle", error::convert)
+    }
+
+    /// candle's upload cache (see the module docs), held while the warmup and the capture run.
+    fn hold_during_capture(&self) -> Box<dyn Any> {
+        match &self.device {
+            Device::Cuda(cuda) => Box::new(cuda.enable_cuda_graph_htod_cache()),
+            _ => Box::new(()),
+        }
+    }
+
+    /// In a capture, CUDA's invalid-value error is what freeing a tensor made before the
+    /// capture gives (candle frees op outputs as they drop): name that cause.
+    fn explain_capture_error(&self, graph: &'static str, e: GraphError) -> GraphError {
+        let code = match &e {
+            GraphError::Driver(d) => Some(d.0),
+            GraphError::Body { source, .. } => match &**source {
+                GraphError::Driver(d) => Some(d.0),
+                _ => None,
+            },
+            _ => None,
+        };
+        match code {
+            Some(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE) => {
+                GraphError::FreedInCapture { graph }
+            }
+            _ => e,
+        }
     }
 }
 
@@ -413,15 +470,6 @@ pub(crate) fn cuda_device(device: &Device) -> Result<&CudaDevice, GraphError> {
             )
             .into(),
         )),
-    }
-}
-
-/// Holds candle's upload cache while the warmup and the capture run (see the module docs):
-/// dropping the returned guard releases it.
-pub(crate) fn hold_htod_cache(rt: &Runtime) -> Option<impl Sized> {
-    match rt.candle_device()? {
-        Device::Cuda(cuda) => Some(cuda.enable_cuda_graph_htod_cache()),
-        _ => None,
     }
 }
 
@@ -500,13 +548,13 @@ mod tests {
             capture,
         )))
         .bt();
-        let typed = crate::error::from_candle(e);
+        let typed = error::from_candle(e);
         assert!(matches!(typed, GraphError::Driver(_)), "{typed:?}");
         assert!(matches!(
             GraphError::in_capture("f", typed),
             GraphError::CaptureUnsupported { graph: "f" }
         ));
-        let plain = crate::error::from_candle(candle_core::Error::Msg("shape mismatch".into()));
+        let plain = error::from_candle(candle_core::Error::Msg("shape mismatch".into()));
         assert!(matches!(plain, GraphError::User(_)));
         assert!(plain.to_string().contains("shape mismatch"));
     }

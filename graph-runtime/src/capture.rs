@@ -308,9 +308,9 @@ pub fn capture(
     let _span = tracing::debug_span!("cuda_graph_capture", graph).entered();
 
     let started = Instant::now();
-    // candle's small shape uploads are cached during warmup and reused by the capture.
-    #[cfg(feature = "candle")]
-    let _htod_cache = crate::candle::hold_htod_cache(rt);
+    // What the runtime's framework keeps while a graph is recorded (candle: its small shape
+    // uploads, cached during warmup and reused by the capture).
+    let _framework_hold = rt.framework().map(|f| f.hold_during_capture());
     let input_copy = inputs.prepare(rt)?;
     // Warmup draws random numbers and updates `&mut` state; both are put back afterwards, so
     // that the first replay sees what the first eager call would have (see `crate::state`).
@@ -568,25 +568,13 @@ impl Ended {
     }
 }
 
-/// In a capture on a candle runtime, CUDA's invalid-value error is what freeing a tensor made
-/// before the capture gives (candle frees op outputs as they drop): name that cause.
+/// A capture's error as the runtime's framework explains it (candle: a tensor made before the
+/// capture and freed in it), or as it is.
 fn freed_in_capture(rt: &Runtime, graph: &'static str, e: GraphError) -> GraphError {
-    #[cfg(feature = "candle")]
-    if rt.candle_device().is_some() {
-        let code = match &e {
-            GraphError::Driver(d) => Some(d.0),
-            GraphError::Body { source, .. } => match &**source {
-                GraphError::Driver(d) => Some(d.0),
-                _ => None,
-            },
-            _ => None,
-        };
-        if code == Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
-            return GraphError::FreedInCapture { graph };
-        }
+    match rt.framework() {
+        Some(f) => f.explain_capture_error(graph, e),
+        None => e,
     }
-    let _ = (rt, graph);
-    e
 }
 
 /// The optional checks of `check_determinism`: the kernels the last warmup run and the

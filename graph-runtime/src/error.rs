@@ -12,8 +12,6 @@
 //! a graph.
 
 mod body;
-#[cfg(feature = "candle")]
-mod candle;
 #[cfg(feature = "nccl")]
 mod collective;
 mod convert;
@@ -24,7 +22,6 @@ mod variants;
 pub use body::{body_result, BodyResult, BodyValue};
 #[cfg(feature = "nccl")]
 pub use collective::CollectiveError;
-#[cfg(feature = "candle")]
-pub(crate) use convert::from_candle;
+pub(crate) use convert::{register_framework_errors, FrameworkErrors};
 pub(crate) use variants::bytes;
 pub use variants::{BoxError, GraphError, When};

@@ -353,6 +353,7 @@ mod driver;
 mod error;
 mod fingerprint;
 mod fork;
+mod framework;
 mod generator;
 mod graph;
 mod inputs;

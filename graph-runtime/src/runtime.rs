@@ -15,6 +15,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::driver;
 use crate::error::GraphError;
+use crate::framework::Framework;
 use crate::generator::{Generator, GeneratorInner, DEFAULT_SEED};
 use crate::phase::refuse_while_capturing;
 
@@ -120,9 +121,9 @@ struct Inner {
     multiprocessors: u32,
     /// Whether captures measure their executable graph's memory (`GraphInfo::exec_bytes`).
     measure_exec: AtomicBool,
-    /// The candle device whose stream this runtime uses (`Runtime::from_candle`).
-    #[cfg(feature = "candle")]
-    candle: Option<candle_core::Device>,
+    /// The framework whose device's stream this runtime uses (candle's:
+    /// `Runtime::from_candle`).
+    framework: Option<Arc<dyn Framework>>,
 }
 
 impl Drop for Inner {
@@ -354,11 +355,9 @@ impl Runtime {
         Self::assemble(ctx, stream, None)
     }
 
-    /// The candle device of a runtime made by [`Runtime::from_candle`].
-    #[cfg(feature = "candle")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
-    pub fn candle_device(&self) -> Option<&candle_core::Device> {
-        self.inner.candle.as_ref()
+    /// The framework this runtime was made from, if any (see `crate::framework`).
+    pub(crate) fn framework(&self) -> Option<&dyn Framework> {
+        self.inner.framework.as_deref()
     }
 
     /// The runtime of `stream`, if one was made for it (by [`Runtime::new`],
@@ -378,22 +377,24 @@ impl Runtime {
         stream: Arc<CudaStream>,
         capture: Option<Arc<CudaStream>>,
     ) -> Result<Self, GraphError> {
-        #[cfg(feature = "candle")]
-        return Self::assemble_with(ctx, stream, capture, None);
-        #[cfg(not(feature = "candle"))]
-        Self::assemble_with(ctx, stream, capture)
+        Self::assemble_with(ctx, stream, capture, None)
     }
 
     /// `capture`: the runtime's own capture stream (see [`Runtime`], "Threads"), or `None`
-    /// to capture on `stream` itself (a stream the user or candle owns).
+    /// to capture on `stream` itself (a stream the user or a framework owns); `framework`:
+    /// the framework whose device's stream `stream` is.
     pub(crate) fn assemble_with(
         ctx: Arc<CudaContext>,
         stream: Arc<CudaStream>,
         capture: Option<Arc<CudaStream>>,
-        #[cfg(feature = "candle")] candle: Option<candle_core::Device>,
+        framework: Option<Arc<dyn Framework>>,
     ) -> Result<Self, GraphError> {
         if !cublas_available() {
             return Err(GraphError::MissingLibrary { library: "cublas" });
+        }
+        if let Some(f) = &framework {
+            let (name, convert) = f.errors();
+            crate::error::register_framework_errors(name, convert);
         }
         ctx.bind_to_thread()?;
         // Creating cuBLAS handles allocates and frees device memory outside any stream's
@@ -444,8 +445,7 @@ impl Runtime {
             compute_capability,
             multiprocessors,
             measure_exec: AtomicBool::new(false),
-            #[cfg(feature = "candle")]
-            candle,
+            framework,
         });
         let mut registry = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         registry.retain(|(s, i)| s.strong_count() > 0 && i.strong_count() > 0);

@@ -182,3 +182,29 @@ fn the_check_sees_an_upward_import() {
         "use crate::runtime::Runtime;\n// crate::capture in a comment\nlet _ = $crate::graph;\n";
     assert_eq!(crate_paths(&code(text)), vec!["runtime".to_owned()]);
 }
+
+#[test]
+fn no_file_outside_a_framework_folder_names_the_framework() {
+    // candle lives in `candle.rs` and `candle/`, the crate root declares the module, and the
+    // runtime reaches it through `framework.rs`: no feature gate or candle type elsewhere.
+    let src: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    let mut named = Vec::new();
+    for file in &files {
+        if file == "lib.rs" || file == "candle.rs" || file.starts_with("candle/") {
+            continue;
+        }
+        let text = code(&fs::read_to_string(src.join(file)).expect("readable"));
+        for needle in ["feature = \"candle\"", "candle_core", "candle_nn"] {
+            if text.contains(needle) {
+                named.push(format!("{file}: {needle}"));
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "candle named outside its folder:\n{}",
+        named.join("\n")
+    );
+}

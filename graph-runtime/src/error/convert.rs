@@ -1,6 +1,8 @@
 //! How other errors become a [`GraphError`]: cudarc's driver and cuBLAS errors, a captured
-//! body's boxed error, candle's errors; and the methods that classify a [`GraphError`]
+//! body's boxed error, a framework's errors (as the framework registered); and the methods that classify a [`GraphError`]
 //! (out of memory, capture code) or re-read it in the terms of a capture.
+
+use std::sync::Mutex;
 
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::{sys::CUresult, DriverError};
@@ -151,14 +153,41 @@ impl GraphError {
     }
 }
 
+/// How a framework's error becomes a [`GraphError`]: `Ok` when `e` is the framework's,
+/// else `e` back.
+pub(crate) type FrameworkErrors = fn(BoxError) -> Result<GraphError, BoxError>;
+
+/// The frameworks' error conversions, registered when a runtime is made from a framework's
+/// device (before any body of that framework runs): this layer names no framework (see
+/// `crate::framework`).
+static FRAMEWORK_ERRORS: Mutex<Vec<(&str, FrameworkErrors)>> = Mutex::new(Vec::new());
+
+/// Registers framework `name`'s error conversion (once per name).
+pub(crate) fn register_framework_errors(name: &'static str, convert: FrameworkErrors) {
+    let mut all = FRAMEWORK_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    if !all.iter().any(|(n, _)| *n == name) {
+        all.push((name, convert));
+    }
+}
+
+fn framework_error(mut e: BoxError) -> Result<GraphError, BoxError> {
+    let all = FRAMEWORK_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    for (_, convert) in all.iter() {
+        match convert(e) {
+            Ok(g) => return Ok(g),
+            Err(other) => e = other,
+        }
+    }
+    Err(e)
+}
+
 pub(super) fn into_graph_error(e: BoxError) -> GraphError {
     let e = match e.downcast::<GraphError>() {
         Ok(g) => return *g,
         Err(e) => e,
     };
-    #[cfg(feature = "candle")]
-    let e = match e.downcast::<candle_core::Error>() {
-        Ok(c) => return from_candle(*c),
+    let e = match framework_error(e) {
+        Ok(g) => return g,
         Err(e) => e,
     };
     let e = match e.downcast::<DriverError>() {
@@ -168,46 +197,6 @@ pub(super) fn into_graph_error(e: BoxError) -> GraphError {
     match e.downcast::<CublasError>() {
         Ok(c) => GraphError::from(*c),
         Err(e) => GraphError::User(e),
-    }
-}
-
-/// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
-/// body's would be, or candle's own error in the user's terms (`error/candle.rs`).
-#[cfg(feature = "candle")]
-pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
-    match cuda_error_of(&e) {
-        Some(typed) => typed,
-        None => super::candle::from_candle_own(e),
-    }
-}
-
-/// The CUDA or cuBLAS error a candle error carries, typed as a cudarc body's would be.
-#[cfg(feature = "candle")]
-fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
-    use candle_core::cuda_backend::CudaError;
-    let mut cur = e;
-    loop {
-        match cur {
-            candle_core::Error::Context { inner, .. }
-            | candle_core::Error::WithPath { inner, .. }
-            | candle_core::Error::WithBacktrace { inner, .. } => cur = inner,
-            candle_core::Error::Cuda(inner) => {
-                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**inner);
-                while let Some(err) = source {
-                    if let Some(d) = err.downcast_ref::<cudarc::driver::DriverError>() {
-                        return Some(GraphError::Driver(*d));
-                    }
-                    match err.downcast_ref::<CudaError>() {
-                        Some(CudaError::Cuda(d)) => return Some(GraphError::Driver(*d)),
-                        Some(CudaError::Cublas(c)) => return Some(GraphError::Cublas(*c)),
-                        _ => {}
-                    }
-                    source = err.source();
-                }
-                return None;
-            }
-            _ => return None,
-        }
     }
 }
 

@@ -713,8 +713,12 @@ mod tests {
                 g.nccl_version()
             ),
             Err(GraphError::NoDriver) => {}
+            // A link stub of libnccl (scripts/cuda-toolchain.sh) loads and fails every call.
             Err(e) => assert!(
-                matches!(e.collective(), Some(CollectiveError::LibraryMissing { .. })),
+                matches!(
+                    e.collective(),
+                    Some(CollectiveError::LibraryMissing { .. } | CollectiveError::Nccl { .. })
+                ),
                 "{e}"
             ),
         }

@@ -1,10 +1,55 @@
-//! candle's own errors (those that carry no CUDA error) in the user's terms: candle's refusals
+//! candle's errors as [`GraphError`]s: the CUDA or cuBLAS error one carries, typed as a cudarc
+//! body's would be; candle's own errors (those that carry no CUDA error) in the user's terms: candle's refusals
 //! of an upload inside a capture become [`GraphError::HostUploadInCapture`], naming the call
 //! from candle's backtrace when there is one; any other candle error is kept as
 //! [`GraphError::User`] without its backtrace, which candle puts into the error's text
 //! (`RUST_BACKTRACE=1`). The backtrace goes to the log (`tracing`, debug level) instead.
 
-use super::variants::GraphError;
+use crate::error::{BoxError, GraphError};
+
+/// candle's error conversion, registered with the runtime's error layer by
+/// `Runtime::from_candle`: a body's `candle_core::Error` as a [`GraphError`].
+pub(crate) fn convert(e: BoxError) -> Result<GraphError, BoxError> {
+    e.downcast::<candle_core::Error>().map(|c| from_candle(*c))
+}
+
+/// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
+/// body's would be, or candle's own error in the user's terms (below).
+pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
+    match cuda_error_of(&e) {
+        Some(typed) => typed,
+        None => from_candle_own(e),
+    }
+}
+
+/// The CUDA or cuBLAS error a candle error carries, typed as a cudarc body's would be.
+fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
+    use candle_core::cuda_backend::CudaError;
+    let mut cur = e;
+    loop {
+        match cur {
+            candle_core::Error::Context { inner, .. }
+            | candle_core::Error::WithPath { inner, .. }
+            | candle_core::Error::WithBacktrace { inner, .. } => cur = inner,
+            candle_core::Error::Cuda(inner) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**inner);
+                while let Some(err) = source {
+                    if let Some(d) = err.downcast_ref::<cudarc::driver::DriverError>() {
+                        return Some(GraphError::Driver(*d));
+                    }
+                    match err.downcast_ref::<CudaError>() {
+                        Some(CudaError::Cuda(d)) => return Some(GraphError::Driver(*d)),
+                        Some(CudaError::Cublas(c)) => return Some(GraphError::Cublas(*c)),
+                        _ => {}
+                    }
+                    source = err.source();
+                }
+                return None;
+            }
+            _ => return None,
+        }
+    }
+}
 
 /// What candle-core 0.11 says when an upload inside a capture is larger than its cache takes.
 const ABOVE_CAP: &str = "CUDA graph capture cannot upload uncached host data";
