@@ -1,6 +1,7 @@
 //! The name lists that several rules and the walker share: device-to-host reads, formatting
 //! macros, and everything the checker knows of candle, in one table ([`CANDLE`]: a second
-//! framework would be a second [`Framework`]). The rule table (`rules.rs`) re-exports them.
+//! framework would be a second [`Framework`] in [`FRAMEWORKS`], which the walker reads; only
+//! candle's own rules name [`CANDLE`]). The rule table (`rules.rs`) re-exports them.
 //!
 //! Data only: imports nothing.
 
@@ -89,6 +90,15 @@ pub const CANDLE: Framework = Framework {
     ],
     cpu_device: ["Device", "Cpu"],
 };
+
+/// Every framework the checker knows: what the walker asks of "a framework's" types, tensors
+/// and methods.
+pub const FRAMEWORKS: &[Framework] = &[CANDLE];
+
+/// Whether any framework says yes.
+pub fn any_framework(says: impl Fn(&Framework) -> bool) -> bool {
+    FRAMEWORKS.iter().any(says)
+}
 
 /// candle's host reads ([`Framework::host_reads`]), by the name the rule table uses.
 pub const CANDLE_READS: &[&str] = CANDLE.host_reads;

@@ -15,7 +15,7 @@ use proc_macro2::Ident;
 use syn::visit::{self, Visit};
 use syn::{Expr, Pat, Type};
 
-use super::names::CANDLE;
+use super::names::any_framework;
 use crate::model::{GraphFn, Role};
 use crate::tokens::{segment_names, unraw};
 
@@ -348,17 +348,21 @@ impl Scope {
                 Expr::Path(p) if p.qself.is_none() => {
                     let segs = segment_names(&p.path);
                     segs.len() >= 2
-                        && CANDLE.tensor_types.contains(&segs[segs.len() - 2].as_str())
+                        && any_framework(|f| {
+                            f.tensor_types.contains(&segs[segs.len() - 2].as_str())
+                        })
                         && !c.args.iter().any(|a| self.is_cpu_device(a))
                 }
                 _ => false,
             },
             Expr::MethodCall(m) => {
                 let name = unraw(&m.method);
-                !CANDLE.host_methods.contains(&name.as_str())
-                    && !CANDLE.host_reads.contains(&name.as_str())
-                    && !CANDLE.to_cpu.contains(&name.as_str())
-                    && self.is_tensor_value(&m.receiver)
+                let name = name.as_str();
+                !any_framework(|f| {
+                    f.host_methods.contains(&name)
+                        || f.host_reads.contains(&name)
+                        || f.to_cpu.contains(&name)
+                }) && self.is_tensor_value(&m.receiver)
             }
             _ => false,
         }
@@ -374,7 +378,9 @@ impl Scope {
                 let segs = segment_names(&p.path);
                 match segs.as_slice() {
                     [name] => self.get(name).is_some_and(|b| b.cpu_device),
-                    [.., ty, variant] => [ty.as_str(), variant.as_str()] == CANDLE.cpu_device,
+                    [.., ty, variant] => {
+                        any_framework(|f| [ty.as_str(), variant.as_str()] == f.cpu_device)
+                    }
                     [] => false,
                 }
             }
@@ -532,7 +538,10 @@ fn kind_of_path(path: &syn::Path) -> Option<Kind> {
         Some(Kind::Unknown)
     } else if last == "PinnedHostSlice" {
         Some(Kind::PinnedHost)
-    } else if has(CUDA_TYPES) || has(CUDA_CRATES) || has(CANDLE.types) || has(CANDLE.crates) {
+    } else if has(CUDA_TYPES)
+        || has(CUDA_CRATES)
+        || any_framework(|f| has(f.types) || has(f.crates))
+    {
         Some(Kind::Cuda)
     } else if has(RNG_TYPES) || has(RNG_CRATES) {
         Some(Kind::Rng)
@@ -599,7 +608,7 @@ pub fn is_tensor_type(ty: &Type) -> bool {
                     }
                 }
             }
-            CANDLE.tensor_types.contains(&name.as_str())
+            any_framework(|f| f.tensor_types.contains(&name.as_str()))
         }
         _ => false,
     }
