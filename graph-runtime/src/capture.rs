@@ -312,59 +312,27 @@ pub fn capture(
     // uploads, cached during warmup and reused by the capture).
     let _framework_hold = rt.framework().map(|f| f.hold_during_capture());
     let input_copy = inputs.prepare(rt)?;
-    // Warmup draws random numbers and updates `&mut` state; both are put back afterwards, so
-    // that the first replay sees what the first eager call would have (see `crate::state`).
-    let snapshots = Snapshots::take(rt, book)?;
     let lookups = crate::phase::KernelLookups::start(site.determinism);
-    let warmed = warm_up(rt, site, body, &lookups);
-    let warmup_lookups = lookups.take();
-    let (rng, state_snapshot_bytes) = match warmed {
-        Ok(()) => snapshots.restore(rt, site.warmup, true)?,
-        Err(WarmupFailure::Error {
-            error,
-            state_intact,
-        }) => {
-            // The warmup's failure is the error to report, not what followed from it.
-            let _ = snapshots.restore(rt, site.warmup, state_intact);
-            return Err(name_the_failed_allocation(rt, site, body, error));
-        }
-        Err(WarmupFailure::Panic {
-            payload,
-            state_intact,
-        }) => {
-            let _ = snapshots.restore(rt, site.warmup, state_intact);
-            clear_recorded_errors(rt, graph);
-            panic::resume_unwind(payload);
-        }
-    };
+    let warmed = warm_up_and_restore(rt, site, book, body, &lookups)?;
     let warmup_time = started.elapsed();
     tracing::trace!(graph, ms = warmup_time.as_secs_f64() * 1e3, "warmup done");
 
     let capture_started = Instant::now();
-    let active = ActiveCapture::begin(rt, site, owns_island)?;
     let early_launches = crate::phase::EarlyLaunches::start();
-    let input_nodes = match &input_copy {
-        Some(copy) => inputs.record(rt, copy),
-        None => Ok(Vec::new()),
-    };
-    let body_result = input_nodes.and_then(|nodes| body(Step::Run(When::Capture)).map(|()| nodes));
-    let capture_lookups = lookups.take();
-    let (ended, input_nodes) = match body_result {
-        Err(e) => {
-            drop(active);
-            // A body that failed may also have replaced a buffer; that is the worse news.
-            body(Step::Check(When::Capture))?;
-            return Err(freed_in_capture(
-                rt,
-                graph,
-                GraphError::in_capture(graph, e),
-            ));
-        }
-        Ok(nodes) => (
-            end_capture(rt, graph, active).map_err(|e| freed_in_capture(rt, graph, e))?,
-            nodes,
-        ),
-    };
+    let recorded = record(
+        rt,
+        site,
+        owns_island,
+        inputs,
+        input_copy.as_ref(),
+        body,
+        &lookups,
+    )?;
+    let Recorded {
+        ended,
+        input_nodes,
+        lookups: capture_lookups,
+    } = recorded;
     let capture_time = capture_started.elapsed();
     // On every early return below, the recorded graphs are destroyed as they drop.
     body(Step::Check(When::Capture))?;
@@ -384,7 +352,7 @@ pub fn capture(
             body,
             &segments,
             copy,
-            &warmup_lookups,
+            &warmed.lookups,
             capture_lookups,
         )?;
     }
@@ -395,8 +363,9 @@ pub fn capture(
     #[cfg(feature = "nccl")]
     crate::nccl::session::before_instantiate(site)?;
 
+    let state_snapshot_bytes = warmed.state_snapshot_bytes;
     let info = GraphInfo {
-        rng,
+        rng: warmed.rng,
         temp_bytes: 0,
         temp_requested_bytes: 0,
         pool_added_bytes: 0,
@@ -417,6 +386,111 @@ pub fn capture(
         inspect_time: Duration::ZERO,
         upload_time: Duration::ZERO,
     };
+    let built = instantiate(rt, book, info, segments, input_nodes)?;
+    with_islands(site, built, islands)
+}
+
+/// The warmup's outcome once state and generators are put back (see [`capture`]).
+struct Warmed {
+    /// How far each generator's warmup draws went (`GraphInfo::rng`).
+    rng: Vec<crate::rng::RngAdvance>,
+    state_snapshot_bytes: usize,
+    /// The kernel lookups of the last warmup run, for the determinism check.
+    lookups: Vec<String>,
+}
+
+/// The warmup runs between a snapshot of the state and generators and its restore, so that
+/// the first replay sees what the first eager call would have (see `crate::state`). A
+/// warmup that fails restores what it can and reports its own error (or resumes its panic).
+fn warm_up_and_restore(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    book: &AddressBook,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+    lookups: &crate::phase::KernelLookups,
+) -> Result<Warmed, GraphError> {
+    let snapshots = Snapshots::take(rt, book)?;
+    let warmed = warm_up(rt, site, body, lookups);
+    let warmup_lookups = lookups.take();
+    let (rng, state_snapshot_bytes) = match warmed {
+        Ok(()) => snapshots.restore(rt, site.warmup, true)?,
+        Err(WarmupFailure::Error {
+            error,
+            state_intact,
+        }) => {
+            // The warmup's failure is the error to report, not what followed from it.
+            let _ = snapshots.restore(rt, site.warmup, state_intact);
+            return Err(name_the_failed_allocation(rt, site, body, error));
+        }
+        Err(WarmupFailure::Panic {
+            payload,
+            state_intact,
+        }) => {
+            let _ = snapshots.restore(rt, site.warmup, state_intact);
+            clear_recorded_errors(rt, site.name);
+            panic::resume_unwind(payload);
+        }
+    };
+    Ok(Warmed {
+        rng,
+        state_snapshot_bytes,
+        lookups: warmup_lookups,
+    })
+}
+
+/// What recording the body once gave.
+struct Recorded {
+    /// How the capture ended: the recorded segments and the islands between them.
+    ended: Ended,
+    /// The runtime's input copy nodes, first in the first segment.
+    input_nodes: Vec<crate::inputs::InputNode>,
+    /// The kernel lookups of the recording, for the determinism check.
+    lookups: Vec<String>,
+}
+
+/// Records the body once on the capture stream, after the runtime's input copies. A body
+/// that fails is checked for replaced state (the worse news) before its error is reported.
+fn record(
+    rt: &Runtime,
+    site: &'static GraphSite,
+    owns_island: OwnsIsland,
+    inputs: &InputNodes,
+    input_copy: Option<&cudarc::driver::CudaFunction>,
+    body: &mut dyn FnMut(Step) -> Result<(), GraphError>,
+    lookups: &crate::phase::KernelLookups,
+) -> Result<Recorded, GraphError> {
+    let graph = site.name;
+    let active = ActiveCapture::begin(rt, site, owns_island)?;
+    let input_nodes = match input_copy {
+        Some(copy) => inputs.record(rt, copy),
+        None => Ok(Vec::new()),
+    };
+    let body_result = input_nodes.and_then(|nodes| body(Step::Run(When::Capture)).map(|()| nodes));
+    let recorded_lookups = lookups.take();
+    match body_result {
+        Err(e) => {
+            drop(active);
+            body(Step::Check(When::Capture))?;
+            let e = GraphError::in_capture(graph, e);
+            Err(freed_in_capture(rt, graph, e))
+        }
+        Ok(input_nodes) => Ok(Recorded {
+            ended: end_capture(rt, graph, active).map_err(|e| freed_in_capture(rt, graph, e))?,
+            input_nodes,
+            lookups: recorded_lookups,
+        }),
+    }
+}
+
+/// Instantiates and uploads every recorded segment (`None` for one that recorded nothing):
+/// the first segment gets the input copy nodes and the capture's figures.
+fn instantiate(
+    rt: &Runtime,
+    book: &AddressBook,
+    info: GraphInfo,
+    segments: Vec<Option<(RecordedGraph, CaptureRecord)>>,
+    input_nodes: Vec<crate::inputs::InputNode>,
+) -> Result<Vec<Option<Graph>>, GraphError> {
     let mut graphs = Vec::with_capacity(segments.len());
     let mut input_nodes = Some(input_nodes);
     for segment in segments {
@@ -437,6 +511,17 @@ pub fn capture(
         built.settle_for(book);
         graphs.push(Some(built));
     }
+    Ok(graphs)
+}
+
+/// The capture's result: the first segment's graph and, per island, its code and the graph
+/// of the segment after it; `EmptyGraph` when no segment holds the body's own work.
+fn with_islands(
+    site: &'static GraphSite,
+    graphs: Vec<Option<Graph>>,
+    islands: Vec<(Box<dyn Any + Send + Sync>, &'static Location<'static>)>,
+) -> Result<Captured, GraphError> {
+    let graph = site.name;
     // Only the runtime's own input copies, in every segment: the body queued nothing on the
     // capture stream.
     let body_work = |g: &Graph| g.info().nodes() > g.info().kinds.input_copies;
@@ -466,12 +551,12 @@ pub fn capture(
         temp_bytes = built.info().temp_bytes,
         pool_added_bytes = built.info().pool_added_bytes,
         exec_bytes = ?built.info().exec_bytes,
-        static_bytes,
-        state_snapshot_bytes,
+        static_bytes = built.info().static_bytes,
+        state_snapshot_bytes = built.info().state_snapshot_bytes,
         early_edges = built.info().early_edges,
         warmup = site.warmup,
-        warmup_ms = warmup_time.as_secs_f64() * 1e3,
-        capture_ms = capture_time.as_secs_f64() * 1e3,
+        warmup_ms = built.info().warmup_time.as_secs_f64() * 1e3,
+        capture_ms = built.info().capture_time.as_secs_f64() * 1e3,
         instantiate_ms = built.info().instantiate_time.as_secs_f64() * 1e3,
         "captured CUDA graph"
     );

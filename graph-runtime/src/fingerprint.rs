@@ -186,113 +186,151 @@ impl Fingerprint {
         let mut nodes = Vec::with_capacity(handles.len());
         let mut next_temp = first_temp;
         for (&n, &kind) in handles.iter().zip(&kinds) {
-            use sys::CUgraphNodeType as T;
-            nodes.push(match kind {
-                T::CU_GRAPH_NODE_TYPE_KERNEL => {
-                    // SAFETY: `n` is a kernel node of the live graph.
-                    let p = unsafe { driver::kernel_node_params(n) }?;
-                    // SAFETY: the node's function is live while its module is loaded.
-                    let name = unsafe { driver::function_name(p.func) }.unwrap_or_default();
-                    let mut args = Vec::new();
-                    if !p.kernelParams.is_null() {
-                        // SAFETY: the function is live; the sizes come from the driver.
-                        let sizes = unsafe { driver::kernel_param_sizes(p.func) };
-                        for (i, size) in sizes.into_iter().enumerate() {
-                            // SAFETY: `kernelParams` holds one pointer per parameter, each to
-                            // `size` bytes the graph keeps for as long as it lives.
-                            let bytes = unsafe {
-                                let arg = *p.kernelParams.add(i) as *const u8;
-                                std::slice::from_raw_parts(arg, size).to_vec()
-                            };
-                            args.push(if !bytes.is_empty() && bytes.len() % 8 == 0 {
-                                Arg::Words(
-                                    bytes
-                                        .chunks_exact(8)
-                                        .map(|w| names.word(bytemuck::pod_read_unaligned(w), &name))
-                                        .collect(),
-                                )
-                            } else {
-                                Arg::Bytes(bytes)
-                            });
-                        }
-                    }
-                    Node::Kernel {
-                        name,
-                        grid: (p.gridDimX, p.gridDimY, p.gridDimZ),
-                        block: (p.blockDimX, p.blockDimY, p.blockDimZ),
-                        shared: p.sharedMemBytes,
-                        args,
-                    }
+            let node = if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                next_temp += 1;
+                Node::Alloc {
+                    bytes: names.temps[next_temp - 1].1 as usize,
                 }
-                T::CU_GRAPH_NODE_TYPE_MEMCPY => {
-                    // SAFETY: `n` is a memcpy node of the live graph.
-                    let p = unsafe { driver::memcpy_node_params(n) }?;
-                    let end = |device: u64, host: usize| {
-                        if device != 0 {
-                            names.addr(device)
-                        } else {
-                            Addr::Raw(host as u64)
-                        }
-                    };
-                    Node::Copy {
-                        bytes: p.WidthInBytes * p.Height.max(1) * p.Depth.max(1),
-                        src: end(p.srcDevice, p.srcHost as usize),
-                        dst: end(p.dstDevice, p.dstHost as usize),
-                    }
-                }
-                T::CU_GRAPH_NODE_TYPE_MEMSET => {
-                    // SAFETY: `n` is a memset node of the live graph.
-                    let p = unsafe { driver::memset_node_params(n) }?;
-                    Node::Memset {
-                        dst: names.addr(p.dst),
-                        value: p.value,
-                        element: p.elementSize,
-                        width: p.width,
-                        height: p.height,
-                    }
-                }
-                T::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
-                    let bytes = names.temps[next_temp].1 as usize;
-                    next_temp += 1;
-                    Node::Alloc { bytes }
-                }
-                T::CU_GRAPH_NODE_TYPE_MEM_FREE => {
-                    // SAFETY: `n` is a free node of the live graph.
-                    let ptr = unsafe { driver::mem_free_node_ptr(n) }?;
-                    Node::Free {
-                        addr: names.addr(ptr),
-                    }
-                }
-                T::CU_GRAPH_NODE_TYPE_CONDITIONAL => match names.record.node(n) {
-                    Some(cond) => {
-                        let mut bodies = Vec::with_capacity(cond.bodies.len());
-                        for &body in &cond.bodies {
-                            let inner = Names {
-                                temps: names.temps.clone(),
-                                handles: names.handles,
-                                record: names.record,
-                                own: names.own,
-                            };
-                            // SAFETY: `body` is a body graph of a node of the live graph,
-                            // made by the same capture.
-                            bodies.push(unsafe { Self::read(body, 0, inner) }?);
-                        }
-                        Node::Conditional {
-                            kind: cond.kind,
-                            bodies,
-                        }
-                    }
-                    None => Node::Other(kind as u32),
-                },
-                other => Node::Other(other as u32),
-            });
+            } else {
+                // SAFETY: `n` is a node of the live graph, of type `kind`.
+                unsafe { Self::node(n, kind, &names) }?
+            };
+            nodes.push(node);
         }
+        // SAFETY: `graph` is live and `handles` are its nodes.
+        let edges = unsafe { Self::edges(graph, &handles, skip) }?;
+        nodes.drain(..skip.min(nodes.len()));
+        Ok(Fingerprint { nodes, edges })
+    }
+
+    /// One node other than an allocation (whose size `read` takes from its list).
+    ///
+    /// # Safety
+    /// `n` is a node of type `kind` of a live graph that [`Fingerprint::read`] may read.
+    unsafe fn node(
+        n: sys::CUgraphNode,
+        kind: sys::CUgraphNodeType,
+        names: &Names<'_>,
+    ) -> Result<Node, GraphError> {
+        use sys::CUgraphNodeType as T;
+        Ok(match kind {
+            // SAFETY: `n` is a kernel node of the live graph.
+            T::CU_GRAPH_NODE_TYPE_KERNEL => unsafe { Self::kernel(n, names) }?,
+            T::CU_GRAPH_NODE_TYPE_MEMCPY => {
+                // SAFETY: `n` is a memcpy node of the live graph.
+                let p = unsafe { driver::memcpy_node_params(n) }?;
+                let end = |device: u64, host: usize| {
+                    if device != 0 {
+                        names.addr(device)
+                    } else {
+                        Addr::Raw(host as u64)
+                    }
+                };
+                Node::Copy {
+                    bytes: p.WidthInBytes * p.Height.max(1) * p.Depth.max(1),
+                    src: end(p.srcDevice, p.srcHost as usize),
+                    dst: end(p.dstDevice, p.dstHost as usize),
+                }
+            }
+            T::CU_GRAPH_NODE_TYPE_MEMSET => {
+                // SAFETY: `n` is a memset node of the live graph.
+                let p = unsafe { driver::memset_node_params(n) }?;
+                Node::Memset {
+                    dst: names.addr(p.dst),
+                    value: p.value,
+                    element: p.elementSize,
+                    width: p.width,
+                    height: p.height,
+                }
+            }
+            T::CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                // SAFETY: `n` is a free node of the live graph.
+                let ptr = unsafe { driver::mem_free_node_ptr(n) }?;
+                Node::Free {
+                    addr: names.addr(ptr),
+                }
+            }
+            T::CU_GRAPH_NODE_TYPE_CONDITIONAL => match names.record.node(n) {
+                Some(cond) => {
+                    let mut bodies = Vec::with_capacity(cond.bodies.len());
+                    for &body in &cond.bodies {
+                        let inner = Names {
+                            temps: names.temps.clone(),
+                            handles: names.handles,
+                            record: names.record,
+                            own: names.own,
+                        };
+                        // SAFETY: `body` is a body graph of a node of the live graph, made by
+                        // the same capture.
+                        bodies.push(unsafe { Self::read(body, 0, inner) }?);
+                    }
+                    Node::Conditional {
+                        kind: cond.kind,
+                        bodies,
+                    }
+                }
+                None => Node::Other(kind as u32),
+            },
+            other => Node::Other(other as u32),
+        })
+    }
+
+    /// A kernel node: its function's name, launch shape and parameters, word by word.
+    ///
+    /// # Safety
+    /// `n` is a kernel node of a live graph whose modules are loaded.
+    unsafe fn kernel(n: sys::CUgraphNode, names: &Names<'_>) -> Result<Node, GraphError> {
+        // SAFETY: forwarded from the caller.
+        let p = unsafe { driver::kernel_node_params(n) }?;
+        // SAFETY: the node's function is live while its module is loaded.
+        let name = unsafe { driver::function_name(p.func) }.unwrap_or_default();
+        let mut args = Vec::new();
+        if !p.kernelParams.is_null() {
+            // SAFETY: the function is live; the sizes come from the driver.
+            let sizes = unsafe { driver::kernel_param_sizes(p.func) };
+            for (i, size) in sizes.into_iter().enumerate() {
+                // SAFETY: `kernelParams` holds one pointer per parameter, each to `size`
+                // bytes the graph keeps for as long as it lives.
+                let bytes = unsafe {
+                    let arg = *p.kernelParams.add(i) as *const u8;
+                    std::slice::from_raw_parts(arg, size).to_vec()
+                };
+                args.push(if !bytes.is_empty() && bytes.len() % 8 == 0 {
+                    Arg::Words(
+                        bytes
+                            .chunks_exact(8)
+                            .map(|w| names.word(bytemuck::pod_read_unaligned(w), &name))
+                            .collect(),
+                    )
+                } else {
+                    Arg::Bytes(bytes)
+                });
+            }
+        }
+        Ok(Node::Kernel {
+            name,
+            grid: (p.gridDimX, p.gridDimY, p.gridDimZ),
+            block: (p.blockDimX, p.blockDimY, p.blockDimZ),
+            shared: p.sharedMemBytes,
+            args,
+        })
+    }
+
+    /// The graph's edges between nodes from `skip` on, as (from, to, edge type), sorted.
+    ///
+    /// # Safety
+    /// `graph` is live and `handles` are its nodes, in the order `read` numbers them.
+    unsafe fn edges(
+        graph: sys::CUgraph,
+        handles: &[sys::CUgraphNode],
+        skip: usize,
+    ) -> Result<Vec<(usize, usize, u8)>, GraphError> {
         let index: HashMap<usize, usize> = handles
             .iter()
             .enumerate()
             .map(|(i, &h)| (h as usize, i))
             .collect();
-        // SAFETY: `graph` is live.
+        // SAFETY: forwarded from the caller.
         let mut edges: Vec<(usize, usize, u8)> = unsafe { driver::graph_edges(graph) }?
             .into_iter()
             .filter_map(|(f, t, d)| {
@@ -301,8 +339,7 @@ impl Fingerprint {
             })
             .collect();
         edges.sort_unstable();
-        nodes.drain(..skip.min(nodes.len()));
-        Ok(Fingerprint { nodes, edges })
+        Ok(edges)
     }
 
     /// The first difference between two recordings, in words, or `None` when they match.

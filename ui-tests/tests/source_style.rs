@@ -17,12 +17,7 @@ const LIMIT: usize = 120;
 
 /// Functions still over [`LIMIT`], each to be split: (crate folder, file under `src/`,
 /// function).
-const KNOWN: &[(&str, &str, &str)] = &[
-    // Records, inspects, instantiates and handles failures in one piece (issue 33).
-    ("graph-runtime", "capture.rs", "capture"),
-    // Reads one kernel node's parameters word by word.
-    ("graph-runtime", "fingerprint.rs", "read"),
-];
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 /// `src/` of the workspace crate `name`.
 fn src_of(name: &str) -> PathBuf {
