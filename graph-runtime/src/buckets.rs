@@ -30,6 +30,11 @@
 //! captured: it is an error, or runs eagerly with `fallback = "eager"`, as in an eager
 //! family. [`Buckets::stats`] counts, per bucket, the replays, the captures, the evictions
 //! and the padded rows, and the batches that ran eagerly.
+//!
+//! A family does not verify its replays yet: `verify`, `verify_every` and
+//! `verify_tolerance` beside `buckets(…)` are compile errors (not accepted and ignored), and
+//! debug builds' first-replay check does not run for families. Compare a bucket with the
+//! function called eagerly in your tests.
 
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
