@@ -160,7 +160,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         seen.push(key.clone());
         if key == HOST_EFFECTS_KEY {
             args.host_effects = flag(
-                &meta,
+                meta,
                 cx,
                 &Message::new(format!("`{HOST_EFFECTS_KEY}` is a flag")).fix(format!(
                     "write `{HOST_EFFECTS_KEY}` (or `= true` / `= false`)"
@@ -173,7 +173,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         }
         if key == "check_determinism" {
             args.check_determinism = flag(
-                &meta,
+                meta,
                 cx,
                 &Message::new("`check_determinism` is `true` or `false`")
                     .why("on by default in debug builds, it captures twice and compares the recordings")
@@ -186,7 +186,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             match &meta {
                 Meta::List(list) => args.buckets = buckets::parse(list, cx),
                 _ => cx.error_spanned_by(
-                    &meta,
+                    meta,
                     Message::new("`buckets` takes a list")
                         .fix("write `buckets(batch = [1, 2, 4, 8])`, naming the batch parameter"),
                 ),
@@ -197,7 +197,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             Meta::NameValue(nv) => &nv.value,
             _ => {
                 cx.error_spanned_by(
-                    &meta,
+                    meta,
                     Message::new(format!("`{key}` needs a value"))
                         .fix(format!("write `{key} = {}`", example(&key))),
                 );
