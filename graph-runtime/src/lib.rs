@@ -125,7 +125,9 @@
 //!     residual is small;
 //! 12. `21-islands-decoder`, `22-islands-sampler` and `23-islands-compaction`: eager islands
 //!     between graphed segments: a KV cache grown by concatenation, a host-side top-p
-//!     sampler, a shape known only on the host.
+//!     sampler, a shape known only on the host;
+//! 13. `26-bucket-family`: batches that change size served by a family of graphs, one per
+//!     bucket, captured on first use (it uses this crate alone: copy it).
 //!
 //! # Eager islands
 //! A body does not have to be all static. `rt.eager(|| { … })?;`, a statement of its own
