@@ -11,7 +11,7 @@
 //! skipped, with the reason, on a machine of one GPU), the candle tier `12-candle-mlp` and
 //! `13-candle-decoder`, the real-models tier `17-candle-bert`, `18-candle-resnet` and
 //! `19-candle-llama-window`, and `20-candle-upload-cap` (when built with `--features candle`),
-//! `25-tensor-parallel-llama` on 1, 2 and 4 GPUs (`--features candle,nccl`); `01`, `03`, `09` and `26` are
+//! `25-tensor-parallel-llama` on 1, 2 and 4 GPUs (`--features candle,nccl`); `01`, `03`, `09`, `26` and `27` are
 //! run for a clean exit. Then `scripts/torch_chain.py`, `scripts/torch_models.py`,
 //! `scripts/torch_decode_loop.py` and `scripts/torch_real_models.py` when `python3` is there
 //! (they skip by themselves without PyTorch, transformers or torchvision). It reads the JSON lines they print (`bench_report::record`) and writes
@@ -136,6 +136,11 @@ const PROGRAMS: &[Program] = &[
     Program {
         records: false,
         ..program("26-bucket-family", &[])
+    },
+    // An eager island between two segments (a clean exit: replays = eager, bitwise).
+    Program {
+        records: false,
+        ..program("27-island-sampler", &[])
     },
     // The real-models tier: candle-transformers models as they are (bench `real_models`).
     Program {

@@ -127,7 +127,8 @@
 //!     between graphed segments: a KV cache grown by concatenation, a host-side top-p
 //!     sampler, a shape known only on the host;
 //! 13. `26-bucket-family`: batches that change size served by a family of graphs, one per
-//!     bucket, captured on first use (it uses this crate alone: copy it).
+//!     bucket, captured on first use; `27-island-sampler`: a host sampler in an eager island
+//!     between two graphed segments (both use this crate alone: copy them).
 //!
 //! # Eager islands
 //! A body does not have to be all static. `rt.eager(|| { … })?;`, a statement of its own
