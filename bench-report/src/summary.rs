@@ -276,6 +276,55 @@ impl Report {
             }
         }
         out.extend(self.real_models_target(&rows));
+        out.extend(self.tp_decode_targets());
+        out
+    }
+
+    /// The tensor-parallel decoder's targets (bench `tp_decode`), on the Llama-3.1-8B shape:
+    /// 2 GPUs at most 0.6× one GPU's graph µs per token, 4 GPUs at most 0.35×, and at every
+    /// GPU count at most PyTorch's graphed step; nothing without our records.
+    fn tp_decode_targets(&self) -> Vec<String> {
+        const CONFIG: &str = "llama-8b";
+        let graph_us = |side: Side, world: f64| {
+            self.of(side, "tp_decode")
+                .filter(|r| measured(r))
+                .find(|r| {
+                    r.shape.get("config").and_then(|c| c.as_str()) == Some(CONFIG)
+                        && r.shape_num("world") == Some(world)
+                })
+                .map(|r| r.graph_us)
+        };
+        let Some(one) = graph_us(Side::Ours, 1.0) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (world, want) in [(2.0, 0.6), (4.0, 0.35)] {
+            let name = format!("{CONFIG}, {world} GPUs at most {want}× one GPU's µs per token");
+            out.push(match graph_us(Side::Ours, world) {
+                None => format!("{name}: not measured."),
+                Some(t) if t / one <= want => format!("{name}: met ({:.2}×).", t / one),
+                Some(t) => format!("{name}: NOT met ({:.2}×).", t / one),
+            });
+        }
+        let mut versus = Vec::new();
+        for world in [1.0, 2.0, 4.0] {
+            if let (Some(o), Some(t)) = (graph_us(Side::Ours, world), graph_us(Side::Torch, world))
+            {
+                versus.push((world, o / t));
+            }
+        }
+        if !versus.is_empty() {
+            let all = versus
+                .iter()
+                .map(|(w, r)| format!("{w} GPU: {r:.2}×"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let met = versus.iter().all(|(_, r)| *r <= 1.0);
+            out.push(format!(
+                "{CONFIG}, at most PyTorch's graphed step at every GPU count: {} (ours / PyTorch: {all}).",
+                if met { "met" } else { "NOT met" }
+            ));
+        }
         out
     }
 
@@ -521,6 +570,46 @@ pub(crate) mod tests {
         assert_eq!(rows[0].what, "MLP 16×(Linear 512→512+GELU), batch 8");
         assert!(rows[0].ours_speedup().is_nan());
         assert_eq!(rows[0].torch_speedup(), 2.0);
+    }
+
+    fn tp(side: Side, world: usize, graph_us: f64) -> Record {
+        Record::new(
+            "tp_decode",
+            side,
+            format!("tp_decode/llama-8b/{world}gpu"),
+            "",
+            1.0,
+            graph_us,
+        )
+        .shape("config", "llama-8b")
+        .shape("world", world)
+    }
+
+    #[test]
+    fn tensor_parallel_decoding_has_its_verdicts() {
+        let report = Report {
+            records: vec![
+                tp(Side::Ours, 1, 5000.0),
+                tp(Side::Ours, 2, 2900.0),
+                tp(Side::Ours, 4, 2000.0),
+                tp(Side::Torch, 1, 5100.0),
+                tp(Side::Torch, 2, 2800.0),
+            ],
+            ..Report::default()
+        };
+        let t = report.tp_decode_targets();
+        assert!(
+            t[0].contains("2 GPUs at most 0.6×") && t[0].ends_with(": met (0.58×)."),
+            "{}",
+            t[0]
+        );
+        assert!(t[1].contains(": NOT met (0.40×)."), "{}", t[1]);
+        assert!(
+            t[2].contains(": NOT met (ours / PyTorch: 1 GPU: 0.98×, 2 GPU: 1.04×)"),
+            "{}",
+            t[2]
+        );
+        assert!(Report::default().tp_decode_targets().is_empty());
     }
 
     #[test]
