@@ -542,6 +542,20 @@ mod tests {
     }
 
     #[test]
+    fn candles_registered_conversion_takes_candle_errors_and_passes_others_on() {
+        let (name, convert) = CandleFramework {
+            device: Device::Cpu,
+        }
+        .errors();
+        assert_eq!(name, "candle");
+        let msg: crate::error::BoxError = Box::new(candle_core::Error::Msg("bad shape".into()));
+        let typed = convert(msg).expect("a candle error is candle's");
+        assert!(matches!(typed, GraphError::User(_)) && typed.to_string().contains("bad shape"));
+        let other: crate::error::BoxError = Box::new(std::fmt::Error);
+        assert!(convert(other).is_err(), "not candle's: handed back");
+    }
+
+    #[test]
     fn candle_errors_carrying_cuda_errors_are_typed() {
         let capture = DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         let e = candle_core::Error::Cuda(Box::new(candle_core::cuda_backend::CudaError::Cuda(

@@ -99,3 +99,34 @@ fn no_driver_speaks_in_the_users_terms() {
         assert!(!text.contains(word), "{text}");
     }
 }
+
+#[test]
+fn a_registered_framework_converts_its_own_errors_and_only_them() {
+    #[derive(Debug)]
+    struct FrameworkOwn;
+    impl std::fmt::Display for FrameworkOwn {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the framework's error")
+        }
+    }
+    impl std::error::Error for FrameworkOwn {}
+    fn convert(e: BoxError) -> Result<GraphError, BoxError> {
+        e.downcast::<FrameworkOwn>()
+            .map(|_| GraphError::EmptyGraph { graph: "converted" })
+    }
+    register_framework_errors("a test framework", convert);
+    // Twice under one name: one entry.
+    register_framework_errors("a test framework", convert);
+    let r: Result<(), FrameworkOwn> = Err(FrameworkOwn);
+    assert!(matches!(
+        r.into_graph_result(),
+        Err(GraphError::EmptyGraph { graph: "converted" })
+    ));
+    // Other errors pass through it untouched.
+    let r: Result<(), std::fmt::Error> = Err(std::fmt::Error);
+    assert!(matches!(r.into_graph_result(), Err(GraphError::User(_))));
+    let r: Result<(), DriverError> = Err(DriverError(
+        cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+    ));
+    assert!(matches!(r.into_graph_result(), Err(GraphError::Driver(_))));
+}
