@@ -336,7 +336,9 @@ struct RankRun {
     eager_us: f64,
     graph_us: f64,
     capture_ms: f64,
-    nodes: usize,
+    /// The graph's nodes: all, kernels, and graph memory nodes (allocations and frees of
+    /// candle's op outputs).
+    nodes: (usize, usize, usize),
 }
 
 /// A generation's device tokens and (when kept) its logits.
@@ -413,10 +415,12 @@ fn rank_main(
     };
     stream.synchronize()?;
     let capture_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let nodes = match &graph {
-        Either::Tp(g) => g.info().nodes(),
-        Either::One(g) => g.info().nodes(),
+    let info = match &graph {
+        Either::Tp(g) => g.info(),
+        Either::One(g) => g.info(),
     };
+    let kinds = &info.kinds;
+    let nodes = (info.nodes(), kinds.kernels, kinds.allocs + kinds.frees);
 
     let mut run_eager = |keep: bool| -> Result<Generation, BoxError> {
         eager_cache.reset()?;
@@ -569,7 +573,7 @@ fn main() -> Result<(), BoxError> {
             "graph µs/token",
             "graph vs 1 GPU",
             "capture ms",
-            "nodes/rank",
+            "nodes/rank (kernels, memory)",
             "graph = eager",
             "ranks equal",
             "tokens vs 1 GPU",
@@ -627,7 +631,7 @@ fn main() -> Result<(), BoxError> {
                 us(graph_us),
                 format!("{versus:.2}×"),
                 format!("{:.0}", r0.capture_ms),
-                r0.nodes.to_string(),
+                format!("{} ({}, {})", r0.nodes.0, r0.nodes.1, r0.nodes.2),
                 bitwise.to_string(),
                 ranks_equal.to_string(),
                 vs_one.clone(),
@@ -651,6 +655,9 @@ fn main() -> Result<(), BoxError> {
                     "graph = eager bitwise, ranks bitwise equal",
                     bitwise && ranks_equal,
                 )
+                .kernels(r0.nodes.1)
+                .with("nodes", r0.nodes.0)
+                .with("memory_nodes", r0.nodes.2)
                 .with("vs_one_gpu", versus)
                 .with("tokens_vs_one_gpu", vs_one)
                 .with("first_tokens", r0.tokens[..r0.tokens.len().min(8)].to_vec()),
