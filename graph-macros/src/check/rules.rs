@@ -45,6 +45,7 @@
 //! | `cublas-handle-in-body` | `CudaBlas::new`, `CudaBlasLT::new` | 900 (handle destruction synchronizes the device) | a type of your own named `CudaBlas` | handles made in helper fns |
 //! | `capture-control` | `.begin_capture()`, `.end_capture()`, `result::stream::{begin,end}_capture`, `sys::cuStream{Begin,End}Capture` | 903 / a capture ended early | methods of your own with these names on a receiver the macro cannot classify | — |
 //! | `nested-graph-capture` | `SomethingGraph::capture(…)` | `GraphError::NestedCapture` | a type of your own whose name ends in `Graph` with a `capture` function | captures inside helper fns (refused at run time) |
+//! | `collective-setup-in-body` | `CommGroup::new`, `CommGroup::connect`, `Communicator::from_env`, `.symmetric_buffer()`, `.barrier()` | `CollectiveError::SetupInCapture` at run time | methods of your own named `barrier` or `symmetric_buffer` on a receiver the macro cannot classify | `CommGroup::join` (a `join` is also how a side stream rejoins: refused at run time), set-up in helper fns |
 //! | `module-load-in-body` | `.load_module()`, `.load_ptx()`, `compile_ptx`, `compile_ptx_with_opts`, `Ptx::from_file`, `result::module::{load,load_data}`, `sys::cuModuleLoad*`, `cuLibraryLoad*` | compiled and loaded again on every warmup run and at capture; a module dropped after capture leaves the graph launching unloaded code | methods or functions of your own with these names (methods only on a receiver the macro cannot classify) | modules loaded in helper fns |
 //! | `thread-spawned-in-body` | `thread::spawn`, `thread::scope`, `thread::Builder::…`, paths through `rayon`, `tokio::spawn`, `spawn_blocking`, a bare `spawn(…)`; imported bare: `join(|| …, || …)`, `scope(|s| …)`; `.spawn(|| …)`/`.spawn_scoped`/`.install(|| …)` at the end of a call chain; rayon's `par_iter`, `par_iter_mut`, `into_par_iter`, `par_chunks*`, `par_bridge` | host work at warmup and capture only; GPU work recorded in an order between threads nothing fixes, or not at all (detached) | functions of your own named `spawn`, or `join`/`scope` taking closures | thread pools reached through methods without a closure literal (`pool.execute(job)`) |
 //! | `cpu-randomness` | paths through `rand`, `fastrand`, `getrandom`, `RandomState`; `from_entropy`, `from_os_rng`; bare `rng()`, `random()`, `thread_rng()`, `random_range()`, `random_bool()`, `random_ratio()`, `random_iter()`, `getrandom(…)`, `fill(&mut buf)`; the methods of rand 0.8 and 0.9 (`.gen*()`, `.random*()`, `.sample()`, `.sample_iter()`, `.shuffle()`, `.partial_shuffle()`, `.choose*()`, `.next_u32()`, `.next_u64()`, `.fill_bytes()`); any method of a value of a generator type (`Rng::new()`, a local declared `SmallRng`) | the values drawn at capture are replayed forever | a function of your own named `random`, `rng` or `fill` (one `&mut` argument); methods of your own with these names on a receiver the macro cannot classify | a generator used through other method names, or through a module-level alias of a function (`use rand::random as r; r()`) |
@@ -581,6 +582,25 @@ pub const RULES: &[Rule] = &[
         why: "captures do not nest, and the runtime refuses it with `GraphError::NestedCapture`",
         fix: "call the inner `#[cuda_graph]` function directly (its work becomes part of this graph), \
              or capture the inner graph before this one",
+    },
+    Rule {
+        id: "collective-setup-in-body",
+        matchers: &[
+            Path(&["CommGroup", "new"]),
+            Path(&["CommGroup", "connect"]),
+            Path(&["Communicator", "from_env"]),
+            Method("symmetric_buffer"),
+            Method("barrier"),
+        ],
+        host_effect: false,
+        misfires: true,
+        what: "{what} sets up NCCL inside the captured body",
+        why: "making a group or a communicator, registering a symmetric buffer and meeting at a host \
+             barrier are host work between the ranks that a capture cannot record and a replay \
+             would not repeat (NCCL's registration while capturing fails or hangs); the runtime \
+             refuses each during a capture with `CollectiveError::SetupInCapture`",
+        fix: "make the group, the communicator and its symmetric buffers before the capture and pass \
+             them in as `#[state]`; meet the other ranks (`comm.barrier()`) between replays",
     },
     Rule {
         id: "module-load-in-body",

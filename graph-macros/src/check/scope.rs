@@ -40,6 +40,10 @@ const CUDA_TYPES: &[&str] = &[
     "Graph",
     "EarlyLaunch",
     "LaunchArgs",
+    // The runtime's NCCL types (feature `nccl`).
+    "Communicator",
+    "CommGroup",
+    "SymmetricBuffer",
 ];
 
 /// Crates whose paths make a type CUDA's (`cudarc::driver::CudaStream`, `graph_runtime::X`).
