@@ -81,7 +81,7 @@
 //!   invalidated each other's capture (CUDA error 901, [`GraphError::CaptureInvalidated`]):
 //!   one thread's warmup synchronises or allocates while the other records. The runtime now
 //!   holds one capture lock per device for every runtime of the process (see
-//!   [`Runtime`](crate::Runtime), "Threads"), so such threads simply take turns. Eager work
+//!   [`Runtime`], "Threads"), so such threads simply take turns. Eager work
 //!   that synchronises the whole device from a thread that is not capturing (a
 //!   `CudaContext::synchronize`, a new stream on a context with event tracking on, which
 //!   synchronises the context) can still invalidate a capture: make devices and streams
