@@ -24,7 +24,9 @@
 //! * `report/logs/*.log`: each program's full output.
 //!
 //! Run from the repository root (the PyTorch scripts are found there):
-//! `cargo build --release --examples && cargo run --release --example 08-report`.
+//! `cargo build --release --examples && cargo run --release --example 08-report`. With the
+//! multi-GPU programs (`--features nccl`, or `candle,nccl`), start it through
+//! `bash scripts/with-nccl.sh` so that they find libnccl.
 //! The exit status is non-zero when a program failed (the report is written anyway and says
 //! which).
 
