@@ -6,7 +6,8 @@
 # script installs what it needs into `.toolchain/` (scripts/cuda-toolchain.sh: pinned nvcc
 # wheels and link stubs) and then:
 #   1. builds ci/beside-cubecl (graph-runtime beside cudarc with cubecl-cuda's features),
-#      before the toolchain is on PATH: it must build without one;
+#      before the toolchain is on PATH: it must build without one; runs the ui cases that
+#      need graph-runtime's `nccl` (`ui-tests/tests/fail-nccl/`);
 #   2. lints the workspace with the `candle` feature (`cargo clippy -D warnings`), and with
 #      `candle` and `nccl` together (a candle user with several GPUs);
 #   3. runs graph-runtime's tests and doc examples and the root package's tests with it
@@ -49,6 +50,9 @@ step() {
 
 echo "== build beside cubecl-cuda's cudarc features, no toolkit"
 (cd ci/beside-cubecl && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-cubecl")
+
+echo "== the compile-fail cases that need graph-runtime's nccl (no toolkit either)"
+step cargo test -p ui-tests --features nccl --test ui
 
 echo "== toolchain"
 t0=$SECONDS; cpu_s; c0=$CPU
