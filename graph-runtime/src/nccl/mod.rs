@@ -195,7 +195,7 @@
 //! | an eager collective while the rank's stream is captured by another thread | [`CollectiveError::EagerDuringCapture`] (it would be recorded into that graph) |
 //! | graph and eager collectives mixed on one communicator | allowed in one order on one stream (see below); with `NCCL_GRAPH_MIXING_SUPPORT=0`, an eager collective after a capture is [`CollectiveError::GraphMixingDisabled`] |
 //! | `mode = "global"` capture with collectives | [`CollectiveError::GlobalCaptureMode`]: with a thread per GPU it fails the other ranks' CUDA calls |
-//! | a communicator dropped while a graph recorded its collectives | does not compile: the graph borrows it (ui case `fail/communicator-outlived-by-graph.rs`) |
+//! | a communicator dropped while a graph recorded its collectives | does not compile: the graph borrows it (ui case `fail-nccl/communicator-outlived-by-graph.rs`) |
 //! | two ranks on one GPU | [`CollectiveError::DuplicateDevice`] at join |
 //! | ranks ask for symmetric buffers of different sizes (or one asks while another is at a barrier) | [`CollectiveError::Mismatch`] on every rank, before NCCL's registration |
 //! | one rank cannot allocate its part of a symmetric buffer | [`CollectiveError::SymmetricAlloc`] on every rank, before NCCL's registration |
@@ -203,7 +203,7 @@
 //! | symmetric buffers with NCCL older than 2.27 | [`CollectiveError::SymmetricUnsupported`] |
 //! | a rank skips a one-shot all-reduce the others make | the others give up after the timeout: NaN output, an error logged (no hang) |
 //! | a capture that overlaps an eager collective of the previous step | cannot happen: a communicator issues on its runtime's one stream, in program order, and a capture starts after what was queued before it |
-//! | one communicator replayed from two streams | cannot happen: collectives take no stream, and a [`Communicator`] is neither `Send` nor `Sync` (moving or sharing it with another thread does not compile: `fail/communicator-sent-to-another-thread.rs`), so its graphs replay on its thread's stream |
+//! | one communicator replayed from two streams | cannot happen: collectives take no stream, and a [`Communicator`] is neither `Send` nor `Sync` (moving or sharing it with another thread does not compile: `fail-nccl/communicator-sent-to-another-thread.rs`), so its graphs replay on its thread's stream |
 //! | a communicator destroyed before the graphs that use it | does not compile (the graphs borrow it) |
 //! | buffer or window registration issued during a capture | [`CollectiveError::SetupInCapture`] ([`Communicator::symmetric_buffer`]) |
 //! | a rank's process dies | the others: [`CollectiveError::Timeout`] at their next meeting; their communicators are then aborted, not destroyed, when dropped |
