@@ -52,7 +52,7 @@ echo "== build beside cubecl-cuda's cudarc features, no toolkit"
 (cd ci/beside-cubecl && step cargo build --locked && step "$CARGO_TARGET_DIR/debug/beside-cubecl")
 
 echo "== the compile-fail cases that need graph-runtime's nccl (no toolkit either)"
-step cargo test -p ui-tests --features nccl --test ui
+step cargo test -p ui-tests --features nccl --test ui -- ui_nccl
 
 echo "== toolchain"
 t0=$SECONDS; cpu_s; c0=$CPU
