@@ -61,13 +61,6 @@ impl<'c> TensorCollective<'c> {
         }
     }
 
-    fn name(&self) -> &'static str {
-        match self.kind {
-            Kind::Reduce(_) => "all_reduce_tensor",
-            Kind::Gather => "all_gather_tensor",
-        }
-    }
-
     fn run<T>(&self, s: &CudaStorage, layout: &Layout) -> candle_core::Result<CudaStorage>
     where
         T: CudaDType + cudarc::nccl::NcclType + cudarc::driver::DeviceRepr,
@@ -100,7 +93,10 @@ impl<'c> TensorCollective<'c> {
 
 impl CustomOp1 for TensorCollective<'_> {
     fn name(&self) -> &'static str {
-        TensorCollective::name(self)
+        match self.kind {
+            Kind::Reduce(_) => "all_reduce_tensor",
+            Kind::Gather => "all_gather_tensor",
+        }
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {

@@ -154,7 +154,7 @@ pub(crate) struct OneShot {
     table: CUdeviceptr,
     epochs: CUdeviceptr,
     status: CUdeviceptr,
-    /// Bytes of one half of the stage: the most one call reduces.
+    /// Bytes of one rank's slot in each half of a stage: the most one call reduces.
     half_bytes: usize,
     rank: usize,
     world: usize,
@@ -173,9 +173,10 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(half: usize, world: usize) -> Layout {
+    /// `half_bytes`: one slot of one half (a multiple of 4, so every part stays aligned).
+    fn new(half_bytes: usize, world: usize) -> Layout {
         // Two halves (by the call counter's parity) of one slot per rank.
-        let stage = 2 * world * half * 4;
+        let stage = 2 * world * half_bytes;
         let flags = stage;
         let epochs = flags + BLOCKS as usize * MAX_WORLD * 4;
         let status = epochs + BLOCKS as usize * 4;
@@ -199,11 +200,12 @@ impl OneShot {
         let (rank, world) = (comm.rank(), comm.world_size());
         let rt = comm.runtime();
         let ctx = rt.context().clone();
-        let half = limit / 4;
-        let mine = if half == 0 || !(2..=MAX_WORLD).contains(&world) {
+        // Whole f32s, so that the slots (and the flags after them) stay 4-byte aligned.
+        let half_bytes = limit / 4 * 4;
+        let mine = if half_bytes == 0 || !(2..=MAX_WORLD).contains(&world) {
             Err("off for this group".to_owned())
         } else {
-            Self::allocate(rt, half, world).map_err(|e| e.to_string())
+            Self::allocate(rt, half_bytes, world).map_err(|e| e.to_string())
         };
         let posted = comm.meet_on_host(
             Checkpoint::PeerMemory {
@@ -286,7 +288,7 @@ impl OneShot {
         {
             return release("a pair of GPUs cannot access each other's memory".to_owned());
         }
-        let layout = Layout::new(half, world);
+        let layout = Layout::new(half_bytes, world);
         let mut table: Vec<u64> = peers.iter().map(|&(_, b, _)| b).collect();
         table.extend(peers.iter().map(|&(_, b, _)| b + layout.flags as u64));
         let table_ptr = base + layout.table as u64;
@@ -303,7 +305,7 @@ impl OneShot {
             table: table_ptr,
             epochs: base + layout.epochs as u64,
             status: base + layout.status as u64,
-            half_bytes: half * 4,
+            half_bytes,
             rank,
             world,
             timeout_ns: comm.group().timeout().as_nanos().min(u64::MAX as u128) as u64,
@@ -312,8 +314,12 @@ impl OneShot {
     }
 
     /// This rank's memory, zeroed (flags and counters start at 0 on every rank).
-    fn allocate(rt: &crate::Runtime, half: usize, world: usize) -> Result<CUdeviceptr, GraphError> {
-        let layout = Layout::new(half, world);
+    fn allocate(
+        rt: &crate::Runtime,
+        half_bytes: usize,
+        world: usize,
+    ) -> Result<CUdeviceptr, GraphError> {
+        let layout = Layout::new(half_bytes, world);
         rt.context().bind_to_thread()?;
         // SAFETY: the context is current; plain device memory (not a pool's), so that peer
         // access covers it.
@@ -407,7 +413,7 @@ impl OneShot {
             return;
         }
         // SAFETY: `base` came from `malloc_sync` on this context; no kernel of this rank is
-        // queued (drained) and every peer has drained too (the meeting) or none ever ran.
+        // queued (drained) and every peer has drained too (the meeting).
         if let Err(e) = unsafe { cudarc::driver::result::free_sync(self.base) } {
             tracing::warn!(rank = self.rank, error = ?e, "the one-shot all-reduce's memory could not be freed");
         }
@@ -420,11 +426,11 @@ mod tests {
 
     #[test]
     fn the_parts_of_a_ranks_memory_do_not_overlap_and_the_table_is_aligned() {
-        for (half, world) in [(1, 2), (65_536, 2), (65_536, 8), (3, 5)] {
-            let l = Layout::new(half, world);
+        for (half_bytes, world) in [(4, 2), (262_144, 2), (262_144, 8), (12, 5)] {
+            let l = Layout::new(half_bytes, world);
             // [stage: two halves × world slots of f32 | flags: blocks × MAX_WORLD u32 | epochs
             //  | status | table]
-            assert_eq!(l.flags, 2 * world * half * 4);
+            assert_eq!(l.flags, 2 * world * half_bytes);
             assert_eq!(l.epochs, l.flags + BLOCKS as usize * MAX_WORLD * 4);
             assert_eq!(l.status, l.epochs + BLOCKS as usize * 4);
             assert!(l.table >= l.status + 4);
