@@ -22,7 +22,6 @@ Usage: python3 scripts/torch_allreduce.py [--world 2] [--kib 4,16,64] [--iters 2
 import argparse
 import json
 import os
-import socket
 import sys
 
 try:
@@ -153,24 +152,11 @@ def run_size(rank, world, kib, iters, dev):
 
 
 def worker(rank, world, kibs, iters, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    try:
+    with tm.process_group(rank, world, port) as dev:
         for kib in kibs:
             row = run_size(rank, world, kib, iters, dev)
             if rank == 0:
                 print(json.dumps(row), flush=True)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
@@ -185,7 +171,7 @@ def main():
         return
     if os.environ.get("NCCL_NVLS_ENABLE") != "0":
         print("note: NCCL_NVLS_ENABLE is not 0 here; the GPU machine keeps it at 0", file=sys.stderr)
-    mp.spawn(worker, args=(a.world, kibs, a.iters, free_port()), nprocs=a.world, join=True)
+    mp.spawn(worker, args=(a.world, kibs, a.iters, tm.free_port()), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Usage: python3 scripts/torch_ddp.py [--batches 8,32,128] [--iters 200] [--world 
 import argparse
 import json
 import os
-import socket
 import sys
 
 try:
@@ -193,24 +192,11 @@ def run_batch(rank, world, batch, iters, dev):
 
 
 def worker(rank, world, batches, iters, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    try:
+    with tm.process_group(rank, world, port) as dev:
         for batch in batches:
             row = run_batch(rank, world, batch, iters, dev)
             if rank == 0:
                 print(json.dumps(row), flush=True)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
@@ -225,7 +211,7 @@ def main():
         return
     if os.environ.get("NCCL_NVLS_ENABLE") != "0":
         print("note: NCCL_NVLS_ENABLE is not 0 here; the GPU machine keeps it at 0", file=sys.stderr)
-    mp.spawn(worker, args=(a.world, batches, a.iters, free_port()), nprocs=a.world, join=True)
+    mp.spawn(worker, args=(a.world, batches, a.iters, tm.free_port()), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

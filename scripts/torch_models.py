@@ -21,9 +21,12 @@ calls followed by one synchronize, in microseconds per call (per token, per step
 Usage: python3 scripts/torch_models.py [--batches 1,2,4] [--only mlp,decode,train]
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
+import os
+import socket
 import statistics
 import sys
 import time
@@ -42,6 +45,30 @@ DEC = dict(dim=512, heads=8, layers=8, ffn=1536, vocab=4096, max_seq=256, theta=
 BOS = 1
 TRAIN_DIMS = [64, 256, 256, 16]
 TRAIN_BATCH, TRAIN_BATCHES, TRAIN_STEPS = 32, 8, 200
+
+
+def free_port():
+    """A TCP port free on the loopback, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def process_group(rank, world, port):
+    """Rank `rank` of a `world`-process NCCL group on GPU `rank`, met at the loopback's
+    `port`: yields the rank's device and destroys the group on the way out."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    try:
+        yield dev
+    finally:
+        dist.destroy_process_group()
 
 
 def emit(bench, workload, what, shape, **fields):

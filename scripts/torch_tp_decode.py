@@ -62,7 +62,6 @@ Usage: python3 scripts/torch_tp_decode.py [--config llama-1b|llama-8b|all] [--wo
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -306,24 +305,11 @@ def run_config(rank, world, name, tokens, runs, layers, dev):
 
 
 def worker(rank, world, name, tokens, runs, layers, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    try:
+    with tm.process_group(rank, world, port) as dev:
         with torch.inference_mode():
             row = run_config(rank, world, name, tokens, runs, layers, dev)
         if rank == 0:
             print(json.dumps(row), flush=True)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def unsplittable(cfg, world):
@@ -366,7 +352,7 @@ def main():
                 print(f"skipped {workload}: {why}", file=sys.stderr)
                 continue
             try:
-                mp.spawn(worker, args=(world, name, a.tokens, a.runs, a.layers, free_port()),
+                mp.spawn(worker, args=(world, name, a.tokens, a.runs, a.layers, tm.free_port()),
                          nprocs=world, join=True)
             except Exception as e:  # the other workloads still run; the exit status says it
                 print(f"failed {workload}: {e}", file=sys.stderr)
