@@ -69,7 +69,9 @@ impl Launch {
         let local_rank = number(&LOCAL)?.ok_or_else(|| missing(&LOCAL))?;
         let addr = var("MASTER_ADDR").ok_or_else(|| missing(&["MASTER_ADDR"]))?;
         let port = number(&["MASTER_PORT"])?.ok_or_else(|| missing(&["MASTER_PORT"]))?;
-        let store = (addr.as_str(), port as u16)
+        let port = u16::try_from(port)
+            .map_err(|_| bad(format!("MASTER_PORT={port} is not a TCP port (0 to 65535)")))?;
+        let store = (addr.as_str(), port)
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
@@ -104,8 +106,8 @@ fn serve(port: u16) -> std::io::Result<()> {
 static CONNECTED: AtomicU64 = AtomicU64::new(0);
 
 /// The unique id's 128 bytes, as the store carries them.
-fn uid_bytes(uid: &sys::ncclUniqueId) -> Vec<u8> {
-    uid.internal.iter().map(|&c| c as u8).collect()
+fn uid_bytes(uid: &sys::ncclUniqueId) -> [u8; 128] {
+    bytemuck::cast(uid.internal)
 }
 
 /// FNV-1a of the unique id: the group's number, the same in every process.
@@ -173,17 +175,14 @@ impl CommGroup {
                         waited: timeout,
                     })
                 })?;
-            let mut uid = sys::ncclUniqueId { internal: [0; 128] };
-            if bytes.len() != uid.internal.len() {
-                return Err(CollectiveError::Launch {
+            let bytes: [u8; 128] = bytes.as_slice().try_into().map_err(|_| {
+                GraphError::from(CollectiveError::Launch {
                     detail: format!("rank 0's unique id has {} bytes, not 128", bytes.len()),
-                }
-                .into());
+                })
+            })?;
+            sys::ncclUniqueId {
+                internal: bytemuck::cast(bytes),
             }
-            for (d, s) in uid.internal.iter_mut().zip(&bytes) {
-                *d = *s as _;
-            }
-            uid
         };
         let id = id_of(&uid_bytes(&uid));
         let rendezvous = Rendezvous::over_store(launch.world, client, format!("group/{n}"));
@@ -270,6 +269,17 @@ mod tests {
         assert!(
             too_high.contains("rank 2 is not below the world size 2"),
             "{too_high}"
+        );
+        let port = text(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "70000"),
+        ]);
+        assert!(
+            port.contains("MASTER_PORT=70000 is not a TCP port"),
+            "{port}"
         );
     }
 
