@@ -242,7 +242,12 @@ fn main() -> Result<(), BoxError> {
             continue;
         }
         let mut cmd = Command::new(&path);
-        cmd.args(p.flags);
+        // `--no-torch` leaves out the PyTorch references the programs would run themselves.
+        cmd.args(
+            p.flags
+                .iter()
+                .filter(|f| !(args.no_torch && **f == "--torch")),
+        );
         if let (Some(b), "04-mlp-inference") = (&args.batches, name) {
             cmd.args(["--batches", b]);
         }
