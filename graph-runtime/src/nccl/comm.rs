@@ -538,14 +538,14 @@ impl Communicator {
             }
             .into()
         })?;
-        let met = self.meet_on_host(Checkpoint::Barrier, "at a host barrier");
-        self.note_lost_peer(met.as_ref().err());
-        met.map(drop)
+        self.meet_on_host(Checkpoint::Barrier, "at a host barrier")
+            .map(drop)
     }
 
     /// Meets the other ranks at the next host step of this communicator outside captures
     /// (barriers and window registrations share these steps, so a rank at a barrier and a
-    /// rank registering a window are told apart), comparing what each posted.
+    /// rank registering a window are told apart), comparing what each posted. A peer that
+    /// did not come is remembered for the drop (see `note_lost_peer`), whichever step it was.
     pub(super) fn meet_on_host(
         &self,
         checkpoint: Checkpoint,
@@ -553,7 +553,7 @@ impl Communicator {
     ) -> Result<Vec<Checkpoint>, GraphError> {
         let step = self.host_steps.get();
         self.host_steps.set(step + 1);
-        session::meet_raw(
+        let met = session::meet_raw(
             &self.group.inner.rendezvous,
             FIRST_HOST_STEP + step,
             0,
@@ -562,7 +562,9 @@ impl Communicator {
             checkpoint,
             at,
             false,
-        )
+        );
+        self.note_lost_peer(met.as_ref().err());
+        met
     }
 
     /// Makes NCCL connect the ranks now, with one all-reduce of one element, as the first

@@ -178,7 +178,8 @@ impl Communicator {
         }
         let rt = self.runtime();
         rt.context().bind_to_thread()?;
-        let bytes = len.max(1) * std::mem::size_of::<T>();
+        // Saturating: a size that does not fit fails `ncclMemAlloc`, which every rank hears of.
+        let bytes = len.max(1).saturating_mul(std::mem::size_of::<T>());
         // SAFETY: the version is at least 2.27 (so 2.19) and the rank's context is current.
         let allocated = unsafe { raw::mem_alloc(bytes) };
         let memory = allocated.as_ref().ok().map(|&ptr| {
@@ -226,11 +227,14 @@ impl Communicator {
         let stream = rt.stream();
         // SAFETY: `memory.ptr` holds `bytes >= len × size_of::<T>()` on this stream's device;
         // the slice never frees it (`SymmetricBuffer::drop` leaks it).
-        let mut slice = unsafe { stream.upgrade_device_ptr::<T>(memory.ptr, len) };
-        stream.memset_zeros(&mut slice)?;
-        Ok(SymmetricBuffer {
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(memory.ptr, len) };
+        // Wrapped before anything can fail: a plain `CudaSlice` dropped on an error would free
+        // NCCL's memory with cudarc's allocator (and `WindowMemory` then again with NCCL's).
+        let mut buffer = SymmetricBuffer {
             slice: ManuallyDrop::new(slice),
             memory,
-        })
+        };
+        stream.memset_zeros(&mut *buffer.slice)?;
+        Ok(buffer)
     }
 }
