@@ -319,7 +319,11 @@ pub fn capture(
 
     let capture_started = Instant::now();
     let early_launches = crate::phase::EarlyLaunches::start();
-    let recorded = record(
+    let Recorded {
+        ended,
+        input_nodes,
+        lookups: capture_lookups,
+    } = record(
         rt,
         site,
         owns_island,
@@ -328,11 +332,6 @@ pub fn capture(
         body,
         &lookups,
     )?;
-    let Recorded {
-        ended,
-        input_nodes,
-        lookups: capture_lookups,
-    } = recorded;
     let capture_time = capture_started.elapsed();
     // On every early return below, the recorded graphs are destroyed as they drop.
     body(Step::Check(When::Capture))?;
@@ -363,7 +362,6 @@ pub fn capture(
     #[cfg(feature = "nccl")]
     crate::nccl::session::before_instantiate(site)?;
 
-    let state_snapshot_bytes = warmed.state_snapshot_bytes;
     let info = GraphInfo {
         rng: warmed.rng,
         temp_bytes: 0,
@@ -375,7 +373,7 @@ pub fn capture(
         static_bytes,
         // Counted by `Graph::instantiate`, which reads the edges only when this is not 0.
         early_edges: early_launches.count(),
-        state_snapshot_bytes,
+        state_snapshot_bytes: warmed.state_snapshot_bytes,
         name: graph,
         kinds: Default::default(),
         warmup: site.warmup,

@@ -187,10 +187,9 @@ impl Fingerprint {
         let mut next_temp = first_temp;
         for (&n, &kind) in handles.iter().zip(&kinds) {
             let node = if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                let bytes = names.temps[next_temp].1 as usize;
                 next_temp += 1;
-                Node::Alloc {
-                    bytes: names.temps[next_temp - 1].1 as usize,
-                }
+                Node::Alloc { bytes }
             } else {
                 // SAFETY: `n` is a node of the live graph, of type `kind`.
                 unsafe { Self::node(n, kind, &names) }?

@@ -11,7 +11,7 @@ use cudarc::nccl::sys;
 use super::library::{self, NcclVersion};
 use super::one_shot::OneShot;
 use super::raw;
-use super::rendezvous::{Rendezvous, FIRST_HOST_STEP, FIRST_SESSION, JOIN};
+use super::rendezvous::{Rendezvous, FIRST_HOST_STEP, FIRST_SESSION, JOIN, ONE_SHOT_RELEASE};
 use super::sequence::Checkpoint;
 use super::session::{self, SessionKey};
 use crate::error::CollectiveError;
@@ -27,10 +27,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The largest `f32` or `bf16` sum (in bytes) the one-shot all-reduce takes, unless set with
 /// [`CommGroup::set_one_shot_limit`].
 pub const DEFAULT_ONE_SHOT_LIMIT: usize = 256 << 10;
-
-/// The rendezvous channel on which ranks that ran one-shot all-reduces meet before freeing
-/// the memory their peers read.
-const ONE_SHOT_RELEASE: u64 = 1 << 61;
 
 static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
 

@@ -70,6 +70,10 @@ pub(crate) const FIRST_SESSION: u64 = 2;
 /// channel per step, so that a failure of one (a disagreement, a timeout) stays that step's
 /// and the next barrier starts clean. Far above any session channel.
 pub(crate) const FIRST_HOST_STEP: u64 = 1 << 62;
+/// The channel on which the ranks meet at their communicators' drop before freeing the
+/// one-shot all-reduce's memory, which their peers write into. Between the sessions' and the
+/// host steps' channels.
+pub(crate) const ONE_SHOT_RELEASE: u64 = 1 << 61;
 
 struct Round<T> {
     posted: Vec<Option<T>>,
