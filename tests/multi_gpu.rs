@@ -639,15 +639,19 @@ fn bf16_inputs(seed: u64, n: usize) -> Vec<Vec<bf16>> {
 #[gpu_test(gpus = 2)]
 fn the_one_shot_bf16_sum_equals_nccls_bitwise(_group: CommGroup) -> Result<(), GraphError> {
     let limit = graph_runtime::nccl::DEFAULT_ONE_SHOT_LIMIT;
-    // One element, a ragged size, a Llama-8B hidden state, the whole limit, one more (NCCL).
-    for n in [1, 999, 4096, limit / 2, limit / 2 + 1] {
+    // One element, a ragged size, a Llama-8B hidden state, the whole limit, two more (NCCL).
+    for n in [1, 999, 4096, limit / 2, limit / 2 + 2] {
         let seed = 9000 + n as u64;
         let one_shot = bf16_sums_with_limit(limit, n, seed)?;
-        let nccl = bf16_sums_with_limit(0, n, seed)?;
         assert_eq!(one_shot[0], one_shot[1], "n = {n}: the ranks differ");
         // Two bf16 values sum exactly in f32 or round far from a bf16 tie: one rounding,
-        // the same bits as NCCL's bf16 sum.
-        assert_eq!(one_shot[0], nccl[0], "n = {n}: one-shot and NCCL differ");
+        // the same bits as NCCL's bf16 sum. (NCCL 2.28's LL kernel reads an odd count of bf16
+        // in 4-byte words, 2 bytes past the end of the buffer, which compute-sanitizer
+        // reports: odd counts are checked against the exact sum only.)
+        if n % 2 == 0 {
+            let nccl = bf16_sums_with_limit(0, n, seed)?;
+            assert_eq!(one_shot[0], nccl[0], "n = {n}: one-shot and NCCL differ");
+        }
         for (k, got) in one_shot[0].iter().enumerate() {
             let inputs = bf16_inputs(seed + k as u64, n);
             let want: Vec<u16> = (0..n)

@@ -121,9 +121,10 @@
 //! group sets up a one-shot all-reduce at join: [`Communicator::all_reduce`] and
 //! [`Communicator::all_reduce_in_place`] of `f32` or `bf16` with [`ReduceOp::Sum`], up to
 //! [`CommGroup::one_shot_limit`] bytes ([`DEFAULT_ONE_SHOT_LIMIT`], 256 KiB), run as one
-//! kernel per rank that writes the input into every peer's memory, meets them through
-//! flags in peer memory, and sums every rank's copy in rank order. Everything else goes to
-//! NCCL. What it keeps:
+//! kernel per rank that writes the input into every peer's memory with the call's number
+//! beside each 4 bytes (so the data is its own arrival flag), and sums every rank's copy in
+//! rank order: 6.4–6.9 µs per all-reduce of 4–64 KiB in a graph on two H200s, where NCCL's
+//! takes 10.6–11.6 µs. Everything else goes to NCCL. What it keeps:
 //!
 //! * the ranks' results are bitwise equal (every rank sums in the same order), and eager
 //!   calls, warmup runs and replays compute the same bits; with two ranks they equal

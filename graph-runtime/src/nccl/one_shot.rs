@@ -7,19 +7,20 @@
 //! a thread of this process and every pair of GPUs can read each other's memory, one kernel
 //! does it with a single exchange:
 //!
-//! 1. each rank writes its input into every rank's *stage* (its own slot there): a buffer on
-//!    each device with one slot per rank, written by the peers through peer access (remote
-//!    writes are posted, where remote reads would wait a round trip each);
-//! 2. each block signals every rank ("my part is staged", a flag in the peer's memory written
-//!    with release semantics at system scope) and waits for every rank's signal;
-//! 3. each rank reads its own stage's slots and sums them in rank order, so every rank
+//! 1. each rank writes its input into every other rank's *stage* (its own slot there): a
+//!    buffer on each device with one slot per rank, written by the peers through peer access
+//!    (remote writes are posted, where remote reads would wait a round trip each);
+//! 2. every 4 bytes of data travel with the call's number beside them, in 8-byte halves that
+//!    arrive whole (NCCL's "LL" protocol), so a rank knows its peers' data has come by
+//!    reading it: no flag, no fence, no second trip across NVLink;
+//! 3. each rank sums its own input and the staged slots in rank order, so every rank
 //!    computes the same bits, and writes its output.
 //!
-//! The flags hold a call counter kept on the device (an epoch per block), so the kernel is
-//! the same on every call and replays in a graph; stages alternate between two halves by
-//! the counter's parity, so a rank may start the next call while a slower peer still reads
-//! the previous one. A rank whose peers never come gives up after the group's timeout,
-//! writes NaN and records the failure, rather than spinning forever.
+//! The call counter is kept on the device (an epoch per block), so the kernel is the same on
+//! every call and replays in a graph; stages alternate between two halves by the counter's
+//! parity, so a rank may start the next call while a slower peer still reads the previous
+//! one. A rank whose peers never come gives up after the group's timeout, writes NaN and
+//! records the failure, rather than spinning forever.
 //!
 //! Used by [`Communicator::all_reduce`](super::Communicator::all_reduce) and
 //! [`all_reduce_in_place`](super::Communicator::all_reduce_in_place) for `f32` and `bf16`
@@ -37,12 +38,12 @@ use super::comm::Communicator;
 use super::sequence::Checkpoint;
 use crate::error::GraphError;
 
-/// Blocks of every launch (each signals and waits on its own flags, so every launch has all
-/// of them whatever its size).
+/// Blocks of every launch (each keeps its own call counter, so every launch has all of them
+/// whatever its size).
 const BLOCKS: u32 = 32;
 /// Threads per block.
 const THREADS: u32 = 512;
-/// The most ranks the kernel's flags have room for.
+/// The most ranks a group may have for the one-shot kernel.
 pub(crate) const MAX_WORLD: usize = 8;
 
 /// The element types the one-shot kernel sums: `f32`, and `bf16` (summed in `f32` in rank
@@ -73,88 +74,172 @@ impl Summed {
 }
 
 const SOURCE: &str = r#"
-// One kernel body for every element type: T is what the buffers hold, ACC what the sum is
-// computed in, LOAD/STORE convert between them (bf16 travels as its 16 bits).
-#define ONE_SHOT_SUM(NAME, T, ACC, LOAD, STORE, NAN_BITS)                                      \
-extern "C" __global__ void __launch_bounds__(512) NAME(                                         \
-    const T *in, T *out, unsigned long long n,                                                  \
-    const unsigned long long *table, unsigned int *epochs, unsigned int *status,                \
-    int rank, int world, unsigned long long half_bytes, unsigned long long timeout_ns)          \
-{                                                                                               \
-    __shared__ unsigned int epoch;                                                              \
-    __shared__ int timed_out;                                                                   \
-    const unsigned int b = blockIdx.x;                                                          \
-    if (threadIdx.x == 0) { epoch = epochs[b] + 1u; timed_out = 0; }                            \
-    __syncthreads();                                                                            \
-    const unsigned int e = epoch;                                                               \
-    const unsigned long long parity = (unsigned long long)(e & 1u) * world * half_bytes;        \
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;               \
-    const unsigned long long first = (unsigned long long)b * blockDim.x + threadIdx.x;          \
-    const unsigned long long slot = parity + (unsigned long long)rank * half_bytes;             \
-    for (unsigned long long i = first; i < n; i += stride) {                                    \
-        const T v = in[i];                                                                      \
-        for (int p = 0; p < world; ++p) ((T *)((char *)table[p] + slot))[i] = v;                \
-    }                                                                                           \
-    __syncthreads();                                                                            \
-    if (threadIdx.x < world) {                                                                  \
-        const int peer = threadIdx.x;                                                           \
-        unsigned int *theirs = (unsigned int *)table[world + peer] + b * world + rank;          \
-        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(e) : "memory");  \
-        const unsigned int *slot = (const unsigned int *)table[world + rank] + b * world + peer; \
-        unsigned long long start, now;                                                          \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));                               \
-        for (;;) {                                                                              \
-            unsigned int v;                                                                     \
-            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(slot) : "memory"); \
-            if ((int)(v - e) >= 0) break;                                                       \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                             \
-            if (now - start > timeout_ns) { timed_out = 1; atomicExch(status, 1u); break; }     \
-        }                                                                                       \
-    }                                                                                           \
-    __syncthreads();                                                                            \
-    if (timed_out) {                                                                            \
-        for (unsigned long long i = first; i < n; i += stride) out[i] = (T)(NAN_BITS);          \
-    } else {                                                                                    \
-        for (unsigned long long i = first; i < n; i += stride) {                                \
-            const char *stage = (const char *)table[rank] + parity;                             \
-            ACC acc = LOAD(__ldcg((const T *)stage + i));                                       \
-            for (int r = 1; r < world; ++r)                                                     \
-                acc += LOAD(__ldcg((const T *)(stage + r * half_bytes) + i));                   \
-            out[i] = STORE(acc);                                                                \
-        }                                                                                       \
-    }                                                                                           \
-    if (threadIdx.x == 0) epochs[b] = e;                                                        \
-}
+// The LL ("low latency") exchange: every 16-byte line a rank pushes is {word, epoch, word,
+// epoch}, two 8-byte halves that each arrive whole, so a reader knows a word has come when
+// the epoch beside it is this call's. No flag, no fence, no second round trip.
+//
+// A word is one f32, or two bf16 side by side; a line is two words.
 
-__device__ __forceinline__ float f32_load(float x) { return x; }
-__device__ __forceinline__ float f32_store(float x) { return x; }
-// bf16 is the high half of an f32: widen exactly, narrow with round-to-nearest-even (NaN kept).
-__device__ __forceinline__ float bf16_load(unsigned short x) {
-    return __uint_as_float(((unsigned int)x) << 16);
-}
-__device__ __forceinline__ unsigned short bf16_store(float x) {
+__device__ __forceinline__ float bf16_load(unsigned int x) { return __uint_as_float(x << 16); }
+// Round to nearest even, NaN kept.
+__device__ __forceinline__ unsigned int bf16_store(float x) {
     unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
     u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
+    return u >> 16;
 }
 
-ONE_SHOT_SUM(one_shot_sum_f32, float, float, f32_load, f32_store, __int_as_float(0x7fc00000))
-ONE_SHOT_SUM(one_shot_sum_bf16, unsigned short, float, bf16_load, bf16_store, 0x7fc0u)
+struct F32 {
+    struct Acc { float x; };
+    static __device__ __forceinline__ unsigned long long words(unsigned long long n) { return n; }
+    static __device__ __forceinline__ unsigned int get(const void *p, unsigned long long n,
+                                                       unsigned long long w) {
+        return w < n ? ((const unsigned int *)p)[w] : 0u;
+    }
+    static __device__ __forceinline__ void first(Acc &a, unsigned int v) { a.x = __uint_as_float(v); }
+    static __device__ __forceinline__ void add(Acc &a, unsigned int v) { a.x += __uint_as_float(v); }
+    static __device__ __forceinline__ void put(void *p, unsigned long long n, unsigned long long w,
+                                               const Acc &a) {
+        if (w < n) ((float *)p)[w] = a.x;
+    }
+    static __device__ __forceinline__ void nan(void *p, unsigned long long n, unsigned long long w) {
+        if (w < n) ((unsigned int *)p)[w] = 0x7fc00000u;
+    }
+};
+
+// Elements 2w and 2w + 1, read and written one by one (a bf16 tensor may start at any even
+// address); the sum is taken in f32 and rounded once.
+struct BF16 {
+    struct Acc { float lo, hi; };
+    static __device__ __forceinline__ unsigned long long words(unsigned long long n) { return (n + 1) / 2; }
+    static __device__ __forceinline__ unsigned int get(const void *p, unsigned long long n,
+                                                       unsigned long long w) {
+        const unsigned short *h = (const unsigned short *)p;
+        unsigned int lo = 2 * w < n ? h[2 * w] : 0u, hi = 2 * w + 1 < n ? h[2 * w + 1] : 0u;
+        return lo | (hi << 16);
+    }
+    static __device__ __forceinline__ void first(Acc &a, unsigned int v) {
+        a.lo = bf16_load(v & 0xffffu); a.hi = bf16_load(v >> 16);
+    }
+    static __device__ __forceinline__ void add(Acc &a, unsigned int v) {
+        a.lo += bf16_load(v & 0xffffu); a.hi += bf16_load(v >> 16);
+    }
+    static __device__ __forceinline__ void put(void *p, unsigned long long n, unsigned long long w,
+                                               const Acc &a) {
+        unsigned short *h = (unsigned short *)p;
+        if (2 * w < n) h[2 * w] = (unsigned short)bf16_store(a.lo);
+        if (2 * w + 1 < n) h[2 * w + 1] = (unsigned short)bf16_store(a.hi);
+    }
+    static __device__ __forceinline__ void nan(void *p, unsigned long long n, unsigned long long w) {
+        unsigned short *h = (unsigned short *)p;
+        if (2 * w < n) h[2 * w] = 0x7fc0u;
+        if (2 * w + 1 < n) h[2 * w + 1] = 0x7fc0u;
+    }
+};
+
+__device__ __forceinline__ void push(char *dst, unsigned int a, unsigned int b, unsigned int e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(dst), "r"(a), "r"(e), "r"(b), "r"(e) : "memory");
+}
+
+// Waits for a line of this call (both halves carry epoch e); false once `late`.
+__device__ __forceinline__ bool pull(const char *src, unsigned int e, unsigned int &a,
+                                     unsigned int &b, unsigned long long start,
+                                     unsigned long long timeout_ns, bool &late) {
+    while (!late) {
+        unsigned int x, ex, y, ey;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(x), "=r"(ex), "=r"(y), "=r"(ey) : "l"(src) : "memory");
+        if (ex == e && ey == e) { a = x; b = y; return true; }
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > timeout_ns) late = true;
+    }
+    return false;
+}
+
+// `table[p]`: rank p's stage, two halves (by the epoch's parity) of `world` slots of
+// `slot_bytes`; rank r's line l of a call sits in slot r of every other rank's stage.
+template <class K>
+__device__ __forceinline__ void one_shot(
+    const void *in, void *out, unsigned long long n, const unsigned long long *table,
+    unsigned int *epochs, unsigned int *status, int rank, int world,
+    unsigned long long slot_bytes, unsigned long long timeout_ns)
+{
+    __shared__ unsigned int epoch;
+    if (threadIdx.x == 0) epoch = epochs[blockIdx.x] + 1u;
+    __syncthreads();
+    const unsigned int e = epoch;
+    const unsigned long long words = K::words(n), lines = (words + 1) / 2;
+    const unsigned long long half = (unsigned long long)(e & 1u) * world * slot_bytes;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long mine = half + (unsigned long long)rank * slot_bytes;
+    for (unsigned long long l = first; l < lines; l += stride) {
+        const unsigned int a = K::get(in, n, 2 * l), b = K::get(in, n, 2 * l + 1);
+        for (int p = 0; p < world; ++p)
+            if (p != rank) push((char *)table[p] + mine + 16 * l, a, b, e);
+    }
+    // Every line of a half is written at least once every `slot_bytes / 16` calls of that
+    // half, so an epoch left in a line no call reaches any more cannot come round again (it
+    // would take 2^31 calls of the half).
+    const unsigned long long refresh = (unsigned long long)(e >> 1) % (slot_bytes / 16);
+    if (first == 0 && refresh >= lines)
+        for (int p = 0; p < world; ++p)
+            if (p != rank) push((char *)table[p] + mine + 16 * refresh, 0u, 0u, e);
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    bool late = false;
+    const char *stage = (const char *)table[rank] + half;
+    for (unsigned long long l = first; l < lines; l += stride) {
+        typename K::Acc lo, hi;
+        bool ok = true;
+        for (int r = 0; r < world && ok; ++r) {
+            unsigned int a, b;
+            if (r == rank) {
+                a = K::get(in, n, 2 * l);
+                b = K::get(in, n, 2 * l + 1);
+            } else {
+                ok = pull(stage + r * slot_bytes + 16 * l, e, a, b, start, timeout_ns, late);
+            }
+            if (r == 0) { K::first(lo, a); K::first(hi, b); }
+            else { K::add(lo, a); K::add(hi, b); }
+        }
+        if (ok) {
+            K::put(out, n, 2 * l, lo);
+            K::put(out, n, 2 * l + 1, hi);
+        } else {
+            K::nan(out, n, 2 * l);
+            K::nan(out, n, 2 * l + 1);
+        }
+    }
+    if (late) atomicExch(status, 1u);
+    if (threadIdx.x == 0) epochs[blockIdx.x] = e;
+}
+
+#define ONE_SHOT_KERNEL(NAME, K)                                                                 \
+extern "C" __global__ void __launch_bounds__(512) NAME(                                         \
+    const void *in, void *out, unsigned long long n, const unsigned long long *table,           \
+    unsigned int *epochs, unsigned int *status, int rank, int world,                            \
+    unsigned long long slot_bytes, unsigned long long timeout_ns)                               \
+{ one_shot<K>(in, out, n, table, epochs, status, rank, world, slot_bytes, timeout_ns); }
+
+ONE_SHOT_KERNEL(one_shot_sum_f32, F32)
+ONE_SHOT_KERNEL(one_shot_sum_bf16, BF16)
 "#;
 
-/// One rank's part of the one-shot all-reduce: its stage, flags and counters, and the table
-/// of every rank's stage and flags that its kernel reads.
+/// One rank's part of the one-shot all-reduce: its stage and counters, and the table of every
+/// rank's stage that its kernel reads.
 pub(crate) struct OneShot {
     ctx: Arc<CudaContext>,
     sum_f32: CudaFunction,
     sum_bf16: CudaFunction,
-    /// `[stage | flags | epochs | status | table]`, one allocation of this device.
+    /// `[stage | epochs | status | table]`, one allocation of this device.
     base: CUdeviceptr,
     table: CUdeviceptr,
     epochs: CUdeviceptr,
     status: CUdeviceptr,
-    /// Bytes of one rank's slot in each half of a stage: the most one call reduces.
+    /// The most bytes one call reduces (a multiple of 8).
     half_bytes: usize,
     rank: usize,
     world: usize,
@@ -165,7 +250,9 @@ pub(crate) struct OneShot {
 
 /// Byte offsets of the parts of one rank's allocation.
 struct Layout {
-    flags: usize,
+    /// Bytes of one rank's slot in one half of a stage: `half_bytes` of data, each 4 bytes
+    /// with a 4-byte epoch beside them.
+    slot: usize,
     epochs: usize,
     status: usize,
     table: usize,
@@ -173,20 +260,19 @@ struct Layout {
 }
 
 impl Layout {
-    /// `half_bytes`: one slot of one half (a multiple of 4, so every part stays aligned).
+    /// `half_bytes`: the most bytes one call reduces (a multiple of 8: whole 16-byte lines).
     fn new(half_bytes: usize, world: usize) -> Layout {
+        let slot = 2 * half_bytes;
         // Two halves (by the call counter's parity) of one slot per rank.
-        let stage = 2 * world * half_bytes;
-        let flags = stage;
-        let epochs = flags + BLOCKS as usize * MAX_WORLD * 4;
+        let epochs = 2 * world * slot;
         let status = epochs + BLOCKS as usize * 4;
         let table = (status + 4).next_multiple_of(8);
         Layout {
-            flags,
+            slot,
             epochs,
             status,
             table,
-            total: table + 2 * world * 8,
+            total: table + world * 8,
         }
     }
 }
@@ -200,8 +286,8 @@ impl OneShot {
         let (rank, world) = (comm.rank(), comm.world_size());
         let rt = comm.runtime();
         let ctx = rt.context().clone();
-        // Whole f32s, so that the slots (and the flags after them) stay 4-byte aligned.
-        let half_bytes = limit / 4 * 4;
+        // Whole 16-byte lines of two 4-byte words, so that every part stays aligned.
+        let half_bytes = limit / 8 * 8;
         let mine = if half_bytes == 0 || !(2..=MAX_WORLD).contains(&world) {
             Err("off for this group".to_owned())
         } else {
@@ -289,11 +375,10 @@ impl OneShot {
             return release("a pair of GPUs cannot access each other's memory".to_owned());
         }
         let layout = Layout::new(half_bytes, world);
-        let mut table: Vec<u64> = peers.iter().map(|&(_, b, _)| b).collect();
-        table.extend(peers.iter().map(|&(_, b, _)| b + layout.flags as u64));
+        let table: Vec<u64> = peers.iter().map(|&(_, b, _)| b).collect();
         let table_ptr = base + layout.table as u64;
         ctx.bind_to_thread()?;
-        // SAFETY: `table_ptr` holds `2 · world` u64 in this rank's allocation (the layout).
+        // SAFETY: `table_ptr` holds `world` u64 in this rank's allocation (the layout).
         unsafe { super::raw::copy_htod_sync(table_ptr, &table) }?;
         let sum_f32 = rt.library_function(SOURCE, "one_shot_sum_f32")?;
         let sum_bf16 = rt.library_function(SOURCE, "one_shot_sum_bf16")?;
@@ -313,7 +398,7 @@ impl OneShot {
         }))
     }
 
-    /// This rank's memory, zeroed (flags and counters start at 0 on every rank).
+    /// This rank's memory, zeroed (epochs in the stage and counters start at 0 on every rank).
     fn allocate(
         rt: &crate::Runtime,
         half_bytes: usize,
@@ -353,7 +438,10 @@ impl OneShot {
         count: usize,
     ) -> Result<(), GraphError> {
         self.used.set(true);
-        let (n, half) = (count as u64, self.half_bytes as u64);
+        let (n, slot) = (
+            count as u64,
+            Layout::new(self.half_bytes, self.world).slot as u64,
+        );
         let (rank, world) = (self.rank as i32, self.world as i32);
         let func = match dtype {
             Summed::F32 => &self.sum_f32,
@@ -368,7 +456,7 @@ impl OneShot {
             .arg(&self.status)
             .arg(&rank)
             .arg(&world)
-            .arg(&half)
+            .arg(&slot)
             .arg(&self.timeout_ns);
         let cfg = LaunchConfig {
             grid_dim: (BLOCKS, 1, 1),
@@ -377,7 +465,7 @@ impl OneShot {
         };
         // SAFETY: the kernel's parameters in order, by value; it reads `count` of `send`
         // and writes `count` of `recv` (caller), and touches the rank's allocation and the
-        // peers' stages and flags, which the table points to and which live until every rank
+        // peers' stages, which the table points to and which live until every rank
         // has dropped its part (`OneShot::release`).
         unsafe { b.launch(cfg) }?;
         Ok(())
@@ -393,8 +481,7 @@ impl OneShot {
     /// Frees this rank's memory once no peer can write or read it. Every rank meets the
     /// others here (their streams drained) before freeing; when a rank does not come, the
     /// memory stays allocated (a warning): that rank's last kernel may still write its input
-    /// into this rank's stage (at its start, whether or not this rank ever made the call) or
-    /// read this rank's flags.
+    /// into this rank's stage (at its start, whether or not this rank ever made the call).
     pub(crate) fn release(self, comm_drained: bool, meet: impl FnOnce() -> bool) {
         let _ = self.ctx.bind_to_thread();
         if self.used.get() && comm_drained && self.timed_out() {
@@ -425,27 +512,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_parts_of_a_ranks_memory_do_not_overlap_and_the_table_is_aligned() {
-        for (half_bytes, world) in [(4, 2), (262_144, 2), (262_144, 8), (12, 5)] {
+    fn the_parts_of_a_ranks_memory_do_not_overlap_and_stay_aligned() {
+        for (half_bytes, world) in [(8, 2), (262_144, 2), (262_144, 8), (16, 5)] {
             let l = Layout::new(half_bytes, world);
-            // [stage: two halves × world slots of f32 | flags: blocks × MAX_WORLD u32 | epochs
-            //  | status | table]
-            assert_eq!(l.flags, 2 * world * half_bytes);
-            assert_eq!(l.epochs, l.flags + BLOCKS as usize * MAX_WORLD * 4);
+            // [stage: two halves × world slots of 16-byte lines | epochs | status | table]
+            assert_eq!(l.slot % 16, 0, "a slot holds whole lines");
+            assert_eq!(
+                l.slot / 16,
+                half_bytes / 8,
+                "a line carries 8 bytes of data"
+            );
+            assert_eq!(l.epochs, 2 * world * l.slot);
             assert_eq!(l.status, l.epochs + BLOCKS as usize * 4);
             assert!(l.table >= l.status + 4);
             assert_eq!(l.table % 8, 0, "the table holds u64 addresses");
-            assert_eq!(l.total, l.table + 2 * world * 8);
+            assert_eq!(l.total, l.table + world * 8);
         }
     }
 
     #[test]
-    fn the_kernel_indexes_flags_by_block_and_world() {
-        // The kernel's flag of block b from rank r sits at b · world + r, which must stay
-        // inside the flags' room for every block and the largest world.
-        let last = (BLOCKS as usize - 1) * MAX_WORLD + (MAX_WORLD - 1);
-        assert!(last < BLOCKS as usize * MAX_WORLD);
-        assert!(SOURCE.contains("b * world + rank") && SOURCE.contains("b * world + peer"));
+    fn the_kernel_pushes_whole_lines_with_their_epoch() {
+        // Each 8-byte half of a line is a word and the epoch, the unit that arrives whole.
+        assert!(
+            SOURCE.contains("{%1, %2, %3, %4}")
+                && SOURCE.contains(r#""r"(a), "r"(e), "r"(b), "r"(e)"#)
+        );
+        assert!(SOURCE.contains("ex == e && ey == e"));
         assert!(SOURCE.contains("__launch_bounds__(512)") && THREADS == 512);
     }
 }
