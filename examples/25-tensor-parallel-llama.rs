@@ -31,12 +31,18 @@
 //! `--torch` runs `scripts/torch_tp_decode.py` afterwards (the same shapes with
 //! `torch.distributed` and the step captured whole with `torch.cuda.graph`).
 //!
+//! The step fuses what candle would run as several small kernels (see
+//! `examples/common/llama_kernels.rs`): the rotary embedding, the cache write and the
+//! attention of a layer are one kernel, each residual add is one kernel with the norm after
+//! it, SwiGLU is one kernel; `--unfused` runs candle's own ops instead. That halves the nodes
+//! of each graph (8B: 978 against 1918 on one GPU).
+//!
 //! What sets the time at batch 1: reading the weights (15 GB per token for the 8B shape,
-//! divided by the GPU count), plus what every rank pays whatever the count: its ~20 small
-//! kernels per layer (norms, rotary, cache writes, softmax, SiLU, residual adds) and, with
-//! several GPUs, two all-reduces per layer. On H200s the 8B figures (5.47 / 4.08 / 3.23 ms
-//! per token on 1 / 2 / 4 GPUs, one run) fit about 3.8 ms of weights, 1.7 ms of small
-//! kernels and 0.5–0.6 ms of all-reduces (64 of 8–9 µs): more GPUs shrink only the first.
+//! divided by the GPU count), plus what every rank pays whatever the count (about ten kernels
+//! per layer, each a few µs of launch and ramp, and with several GPUs two all-reduces of
+//! 6–7 µs per layer). On H200s the 8B figures (5.25 / 3.76 / 2.95 ms per token on 1 / 2 / 4
+//! GPUs, one run) fit about 3.2 ms that divide by the GPU count and 2.0 ms that do not: more
+//! GPUs shrink only the first, so 2 GPUs give 0.72× and 4 give 0.56× of one GPU's time.
 //!
 //! Build with the candle tier and NCCL (`eval "$(bash scripts/cuda-toolchain.sh)"`), run:
 //! `bash scripts/with-nccl.sh cargo run --release --features candle,nccl --example
@@ -54,6 +60,10 @@ use graph_runtime::candle::{greedy_next, RotaryTables, StaticKvCache};
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
 use graph_runtime::{cuda_graph, BoxError, DeviceState, Runtime};
 use workloads::check::{first_mismatch, max_abs_diff};
+
+#[path = "common/llama_kernels.rs"]
+mod llama_kernels;
+use llama_kernels::Kernels;
 use workloads::testing::{gpus_or_skip, init_tracing, usable_gpus};
 
 /// Tensor-parallel Llama decoding in candle, eager and as one graph per rank.
@@ -71,6 +81,10 @@ struct Args {
     /// Timed generations per decoder (the median is printed).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// candle's own ops for the norms, SwiGLU and attention instead of the fused kernels of
+    /// `examples/common/llama_kernels.rs` (to measure what fusing gives).
+    #[arg(long)]
+    unfused: bool,
     /// Fewer layers than the shape has, for a quick run.
     #[arg(long)]
     layers: Option<usize>,
@@ -153,6 +167,9 @@ struct Shard {
     rotary: RotaryTables,
     #[device_state(skip)]
     dims: Dims,
+    /// The fused kernels (`None`: candle's ops).
+    #[device_state(skip)]
+    kernels: Option<Kernels>,
 }
 
 /// A rank's sizes.
@@ -182,9 +199,9 @@ impl Shard {
     fn new(
         s: &Shape,
         dev: &Device,
-        rank: usize,
-        world: usize,
+        (rank, world): (usize, usize),
         max_len: usize,
+        kernels: Option<Kernels>,
     ) -> candle::Result<Self> {
         let (h, hd) = (s.hidden, s.head_dim);
         let dims = Dims {
@@ -230,6 +247,7 @@ impl Shard {
             lm_head: Linear::new(rows(head, per)?.contiguous()?, None),
             rotary: RotaryTables::llama(hd, s.theta, max_len, DType::BF16, dev)?,
             dims,
+            kernels,
         })
     }
 
@@ -259,10 +277,10 @@ impl Shard {
             head_dim: hd,
             inter,
         } = self.dims;
-        let sum = |t: Tensor| match comm {
-            Some(c) => c.all_reduce_tensor(&t, ReduceOp::Sum),
-            None => Ok(t),
-        };
+        if let Some(k) = &self.kernels {
+            return self.fused_step(k, comm, token, pos, cache);
+        }
+        let sum = |t: Tensor| sum(comm, t);
         let at = cache.at(pos, 1)?;
         let mask = at.mask().to_dtype(DType::BF16)?;
         let mut x = self.embed.forward(&token.flatten_all()?)?; // (1, hidden)
@@ -288,14 +306,52 @@ impl Shard {
                 (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
             x = (&x + sum(b.down.forward(&m)?)?)?;
         }
-        let logits = self
-            .lm_head
-            .forward(&self.norm.forward(&x)?)?
-            .to_dtype(DType::F32)?;
+        self.logits(comm, &self.norm.forward(&x)?)
+    }
+
+    /// The whole vocabulary's logits `(1, vocab)` in f32 from the final norm's output.
+    fn logits(&self, comm: Option<&Communicator>, h: &Tensor) -> candle::Result<Tensor> {
+        let logits = self.lm_head.forward(h)?.to_dtype(DType::F32)?;
         match comm {
             Some(c) => c.all_gather_tensor(&logits)?.reshape((1, ())),
             None => Ok(logits),
         }
+    }
+
+    /// [`Shard::step`] with the fused kernels: per layer the attention is one kernel (rotary
+    /// embedding, cache write, attention), each residual add is fused with the norm after it,
+    /// SwiGLU is one kernel; the matmuls and collectives are the same.
+    fn fused_step(
+        &self,
+        k: &Kernels,
+        comm: Option<&Communicator>,
+        token: &Tensor,
+        pos: &Tensor,
+        cache: &StaticKvCache,
+    ) -> candle::Result<Tensor> {
+        let Dims { heads, kv_heads, .. } = self.dims;
+        let sum = |t: Tensor| sum(comm, t);
+        let tables = self.rotary.tables();
+        let mut x = self.embed.forward(&token.flatten_all()?)?; // (1, hidden)
+        let mut h = self.blocks[0].attn_norm.forward(&x)?;
+        for (layer, b) in self.blocks.iter().enumerate() {
+            let qkv = b.qkv.forward(&h)?;
+            let layer_cache = (cache.keys(layer)?, cache.values(layer)?);
+            let y = k.attention(&qkv, tables, pos, layer_cache, heads, kv_heads)?;
+            let (x1, h1) = k.add_rms_norm(&x, &sum(b.o.forward(&y)?)?, b.mlp_norm.weight(), EPS)?;
+            let m = k.silu_mul(&b.gate_up.forward(&h1)?)?;
+            let next = self.blocks.get(layer + 1).map_or(&self.norm, |n| &n.attn_norm);
+            (x, h) = k.add_rms_norm(&x1, &sum(b.down.forward(&m)?)?, next.weight(), EPS)?;
+        }
+        self.logits(comm, &h)
+    }
+}
+
+/// `t` summed over the ranks (`None`: one GPU, `t` itself).
+fn sum(comm: Option<&Communicator>, t: Tensor) -> candle::Result<Tensor> {
+    match comm {
+        Some(c) => c.all_reduce_tensor(&t, ReduceOp::Sum),
+        None => Ok(t),
     }
 }
 
@@ -386,7 +442,8 @@ fn rank_main(
         _ => Some(group.join(&rt, rank)?),
     };
     let n = args.tokens;
-    let model = Shard::new(shape, &dev, rank, world, n)?;
+    let kernels = (!args.unfused).then(|| Kernels::new(&rt)).transpose()?;
+    let model = Shard::new(shape, &dev, (rank, world), n, kernels)?;
     let positions: Vec<Tensor> = (0..n as u32)
         .map(|p| Tensor::from_vec(vec![p], 1, &dev))
         .collect::<Result<_, _>>()?;
