@@ -944,7 +944,6 @@ where
         let rows = self.rows_of(&inputs, batch)?;
         // A body that replaced an output during a lazy capture freed the family's buffer.
         self.inst.check(When::Replay)?;
-        self.eager = false;
         match self.buckets.pick(rows)? {
             Pick::Graph { index, bucket } => self.replay_bucket(&inputs, rows, index, bucket)?,
             Pick::Eager => self.run_eagerly(&inputs, rows)?,
@@ -965,6 +964,7 @@ where
         let of = self.buckets.largest();
         let batch = Batch { rows, bucket, of };
         self.inst.statics.batch = batch;
+        self.eager = false;
         let recording = self.buckets.replayed(index, rows);
         match recording.verify.due() {
             Some((replay, tolerance)) => {
