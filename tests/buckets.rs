@@ -2,11 +2,16 @@
 //! from 1 to 32 replays like eager; batches above the largest bucket are a typed error, or
 //! run eagerly when the attribute asks for it; a `lazy` family captures each bucket on its
 //! first use, keeps at most N graphs live (least recently replayed dropped first) and
-//! counts, per bucket, replays, captures, evictions and padded rows.
+//! counts, per bucket, replays, captures, evictions and padded rows. A family runs through
+//! the single graph's code: a host value frozen at capture is caught by `verify = "every"`
+//! and, in debug builds, by each bucket's first replay, naming the bucket; eager islands run
+//! between a bucket's segments like eager.
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use graph_runtime::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use graph_runtime::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use graph_runtime::{cuda_graph, BucketCounts, GraphError, Runtime};
+use graph_runtime::{cuda_graph, BucketCounts, GraphError, Runtime, Tolerance};
 use workloads::check::max_abs_diff;
 use workloads::kernels::ELEMENTWISE;
 use workloads::testing::{fresh_rng, gpu_test, random_vec};
@@ -398,6 +403,253 @@ fn six_buckets_cost_at_most_1_2_times_the_largest_alone(rt: Runtime) -> Result<(
     assert!(
         together as f64 <= 1.2 * alone as f64,
         "six buckets took {together} bytes, the largest alone {alone}"
+    );
+    Ok(())
+}
+
+// ---- A family runs through the single graph's code: verify, its debug check, islands ----
+
+/// Elements per row of the families below.
+const ROW: usize = 256;
+
+const ROWS_SRC: &str = r#"
+extern "C" __global__ void scale(const float *x, float *y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i];
+}
+extern "C" __global__ void tanh_copy(const float *x, float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = tanhf(x[i]);
+}
+extern "C" __global__ void double_inplace(float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * y[i];
+}
+"#;
+
+/// `y = a · x` on the device.
+fn scale(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    a: f32,
+) -> Result<(), GraphError> {
+    let f = rt.function(ROWS_SRC, "scale")?;
+    let n = x.len() as i32;
+    // SAFETY: reads `n` floats of `x`, writes `n` of `y`, which holds as many.
+    unsafe {
+        rt.stream()
+            .launch_builder(&f)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&a)
+            .arg(&n)
+            .launch(LaunchConfig::for_num_elems(n as u32))?;
+    }
+    Ok(())
+}
+
+/// A host schedule the bodies below read through a helper, which the compile-time checks
+/// cannot see into: its value is frozen into each bucket's graph at capture (the planted
+/// bug). One per test, as the tests run at once.
+static EVERY_STEP: AtomicU32 = AtomicU32::new(0);
+static DEBUG_STEP: AtomicU32 = AtomicU32::new(0);
+
+fn rate(step: &AtomicU32) -> f32 {
+    if step.load(Ordering::Relaxed) < 3 {
+        0.5
+    } else {
+        0.25
+    }
+}
+
+/// `y = rate · x`, the rate read from the host: every replay verifies itself.
+#[cuda_graph(warmup = 1, buckets(batch = [1, 2, 4]), verify = "every")]
+fn scaled_rows(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    let _ = batch;
+    scale(rt, x, y, rate(&EVERY_STEP))
+}
+
+/// The same bug with the default schedule: replays 1, 2, 4, … of each bucket verify
+/// themselves in debug builds, none in release builds.
+#[cuda_graph(warmup = 1, buckets(batch = [2, 4]))]
+fn scaled_rows_by_default(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    let _ = batch;
+    scale(rt, x, y, rate(&DEBUG_STEP))
+}
+
+/// The mismatch of the frozen rate: the graph, the bucket, the replay and the output named.
+fn assert_frozen_rate_caught(err: &GraphError, graph: &str, bucket: usize, replay: u64) {
+    let text = err.to_string();
+    let GraphError::VerifyMismatch { graph: g, report } = err else {
+        panic!("expected a verify mismatch naming bucket {bucket}, got: {err:?}");
+    };
+    assert_eq!(*g, graph, "{text}");
+    assert_eq!(report.bucket, Some(bucket), "{text}");
+    assert_eq!(report.replay, Some(replay), "{text}");
+    assert!(
+        text.contains(&format!("bucket {bucket}")) && text.contains("output `y`"),
+        "{text}"
+    );
+}
+
+#[gpu_test]
+fn verify_every_in_a_family_catches_a_frozen_host_value_and_names_the_bucket(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let test = "verify_every_in_a_family_catches_a_frozen_host_value_and_names_the_bucket";
+    let mut rng = fresh_rng(test);
+    EVERY_STEP.store(0, Ordering::Relaxed);
+    let mut family = ScaledRowsBuckets::capture(&rt, ROW, ROW)?;
+    // A correct replay verifies clean, in every bucket, inputs changed each time; only the
+    // batch's rows are handed out.
+    for (step, batch) in [3usize, 1, 4, 2, 3].into_iter().enumerate() {
+        let x = random_vec(&mut rng, batch * ROW);
+        let got = rt.stream().clone_dtoh(&family.replay(&x)?.y)?;
+        let want: Vec<f32> = x.iter().map(|v| 0.5 * v).collect();
+        assert_eq!(got, want, "step {step}, batch {batch}");
+    }
+    let report = family.verify(&random_vec(&mut rng, 2 * ROW), Tolerance::BITWISE)?;
+    assert!(report.is_ok() && report.bucket == Some(2), "{report}");
+    // The schedule moves on: the next replay of any bucket differs from eager, and says so.
+    EVERY_STEP.store(3, Ordering::Relaxed);
+    let err = family
+        .replay(&random_vec(&mut rng, 3 * ROW))
+        .map(|_| ())
+        .unwrap_err();
+    // Bucket 4's fourth replay (steps 0, 2 and 4 were its first three; `verify` is not
+    // one of its scheduled replays).
+    assert_frozen_rate_caught(&err, "scaled_rows", 4, 4);
+    let err = family
+        .replay(&random_vec(&mut rng, ROW))
+        .map(|_| ())
+        .unwrap_err();
+    assert_frozen_rate_caught(&err, "scaled_rows", 1, 2);
+    // The family is still usable: with the schedule back, replays verify clean again.
+    EVERY_STEP.store(0, Ordering::Relaxed);
+    let x = random_vec(&mut rng, 3 * ROW);
+    let got = rt.stream().clone_dtoh(&family.replay(&x)?.y)?;
+    assert_eq!(got, x.iter().map(|v| 0.5 * v).collect::<Vec<f32>>());
+    Ok(())
+}
+
+#[gpu_test]
+fn debug_builds_verify_the_first_replay_of_each_bucket_in_a_family(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let test = "debug_builds_verify_the_first_replay_of_each_bucket_in_a_family";
+    let mut rng = fresh_rng(test);
+    DEBUG_STEP.store(0, Ordering::Relaxed);
+    let mut family = ScaledRowsByDefaultBuckets::capture(&rt, ROW, ROW)?;
+    // The rate changes before any replay: the graphs keep 0.5, eager now reads 0.25.
+    DEBUG_STEP.store(3, Ordering::Relaxed);
+    let x = random_vec(&mut rng, 3 * ROW);
+    let replayed = family.replay(&x).map(|out| out.y.len());
+    if cfg!(debug_assertions) {
+        let err = replayed.unwrap_err();
+        assert_frozen_rate_caught(&err, "scaled_rows_by_default", 4, 1);
+        // Each bucket is a graph of its own, verified on its own first replay.
+        let err = family
+            .replay(&random_vec(&mut rng, ROW))
+            .map(|_| ())
+            .unwrap_err();
+        assert_frozen_rate_caught(&err, "scaled_rows_by_default", 2, 1);
+    } else {
+        // Release builds verify nothing unless asked: the frozen rate goes unnoticed.
+        assert_eq!(replayed?, 3 * ROW);
+        let got = rt.stream().clone_dtoh(&family.outputs().y)?;
+        assert_eq!(got, x.iter().map(|v| 0.5 * v).collect::<Vec<f32>>());
+    }
+    DEBUG_STEP.store(0, Ordering::Relaxed);
+    Ok(())
+}
+
+/// `y = 2 · (tanh(x) + r)` for row `r`: `tanh` on the device, the row numbers added by an eager
+/// island on the host between the two segments, the doubling on the device again.
+#[cuda_graph(warmup = 1, buckets(batch = [1, 2, 4, 8], fallback = "eager"))]
+fn rows_through_the_host(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    let _ = batch;
+    let n = x.len() as i32;
+    let cfg = LaunchConfig::for_num_elems(n as u32);
+    let tanh = rt.function(ROWS_SRC, "tanh_copy")?;
+    // SAFETY: reads `n` floats of `x`, writes `n` of `y`, which holds as many.
+    unsafe {
+        rt.stream()
+            .launch_builder(&tanh)
+            .arg(x)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(cfg)?
+    };
+    rt.eager(|| {
+        let mut host = rt.stream().clone_dtoh(&y)?;
+        for (i, v) in host.iter_mut().enumerate() {
+            *v += (i / ROW) as f32;
+        }
+        rt.stream().memcpy_htod(&host, &mut y)?;
+        Ok(())
+    })?;
+    let double = rt.function(ROWS_SRC, "double_inplace")?;
+    // SAFETY: touches `n` floats of `y`, which holds as many.
+    unsafe {
+        rt.stream()
+            .launch_builder(&double)
+            .arg(&mut *y)
+            .arg(&n)
+            .launch(cfg)?
+    };
+    Ok(())
+}
+
+#[gpu_test]
+fn an_island_in_a_family_replays_like_eager_in_every_bucket(rt: Runtime) -> Result<(), GraphError> {
+    let test = "an_island_in_a_family_replays_like_eager_in_every_bucket";
+    let mut rng = fresh_rng(test);
+    let s = rt.stream().clone();
+    let mut family = RowsThroughTheHostBuckets::capture(&rt, ROW, ROW)?;
+    assert_eq!(family.buckets().graphs().count(), 4);
+    // Several replays of every bucket, and one above them (eager), with new inputs each time.
+    for (step, batch) in [3usize, 1, 8, 5, 2, 12, 4, 7, 3, 1, 6]
+        .into_iter()
+        .enumerate()
+    {
+        let x = random_vec(&mut rng, batch * ROW);
+        let x_dev = s.clone_htod(&x)?;
+        let mut y = s.alloc_zeros::<f32>(batch * ROW)?;
+        rows_through_the_host(&rt, &x_dev, &mut y, batch)?;
+        let want = s.clone_dtoh(&y)?;
+        let got = s.clone_dtoh(&family.replay(&x)?.y)?;
+        assert_eq!(got.len(), batch * ROW, "step {step}: only the valid rows");
+        let diff = max_abs_diff(&got, &want);
+        assert!(
+            diff == 0.0,
+            "step {step}, batch {batch}: replay differs from eager by {diff}"
+        );
+    }
+    let report = family.verify(&random_vec(&mut rng, 6 * ROW), Tolerance::BITWISE)?;
+    assert!(report.is_ok() && report.bucket == Some(8), "{report}");
+    // Each bucket's graph is two segments around the island, printed as a single graph's.
+    let summary = family.to_string();
+    assert!(
+        summary.contains("bucket 1: segment 1 of 2")
+            && summary.contains("bucket 8: segment 1 of 2")
+            && summary.matches("island 1 at").count() == 4,
+        "{summary}"
     );
     Ok(())
 }

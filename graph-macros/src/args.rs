@@ -129,7 +129,6 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
         }
     };
     let mut seen: Vec<String> = Vec::new();
-    let mut verify_keys: Vec<&syn::Path> = Vec::new();
     for meta in &metas {
         let Some(key) = meta.path().get_ident().map(ToString::to_string) else {
             cx.error_spanned_by(
@@ -204,9 +203,6 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
                 continue;
             }
         };
-        if key.starts_with("verify") {
-            verify_keys.push(meta.path());
-        }
         match key.as_str() {
             "warmup" => parse_warmup(value, cx, &mut args),
             "mode" => parse_mode(value, cx, &mut args),
@@ -218,25 +214,7 @@ pub fn parse(tokens: proc_macro2::TokenStream, cx: &mut Ctxt) -> GraphArgs {
             _ => unreachable!("checked against the key list above"),
         }
     }
-    if args.buckets.is_some() {
-        for path in verify_keys {
-            cx.error_spanned_by(path, family_does_not_verify());
-        }
-    }
     args
-}
-
-/// `verify` on a bucket family: refused rather than accepted and ignored.
-fn family_does_not_verify() -> Message {
-    Message::new("a bucket family does not verify its replays yet")
-        .why(
-            "each bucket's graph is captured and replayed by the family's own path, which has no \
-             eager comparison (nor the debug builds' first-replay check)",
-        )
-        .fix(
-            "remove the key, and compare a bucket with the function called eagerly on the same \
-             inputs in a test (`name(…)` for one bucket size against `family.replay(…)`)",
-        )
 }
 
 /// A "did you mean" fix for an unknown key: a valid key one or two edits away, or the

@@ -3,17 +3,17 @@
 //! Imports `args`, `model`, `check`, `ctxt`, `tokens` and its own files; only `lib.rs`
 //! imports it, and its own files never do.
 //!
-//! Everything that can be ordinary Rust lives in `graph_runtime`: a single graph's generated
-//! code fills in `__private::GraphBody` (its static inputs and outputs named as tuples, which
-//! the runtime's `StaticList` and `Sources` handle generically) and wraps
-//! `__private::TypedGraph`, which does the rest (a bucket family still moves its buffers into
-//! place itself and calls `__private::Buckets::capture` and `__private::replay` on the
-//! picked bucket).
+//! Everything that can be ordinary Rust lives in `graph_runtime`: the generated code fills
+//! in `__private::GraphBody` (its static inputs and outputs named as tuples, which the
+//! runtime's `StaticList` and `Sources` handle generically) and wraps
+//! `__private::TypedGraph`, which does the rest; a bucket family's wraps
+//! `__private::TypedFamily` around the same `GraphBody`, so that it verifies, runs islands
+//! and prints through the same code.
 //!
 //! This file holds the entry point (parse → model → check → expand) and the module that
-//! wraps the generated items; `expand/graph.rs` generates the graph type of a function
-//! without buckets, `expand/buckets.rs` the family of one with them, and `expand/parts.rs`
-//! the pieces both contain.
+//! wraps the generated items; `expand/graph.rs` generates the graph type of a function (or
+//! its family, with the family's own pieces from `expand/buckets.rs`), and `expand/parts.rs`
+//! the pieces every generated type contains.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
@@ -32,7 +32,6 @@ mod parts;
 #[cfg(test)]
 mod tests;
 
-use buckets::expand_buckets;
 use graph::expand_graph;
 use parts::Parts;
 
@@ -88,14 +87,6 @@ pub fn cuda_graph(args: TokenStream, item: TokenStream) -> TokenStream {
     let guards = crate::check::state_guards(&model, &args);
     let names = islands::IslandNames::new(&base_name(&model, &args), model.item.sig.ident.span());
     if with_islands && model.usable {
-        if let Some(b) = &args.buckets {
-            cx.error_spanned_by(
-                &b.param,
-                Message::new("a bucket family cannot have eager islands")
-                    .why("each bucket is one graph")
-                    .fix("write the function without `buckets(…)` to use islands"),
-            );
-        }
         islands::rewrite(&mut model, &args.krate(), &names, &mut cx);
     }
     let islands = with_islands.then_some(&names);
@@ -162,26 +153,19 @@ fn expand(
     let item = &model.item;
     let fn_ident = &item.sig.ident;
     let module = format_ident!("__cuda_graph_{}", unraw(fn_ident), span = fn_ident.span());
-    // A single graph's site is a constant of its `GraphBody`, where `Self::DEBUG` is the
-    // user's crate's `cfg!(debug_assertions)`; a family's is a static of its own.
-    let debug = match args.buckets {
-        Some(_) => quote!(::core::cfg!(debug_assertions)),
-        None => quote!(Self::DEBUG),
-    };
+    // The site is a constant of the `GraphBody`, where `Self::DEBUG` is the user's crate's
+    // `cfg!(debug_assertions)`.
     let mut parts = Parts::new(
         model,
-        &krate,
-        site_tokens(model, args, debug),
+        site_tokens(model, args, quote!(Self::DEBUG)),
         args.name.as_ref(),
     );
     let island_items = islands.map(|names| {
-        parts.island_items = islands::graph_body_items(model, names, &parts.pr);
+        let family = args.buckets.is_some();
+        parts.island_items = islands::graph_body_items(model, names, &parts.pr, family);
         islands::items(model, &args.krate(), names, &item.vis)
     });
-    let (body, names) = match &args.buckets {
-        Some(buckets) => expand_buckets(&parts, buckets),
-        None => expand_graph(&parts, args),
-    };
+    let (body, names) = expand_graph(&parts, args);
     let outer_vis = &item.vis;
     // The module is hidden when the function is public: its types are then documented where
     // the re-export below inlines them. rustdoc does not inline a non-public re-export, so for

@@ -12,7 +12,7 @@
 //! | layer | modules | what they own |
 //! | --- | --- | --- |
 //! | entry points | `lib.rs` | the macros, nothing else |
-//! | expansion | `expand.rs`, `expand/` | the pipeline of one `#[cuda_graph]`, the graph type (`graph.rs`), the bucket family (`buckets.rs`) and the pieces both generate (`parts.rs`) |
+//! | expansion | `expand.rs`, `expand/` | the pipeline of one `#[cuda_graph]`, the graph type or bucket family (`graph.rs`), what a family adds (`buckets.rs`) and the pieces both generate (`parts.rs`) |
 //! | checks | `check/` | what a body must not do, found on its tokens |
 //! | model, arguments | `model.rs`, `args.rs`, `args/` | the role of every parameter; the attribute's keys |
 //! | ground | `ctxt.rs`, `tokens.rs` | the error collector; paths and visibilities rewritten for the generated module |
@@ -126,10 +126,10 @@ use proc_macro::TokenStream;
 /// * `mode = "thread_local" | "global" | "relaxed"`: the CUDA capture mode (default
 ///   `"thread_local"`);
 /// * `name = DecodeStep`: what the generated types' names start with (`DecodeStepGraph`,
-///   `DecodeStepInputs`, `DecodeStepOutputs`, `DecodeStepState`; `DecodeStepBuckets` and
-///   `DecodeStepBucketOutputs` for a bucket family) instead of the function's name in camel
-///   case, when those names are taken in your module (errors and logs still name the
-///   function);
+///   `DecodeStepInputs`, `DecodeStepOutputs`, `DecodeStepState`; `DecodeStepBuckets`,
+///   `DecodeStepBucketOutputs` and `DecodeStepBucketState` for a bucket family) instead of
+///   the function's name in camel case, when those names are taken in your module (errors
+///   and logs still name the function);
 /// * `crate = "path"`: where the runtime crate is, if renamed;
 /// * `host_effects_not_replayed`: lets the body print, log, do I/O, sleep, read clocks and
 ///   update host collections; those effects run in the warmup runs and the capture, never
@@ -144,7 +144,9 @@ use proc_macro::TokenStream;
 ///   on the first replay that needs it, and at most `N` graphs stay live (the least recently
 ///   replayed one is dropped to make room; a batch above the largest bucket is never
 ///   captured). `family.buckets().stats()` counts replays, captures, evictions and padded
-///   rows per bucket;
+///   rows per bucket. Each bucket's graph verifies its replays (the `verify` keys below, each
+///   bucket on its own schedule, against the function run eagerly on the bucket's rows) and
+///   may have eager islands, as a single graph does;
 /// * `verify = "never" | "first" | "every"` or `verify_every = N`: which replays verify
 ///   themselves like `graph.verify(…)` (run the body eagerly on the same inputs and compare
 ///   every output and `&mut` state with the replay's); default `"first"` in debug builds,

@@ -255,14 +255,6 @@ fn classify_params<'a>(
 
 /// What a bucket family (`buckets(b = …)`) requires of its parameters.
 fn check_bucket_family(b: &Ident, params: &[Param], has_context: bool, cx: &mut Ctxt) {
-    for p in params.iter().filter(|p| p.island) {
-        cx.error_spanned_by(
-            &p.ident,
-            Message::new("a bucket family cannot have eager islands or `#[island]` state")
-                .why("each bucket is one graph")
-                .fix("write the function without `buckets(…)` to use islands"),
-        );
-    }
     let has_bucket = params.iter().any(|p| p.role == Role::Bucket);
     if !has_bucket && has_context {
         cx.error_spanned_by(

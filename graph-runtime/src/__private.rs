@@ -5,7 +5,10 @@
 //! root instead. This module only re-exports: each item lives in the module of its concept.
 
 pub use crate::__graph_type_impls as graph_type_impls;
-pub use crate::buckets::{BatchBuffer, BatchedSlot, Buckets, Capture, Pick};
+pub use crate::buckets::{
+    rows, BatchBuffer, BatchList, BatchSources, Buckets, Capture, Family, Rows, TypedFamily,
+    ValidRows,
+};
 pub use crate::buffer::{
     alloc_static, check_shape, copy_result, feed_input, stage_input, static_bytes, store_result,
     InputSource, Staging, StaticBuffer,
@@ -28,5 +31,7 @@ pub use crate::site::{site, CaptureMode, GraphSite, Step};
 pub use crate::state::{
     AddressBook, DeviceState, Held, HeldMut, Recorded, StateArg, StateArgMut, StateVisitor,
 };
-pub use crate::typed::{GraphBody, NoResult, ResultOf, StaticList, Statics, StaticsOf, TypedGraph};
+pub use crate::typed::{
+    Batch, GraphBody, NoResult, ResultOf, StaticList, Statics, StaticsOf, TypedGraph,
+};
 pub use crate::verify::{Tolerance, Verifier, VerifySchedule};

@@ -8,7 +8,7 @@
 //!
 //! Memory is that of the largest bucket, not the sum:
 //! * the static inputs and outputs are one buffer each, sized for the largest bucket; every
-//!   bucket's graph reads and writes a prefix of it ([`BatchedSlot`]);
+//!   bucket's graph reads and writes a prefix of it (the body is lent [`Rows`] of it);
 //! * the temporaries of all buckets live in the runtime's graph memory pool, and because all
 //!   graphs of a runtime launch on one stream, one after another, CUDA backs them with the
 //!   same physical memory. Capturing the largest bucket first sizes the pool once.
@@ -31,112 +31,109 @@
 //! family. [`Buckets::stats`] counts, per bucket, the replays, the captures, the evictions
 //! and the padded rows, and the batches that ran eagerly.
 //!
-//! A family does not verify its replays yet: `verify`, `verify_every` and
-//! `verify_tolerance` beside `buckets(…)` are compile errors (not accepted and ignored), and
-//! debug builds' first-replay check does not run for families. Compare a bucket with the
-//! function called eagerly in your tests.
+//! A family is the generated function's `GraphBody` run by [`TypedFamily`]: one body with
+//! its static buffers (the largest bucket's rows) and one recording per bucket
+//! (`crate::typed`'s `Recording`), so each bucket's graph verifies its replays
+//! (`verify = …`, `verify_every`, `verify_tolerance`, and debug builds' replays 1, 2, 4, …,
+//! each bucket on its own schedule; a mismatch names the bucket), runs the body's eager
+//! islands between its segments, and prints, as a single graph does. A bucket's replay is
+//! verified against the function run eagerly on that bucket's rows (the batch's rows, then
+//! zeros), comparing the rows handed out.
 
-use std::cell::Cell;
 use std::mem::ManuallyDrop;
-use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::ops::{Deref, DerefMut, Range};
 use std::time::Instant;
 
-use cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaView, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
-use crate::buffer::{InputSource, Staging};
-use crate::error::GraphError;
+use crate::buffer::{alloc_static, InputSource, Staging, StaticBuffer};
+use crate::error::{GraphError, When};
 use crate::graph::Graph;
-use crate::runtime::Runtime;
-use crate::site::{GraphSite, Step};
-use crate::state::AddressBook;
+use crate::inputs::InputNodes;
+use crate::region::DeviceRegion;
+use crate::runtime::{FromRuntime, Runtime};
+use crate::site::GraphSite;
+use crate::state::{AddressBook, DeviceState};
+use crate::typed::{
+    for_each_tuple, refuse_nested, Batch, GraphBody, Instance, Recording, StaticList, Statics,
+    StaticsOf,
+};
+use crate::verify::{Tolerance, Verifier, VerifyReport};
 
-/// A `CudaSlice` over rows of a [`BatchedSlot`]'s buffer, lent to the body of a bucket
-/// family during warmup and capture (and to an eager call above the buckets).
+/// The first rows of a bucket family's buffer as a `CudaSlice`, lent to the body while it
+/// runs on them (warmup, capture, `verify`'s eager run, a batch above the buckets).
 ///
-/// It borrows the slot, so it cannot outlive it, and it never frees the slot's memory. A
-/// body may still assign a new buffer through the `&mut CudaSlice` it was given: that drops
-/// (frees) the slot's memory. The alias notices: [`Alias::finish`] reports it as
-/// [`GraphError::StateMoved`], the slot stops owning the freed memory (no double free), and
-/// the body's own buffer is freed normally.
+/// It borrows the buffer, so it cannot outlive it, and it never frees the buffer's memory.
+/// A body may still assign a new buffer through the `&mut CudaSlice` it was given: that
+/// drops (frees) the family's buffer. The guard notices when it is dropped: the family's
+/// buffer becomes the body's (the family's address check then reports
+/// [`GraphError::StateMoved`] before anything touches it again) and the freed one is
+/// forgotten, never freed twice.
 #[doc(hidden)]
-pub struct Alias<'a, T> {
-    slice: ManuallyDrop<CudaSlice<T>>,
+pub struct Rows<'a, T> {
+    alias: ManuallyDrop<CudaSlice<T>>,
     ptr: u64,
-    owner_freed: &'a Cell<bool>,
+    owner: &'a mut CudaSlice<T>,
 }
 
-impl<T> std::fmt::Debug for Alias<'_, T> {
+impl<T> std::fmt::Debug for Rows<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Alias")
+        f.debug_struct("Rows")
             .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("len", &self.slice.len())
+            .field("len", &self.alias.len())
             .finish_non_exhaustive()
     }
 }
 
-impl<T> Deref for Alias<'_, T> {
+impl<'a, T> Rows<'a, T> {
+    /// The first `len` elements of `owner` (all of it when it holds fewer).
+    fn new(owner: &'a mut CudaSlice<T>, len: usize) -> Self {
+        let len = len.min(owner.len());
+        let ptr = address(owner);
+        // SAFETY: `ptr .. ptr + len` lies within `owner`, which outlives the guard (it is
+        // borrowed for `'a`); the alias is never freed through the guard (see its drop).
+        let alias = unsafe { owner.stream().upgrade_device_ptr::<T>(ptr, len) };
+        Rows {
+            alias: ManuallyDrop::new(alias),
+            ptr,
+            owner,
+        }
+    }
+}
+
+/// Where `slice`'s memory starts.
+fn address<T>(slice: &CudaSlice<T>) -> u64 {
+    let (ptr, _sync) = slice.device_ptr(slice.stream());
+    ptr
+}
+
+impl<T> Deref for Rows<'_, T> {
     type Target = CudaSlice<T>;
     fn deref(&self) -> &CudaSlice<T> {
-        &self.slice
+        &self.alias
     }
 }
 
-impl<T> DerefMut for Alias<'_, T> {
+impl<T> DerefMut for Rows<'_, T> {
     fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+        &mut self.alias
     }
 }
 
-impl<T> Alias<'_, T> {
-    fn replaced(&self) -> bool {
-        let (ptr, _sync) = self.slice.device_ptr(self.slice.stream());
-        ptr != self.ptr
-    }
-
-    /// Checks that the body left the alias in place; see the type's docs.
-    pub fn finish(
-        &self,
-        graph: &'static str,
-        param: &'static str,
-        when: crate::error::When,
-    ) -> Result<(), GraphError> {
-        if self.replaced() {
-            return Err(GraphError::StateMoved {
-                graph,
-                param,
-                when,
-                detail: "the body assigned a new buffer to its `&mut` parameter, which freed the \
-                         family's buffer"
-                    .to_owned(),
-            });
-        }
-        Ok(())
-    }
-}
-
-impl<T> Drop for Alias<'_, T> {
+impl<T> Drop for Rows<'_, T> {
     fn drop(&mut self) {
         // SAFETY: taken exactly once, here.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        if self.replaced_by(&slice) {
-            // The body replaced the alias: the slot's memory was freed by that assignment,
-            // and `slice` is the body's own buffer, freed normally.
-            self.owner_freed.set(true);
-            drop(slice);
+        let alias = unsafe { ManuallyDrop::take(&mut self.alias) };
+        if address(&alias) == self.ptr {
+            // Still the alias: give the pointer up without freeing; the owner keeps it.
+            let _ = alias.leak();
         } else {
-            // Still the alias: give the pointer up without freeing; the slot owns it.
-            let _ = slice.leak();
+            // The body assigned a buffer of its own, and the assignment freed the owner's
+            // memory (the alias starts where the owner does). The owner takes the body's
+            // buffer, which the address check reports as moved, and forgets the freed one.
+            let freed = std::mem::replace(self.owner, alias);
+            let _ = freed.leak();
         }
-    }
-}
-
-impl<T> Alias<'_, T> {
-    fn replaced_by(&self, slice: &CudaSlice<T>) -> bool {
-        let (ptr, _sync) = slice.device_ptr(slice.stream());
-        ptr != self.ptr
     }
 }
 
@@ -147,202 +144,329 @@ impl<T> Alias<'_, T> {
     label = "inputs and outputs of a bucket family must be `CudaSlice<T>`, batched along their first dimension"
 )]
 #[doc(hidden)]
-pub trait BatchBuffer {
+pub trait BatchBuffer: StaticBuffer<Shape = usize> {
     /// The element type.
     type Elem: DeviceRepr + ValidAsZeroBits + 'static;
+    /// The buffer as the `CudaSlice` it is.
+    fn slice(&self) -> &CudaSlice<Self::Elem>;
+    /// The buffer as the `CudaSlice` it is, mutably.
+    fn slice_mut(&mut self) -> &mut CudaSlice<Self::Elem>;
+    /// Elements `range`, lent to be written into (by an input's copy).
+    fn lend_range(&mut self, range: Range<usize>) -> Self::Lent<'_>;
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits + 'static> BatchBuffer for CudaSlice<T> {
     type Elem = T;
+    fn slice(&self) -> &CudaSlice<T> {
+        self
+    }
+    fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+        self
+    }
+    fn lend_range(&mut self, range: Range<usize>) -> Self::Lent<'_> {
+        self.slice_mut(range)
+    }
 }
 
-/// One batched input or output of a bucket family: rows of `row` elements, one buffer sized
-/// for the largest bucket whose prefixes serve the smaller ones.
+/// The valid rows of an output of a bucket family, as its outputs view holds them.
 #[doc(hidden)]
-pub struct BatchedSlot<T> {
-    owner: ManuallyDrop<CudaSlice<T>>,
-    /// Set when a body freed the owner's memory by assigning through an alias.
-    owner_freed: Cell<bool>,
-    row: usize,
+pub type ValidRows<'g, B> = CudaView<'g, <B as BatchBuffer>::Elem>;
+
+/// Elements per row of `buf`, a buffer of `of` rows.
+fn row<B: BatchBuffer>(buf: &B, of: usize) -> usize {
+    buf.slice().len().checked_div(of).unwrap_or(0)
+}
+
+/// The first `rows` rows of `buf` (a buffer of `of` rows), no more than it holds.
+fn prefix<B: BatchBuffer>(buf: &B, rows: usize, of: usize) -> usize {
+    rows.saturating_mul(row(buf, of)).min(buf.slice().len())
+}
+
+/// The region of the caller's rows of `buf`, for `verify`.
+fn valid_region<B: BatchBuffer>(buf: &B, batch: Batch) -> Vec<DeviceRegion> {
+    let bytes = prefix(buf, batch.rows, batch.of) * std::mem::size_of::<B::Elem>();
+    let mut regions = Vec::with_capacity(1);
+    buf.slice()
+        .regions(&mut |r| regions.push(DeviceRegion { bytes, ..r }));
+    regions
+}
+
+/// Zeroed buffers of `rows` rows, each row as wide as `like`'s (a buffer of `of` rows).
+fn alloc_rows<B: BatchBuffer>(
+    like: &B,
+    rt: &Runtime,
+    site: &'static GraphSite,
     name: &'static str,
-    /// Used when a batch larger than every bucket runs eagerly (`fallback = "eager"`); grown
-    /// on demand, never touched by a graph.
-    overflow: Option<CudaSlice<T>>,
-    overflow_freed: Cell<bool>,
+    of: usize,
+    rows: usize,
+) -> Result<B, GraphError> {
+    alloc_static::<B>(rt, site, name, row(like, of).saturating_mul(rows))
 }
 
-impl<T> std::fmt::Debug for BatchedSlot<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BatchedSlot")
-            .field("name", &self.name)
-            .field("row", &self.row)
-            .field("len", &self.owner.len())
-            .finish_non_exhaustive()
+/// How many rows `src` holds for `dst` (a buffer of `of` rows); its length must be a whole
+/// number of rows.
+fn rows_in<B: BatchBuffer, S: InputSource<B> + ?Sized>(
+    dst: &B,
+    of: usize,
+    site: &'static GraphSite,
+    name: &'static str,
+    src: &S,
+) -> Result<usize, GraphError> {
+    let (len, row) = (src.shape(), row(dst, of));
+    if row == 0 || len % row != 0 {
+        return Err(GraphError::InputShape {
+            graph: site.name,
+            input: name,
+            expected: format!("a multiple of {row} (rows of {row} elements)"),
+            got: len.to_string(),
+        });
     }
+    Ok(len / row)
 }
 
-impl<T> Drop for BatchedSlot<T> {
-    fn drop(&mut self) {
-        // SAFETY: taken exactly once, here.
-        let owner = unsafe { ManuallyDrop::take(&mut self.owner) };
-        if self.owner_freed.get() {
-            let _ = owner.leak();
-        }
-        if self.overflow_freed.get() {
-            if let Some(o) = self.overflow.take() {
-                let _ = o.leak();
-            }
-        }
+/// Copies the batch's rows from `src` into `dst` and zero-fills the padding rows up to the
+/// bucket, on the staging stream.
+fn stage_rows<B: BatchBuffer, S: InputSource<B> + ?Sized>(
+    dst: &mut B,
+    src: &S,
+    batch: Batch,
+    staging: &Staging<'_>,
+) -> Result<(), GraphError> {
+    let (valid, padded) = (
+        prefix(dst, batch.rows, batch.of),
+        prefix(dst, batch.bucket, batch.of),
+    );
+    src.copy_into(dst.lend_range(0..valid), staging)?;
+    if padded > valid {
+        let padding = &mut dst.slice_mut().slice_mut(valid..padded);
+        staging.stream().memset_zeros(padding)?;
     }
+    Ok(())
 }
 
-impl<T: DeviceRepr + ValidAsZeroBits + 'static> BatchedSlot<T> {
-    /// Allocates the zeroed buffer for `rows` rows of `row` elements (the largest bucket).
-    pub fn new(
+/// A buffer of the batch's bucket rows for `verify`'s eager run: `src`'s rows, then zeros.
+fn copy_rows<B: BatchBuffer, S: InputSource<B> + ?Sized>(
+    like: &B,
+    src: &S,
+    rt: &Runtime,
+    site: &'static GraphSite,
+    name: &'static str,
+    batch: Batch,
+) -> Result<B, GraphError> {
+    let mut dst = alloc_rows(like, rt, site, name, batch.of, batch.bucket)?;
+    let valid = prefix(like, batch.rows, batch.of);
+    let (before, after) = (rt.untimed_event()?, rt.untimed_event()?);
+    src.copy_into(
+        dst.lend_range(0..valid),
+        &Staging::new(rt.stream(), &before, &after),
+    )?;
+    Ok(dst)
+}
+
+/// A tuple of a bucket family's batched buffers (its inputs, or its outputs), every buffer
+/// holding the same number of rows.
+#[doc(hidden)]
+pub trait BatchList: StaticList {
+    /// The bucket's rows of every buffer, lent to the body ([`Rows`]).
+    type Rows<'a>
+    where
+        Self: 'a;
+    /// The caller's rows of every buffer.
+    type Valid<'a>
+    where
+        Self: 'a;
+    /// Lends the first `batch.bucket` rows of every buffer.
+    fn rows(&mut self, batch: Batch) -> Self::Rows<'_>;
+    /// The first `batch.rows` rows of every buffer.
+    fn valid(&self, batch: Batch) -> Self::Valid<'_>;
+    /// Gives `verify` the first `batch.rows` rows of each buffer as output `names[k]` (the
+    /// eager run's when `eager`).
+    fn valid_to(
+        &self,
+        names: &'static [&'static str],
+        verifier: &mut Verifier<'_>,
+        eager: bool,
+        batch: Batch,
+    ) -> Result<(), GraphError>;
+    /// Zeroed buffers of `rows` rows of the widths `widths` (elements per row).
+    fn alloc_widths(
         rt: &Runtime,
         site: &'static GraphSite,
-        name: &'static str,
-        row: usize,
+        names: &'static [&'static str],
+        widths: Self::Shapes,
         rows: usize,
-    ) -> Result<Self, GraphError> {
-        let owner = crate::buffer::alloc_static::<CudaSlice<T>>(rt, site, name, row * rows)?;
-        Ok(BatchedSlot {
-            owner: ManuallyDrop::new(owner),
-            owner_freed: Cell::new(false),
-            row,
-            name,
-            overflow: None,
-            overflow_freed: Cell::new(false),
-        })
-    }
-
-    /// Elements per row.
-    pub fn row(&self) -> usize {
-        self.row
-    }
-
-    /// Bytes of device memory the slot holds for its graphs.
-    pub fn bytes(&self) -> usize {
-        self.owner.len() * std::mem::size_of::<T>()
-    }
-
-    /// The buffer of the graphs, unless a body freed it (then the family was refused and
-    /// nothing may touch the memory again).
-    fn owner(&self) -> &CudaSlice<T> {
-        assert!(
-            !self.owner_freed.get(),
-            "the buffer of `{}` was freed by a body that replaced its parameter; the bucket family \
-             that owned it was refused and cannot be used",
-            self.name
-        );
-        &self.owner
-    }
-
-    fn alias_of<'a>(buf: &'a CudaSlice<T>, len: usize, freed: &'a Cell<bool>) -> Alias<'a, T> {
-        assert!(len <= buf.len(), "an alias lies within its buffer");
-        let (ptr, _sync) = buf.device_ptr(buf.stream());
-        Alias {
-            // SAFETY: `ptr .. ptr + len` lies within `buf`, which outlives the alias (it is
-            // borrowed for `'a`); the alias never frees it (see `Alias`'s drop).
-            slice: ManuallyDrop::new(unsafe { buf.stream().upgrade_device_ptr::<T>(ptr, len) }),
-            ptr,
-            owner_freed: freed,
-        }
-    }
-
-    /// A `CudaSlice` over the first `rows` rows, for the body during warmup and capture.
-    pub fn alias(&self, rows: usize) -> Alias<'_, T> {
-        Self::alias_of(self.owner(), rows * self.row, &self.owner_freed)
-    }
-
-    /// How many rows `src` holds; its length must be a whole number of rows.
-    pub fn rows_of<S: InputSource<CudaSlice<T>> + ?Sized>(
+    ) -> Result<Self, GraphError>;
+    /// Zeroed buffers of `rows` rows shaped like these rows (which are `of` rows each).
+    fn alloc_rows(
         &self,
-        graph: &'static str,
-        src: &S,
-    ) -> Result<usize, GraphError> {
-        let len = src.shape();
-        if self.row == 0 || len % self.row != 0 {
-            return Err(GraphError::InputShape {
-                graph,
-                input: self.name,
-                expected: format!("a multiple of {} (rows of {} elements)", self.row, self.row),
-                got: len.to_string(),
-            });
-        }
-        Ok(len / self.row)
-    }
-
-    /// Copies `rows` rows from `src` into the bucket of `bucket` rows and zero-fills the
-    /// padding rows, on the staging stream.
-    pub fn stage<S: InputSource<CudaSlice<T>> + ?Sized>(
-        &mut self,
-        src: &S,
-        rows: usize,
-        bucket: usize,
-        staging: &Staging<'_>,
-    ) -> Result<(), GraphError> {
-        let (valid, padded) = (rows * self.row, bucket * self.row);
-        self.owner();
-        src.copy_into(self.owner.slice_mut(0..valid), staging)?;
-        if padded > valid {
-            staging
-                .stream()
-                .memset_zeros(&mut self.owner.slice_mut(valid..padded))?;
-        }
-        Ok(())
-    }
-
-    /// For a batch above every bucket: makes room for `rows` rows outside the graphs'
-    /// memory and returns a `CudaSlice` over them, with `src` copied in (on `staging`'s
-    /// stream) when it is an input.
-    pub fn eager_alias<S: InputSource<CudaSlice<T>> + ?Sized>(
-        &mut self,
         rt: &Runtime,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+        of: usize,
         rows: usize,
-        src: Option<(&S, &Staging<'_>)>,
-    ) -> Result<Alias<'_, T>, GraphError> {
-        let len = rows * self.row;
-        if self.overflow_freed.get() || self.overflow.as_ref().is_none_or(|o| o.len() < len) {
-            if self.overflow_freed.replace(false) {
-                if let Some(o) = self.overflow.take() {
-                    let _ = o.leak();
-                }
+    ) -> Result<Self, GraphError>;
+}
+
+/// The inputs of one replay of a bucket family: a tuple with one source per batched input
+/// of `L`, in order.
+#[doc(hidden)]
+pub trait BatchSources<L> {
+    /// The rows the sources hold (`None` without inputs): every source a whole number of
+    /// its buffer's rows (of `of` rows each), all of them the same number.
+    fn rows(
+        &self,
+        dst: &L,
+        of: usize,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+    ) -> Result<Option<usize>, GraphError>;
+    /// Copies the sources' rows into `dst` and zero-fills the rows after them up to the
+    /// bucket (see [`Batch`]).
+    fn stage_rows(
+        &self,
+        dst: &mut L,
+        batch: Batch,
+        staging: &Staging<'_>,
+    ) -> Result<(), GraphError>;
+    /// Buffers of `batch.bucket` rows holding the sources' rows, then zeros, for `verify`'s
+    /// eager run.
+    fn copies_rows(
+        &self,
+        like: &L,
+        rt: &Runtime,
+        site: &'static GraphSite,
+        names: &'static [&'static str],
+        batch: Batch,
+    ) -> Result<L, GraphError>;
+}
+
+/// The rows input `name` holds, checked against the first input's.
+fn same_rows(
+    seen: &mut Option<usize>,
+    rows: usize,
+    site: &'static GraphSite,
+    name: &'static str,
+) -> Result<(), GraphError> {
+    match *seen {
+        None => *seen = Some(rows),
+        Some(first) if first != rows => {
+            return Err(GraphError::InputShape {
+                graph: site.name,
+                input: name,
+                expected: format!("{first} rows, like the first input"),
+                got: format!("{rows} rows"),
+            })
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+macro_rules! batch_tuples {
+    ($(($($n:tt $b:ident $r:ident),*))*) => {$(
+        #[allow(unused_variables, clippy::unused_unit)]
+        impl<$($b: BatchBuffer),*> BatchList for ($($b,)*) {
+            type Rows<'a> = ($(Rows<'a, $b::Elem>,)*) where Self: 'a;
+            type Valid<'a> = ($(ValidRows<'a, $b>,)*) where Self: 'a;
+            fn rows(&mut self, batch: Batch) -> Self::Rows<'_> {
+                ($({
+                    let len = prefix(&self.$n, batch.bucket, batch.of);
+                    Rows::new(self.$n.slice_mut(), len)
+                },)*)
             }
-            self.overflow = Some(rt.stream().alloc_zeros::<T>(len)?);
+            fn valid(&self, batch: Batch) -> Self::Valid<'_> {
+                ($(self.$n.slice().slice(0..prefix(&self.$n, batch.rows, batch.of)),)*)
+            }
+            fn valid_to(
+                &self,
+                names: &'static [&'static str],
+                verifier: &mut Verifier<'_>,
+                eager: bool,
+                batch: Batch,
+            ) -> Result<(), GraphError> {
+                $(verifier.output_regions(eager, names[$n], valid_region(&self.$n, batch))?;)*
+                Ok(())
+            }
+            fn alloc_widths(
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+                widths: Self::Shapes,
+                rows: usize,
+            ) -> Result<Self, GraphError> {
+                Ok(($(alloc_static::<$b>(rt, site, names[$n], widths.$n.saturating_mul(rows))?,)*))
+            }
+            fn alloc_rows(
+                &self,
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+                of: usize,
+                rows: usize,
+            ) -> Result<Self, GraphError> {
+                Ok(($(alloc_rows(&self.$n, rt, site, names[$n], of, rows)?,)*))
+            }
         }
-        let buf = self.overflow.as_mut().expect("allocated above");
-        if let Some((src, staging)) = src {
-            src.copy_into(buf.slice_mut(0..len), staging)?;
+
+        #[allow(unused_variables, unused_mut)]
+        impl<'a, $($b: BatchBuffer, $r: ?Sized + InputSource<$b>),*> BatchSources<($($b,)*)>
+            for ($(&'a $r,)*)
+        {
+            fn rows(
+                &self,
+                dst: &($($b,)*),
+                of: usize,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+            ) -> Result<Option<usize>, GraphError> {
+                let mut rows = None;
+                $(same_rows(&mut rows, rows_in(&dst.$n, of, site, names[$n], self.$n)?, site, names[$n])?;)*
+                Ok(rows)
+            }
+            #[inline]
+            fn stage_rows(
+                &self,
+                dst: &mut ($($b,)*),
+                batch: Batch,
+                staging: &Staging<'_>,
+            ) -> Result<(), GraphError> {
+                $(stage_rows(&mut dst.$n, self.$n, batch, staging)?;)*
+                Ok(())
+            }
+            fn copies_rows(
+                &self,
+                like: &($($b,)*),
+                rt: &Runtime,
+                site: &'static GraphSite,
+                names: &'static [&'static str],
+                batch: Batch,
+            ) -> Result<($($b,)*), GraphError> {
+                Ok(($(copy_rows(&like.$n, self.$n, rt, site, names[$n], batch)?,)*))
+            }
         }
-        Ok(Self::alias_of(
-            self.overflow.as_ref().expect("allocated above"),
-            len,
-            &self.overflow_freed,
-        ))
-    }
+    )*};
+}
 
-    /// For a batch above every bucket: room for `rows` rows of output outside the graphs'
-    /// memory, as a `CudaSlice` for the eager call.
-    pub fn eager_output(&mut self, rt: &Runtime, rows: usize) -> Result<Alias<'_, T>, GraphError> {
-        self.eager_alias::<CudaSlice<T>>(rt, rows, None)
-    }
+for_each_tuple!(batch_tuples);
 
-    /// The first `rows` rows as the last replay left them: in the graphs' buffer, or in the
-    /// overflow buffer when that replay ran `eager`.
-    pub fn valid(&self, rows: usize, eager: bool) -> CudaView<'_, T> {
-        let buf = match (&self.overflow, eager) {
-            (Some(o), true) if !self.overflow_freed.get() => o,
-            _ => self.owner(),
-        };
-        buf.slice(0..rows * self.row)
-    }
+/// The generated `run` of a bucket family's body: the bucket's rows (the body's batch
+/// parameter), and its rows of every input and output, lent as `CudaSlice`s.
+#[doc(hidden)]
+#[inline]
+pub fn rows<I: BatchList, O: BatchList, V>(
+    statics: &mut Statics<I, O, V>,
+) -> (usize, I::Rows<'_>, O::Rows<'_>) {
+    let batch = statics.batch;
+    (
+        batch.bucket,
+        statics.inputs.rows(batch),
+        statics.outputs.rows(batch),
+    )
 }
 
 /// What a batch maps to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[doc(hidden)]
-pub enum Pick {
+enum Pick {
     /// Replay the graph at this index (the bucket of `rows` rows).
     Graph {
         /// Index into the family's graphs (ascending bucket order).
@@ -363,6 +487,19 @@ pub enum Capture {
     /// Each bucket on the first replay that needs it, keeping at most this many graphs
     /// (`lazy = N`); the least recently replayed is dropped to make room.
     Lazy(usize),
+}
+
+/// What `buckets(…)` says: the bucket sizes (ascending, as the attribute lists them),
+/// whether a batch above them runs eagerly, and when the buckets are captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
+pub struct Family {
+    /// The bucket sizes, ascending.
+    pub sizes: &'static [usize],
+    /// `fallback = "eager"`.
+    pub eager_fallback: bool,
+    /// `lazy = N`, or every bucket up front.
+    pub capture: Capture,
 }
 
 /// What one bucket of a family did since the family was captured (see [`BucketStats`]).
@@ -465,7 +602,7 @@ impl std::fmt::Display for BucketStats {
 ///
 /// Memory is that of the largest bucket, not the sum:
 /// * the static inputs and outputs are one buffer each, sized for the largest bucket; every
-///   bucket's graph reads and writes a prefix of it ([`BatchedSlot`]);
+///   bucket's graph reads and writes a prefix of it;
 /// * the temporaries of all buckets live in the runtime's graph memory pool, and because all
 ///   graphs of a runtime launch on one stream, one after another, CUDA backs them with the
 ///   same physical memory. Capturing the largest bucket first sizes the pool once (a `lazy`
@@ -482,12 +619,12 @@ impl std::fmt::Display for BucketStats {
 /// This type holds the graphs of one family, in ascending bucket order, and their counts
 /// ([`Buckets::stats`]); the generated family type lends it through `buckets()`.
 pub struct Buckets {
+    /// Kept alive with the family: its lazy captures and eager runs use it.
+    rt: Runtime,
     site: &'static GraphSite,
-    sizes: &'static [usize],
+    family: Family,
     /// One slot per bucket, ascending: `None` until captured (and again once evicted).
-    graphs: Vec<Option<Graph>>,
-    eager_fallback: bool,
-    capture: Capture,
+    recordings: Vec<Option<Recording>>,
     static_bytes: usize,
     /// Per bucket: the replay count when it was last replayed or captured (LRU order).
     last_used: Vec<u64>,
@@ -495,9 +632,7 @@ pub struct Buckets {
     counts: Vec<BucketCounts>,
     eager_runs: u64,
     eager_rows: u64,
-    /// The runtime's stream and the events of the eager fallback's staging (no graph needs
-    /// to be live for it).
-    stream: Arc<CudaStream>,
+    /// The events of the eager fallback's staging (no graph needs to be live for it).
     before: CudaEvent,
     after: CudaEvent,
 }
@@ -506,31 +641,27 @@ impl std::fmt::Debug for Buckets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Buckets")
             .field("graph", &self.site.name)
-            .field("sizes", &self.sizes)
-            .field("eager_fallback", &self.eager_fallback)
-            .field("capture", &self.capture)
+            .field("sizes", &self.family.sizes)
+            .field("eager_fallback", &self.family.eager_fallback)
+            .field("capture", &self.family.capture)
             .finish_non_exhaustive()
     }
 }
 
 impl Buckets {
-    /// A family of `sizes` (ascending, as the attribute lists them) with no graph yet;
-    /// [`Buckets::capture_missing`] captures them.
-    #[doc(hidden)]
-    pub fn new(
+    /// A family of `family.sizes` with no graph yet.
+    fn new(
         rt: &Runtime,
         site: &'static GraphSite,
-        sizes: &'static [usize],
-        eager_fallback: bool,
-        capture: Capture,
+        family: Family,
         static_bytes: usize,
     ) -> Result<Self, GraphError> {
+        let sizes = family.sizes;
         Ok(Buckets {
+            rt: rt.clone(),
             site,
-            sizes,
-            graphs: sizes.iter().map(|_| None).collect(),
-            eager_fallback,
-            capture,
+            family,
+            recordings: sizes.iter().map(|_| None).collect(),
             static_bytes,
             last_used: vec![0; sizes.len()],
             clock: 0,
@@ -542,142 +673,91 @@ impl Buckets {
                     captures: 0,
                     evictions: 0,
                     rows_padded: 0,
-                    // Read from `graphs` by `stats`.
+                    // Read from `recordings` by `stats`.
                     live: false,
                 })
                 .collect(),
             eager_runs: 0,
             eager_rows: 0,
-            stream: rt.stream().clone(),
             before: rt.untimed_event()?,
             after: rt.untimed_event()?,
         })
     }
 
-    /// Captures what the family needs now: at construction (`bucket` is `None`) every
-    /// bucket, largest first, unless the family is `lazy`; on a replay, bucket index
-    /// `bucket` if it is not live, after dropping the least recently replayed graph when
-    /// the family holds its most. `body(b, step)` runs the function with batch `b` on the
-    /// bucket's buffers, or checks the state's addresses (`book`, see [`Step`]). Reports
-    /// each capture and, at construction, a summary through `tracing`.
-    #[doc(hidden)]
-    pub fn capture_missing(
-        &mut self,
-        rt: &Runtime,
-        book: &AddressBook,
-        bucket: Option<usize>,
-        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
-    ) -> Result<(), GraphError> {
-        let started = Instant::now();
-        match (bucket, self.capture) {
-            (None, Capture::All) => {
-                for index in (0..self.sizes.len()).rev() {
-                    self.capture_one(rt, book, index, body)?;
-                }
-            }
-            (None, Capture::Lazy(_)) => return Ok(()),
-            (Some(index), _) if self.graphs[index].is_some() => return Ok(()),
-            (Some(index), capture) => {
-                if let Capture::Lazy(max_live) = capture {
-                    self.make_room(max_live);
-                }
-                return self.capture_one(rt, book, index, body);
-            }
-        }
-        let pool = rt.graph_memory().unwrap_or_default();
-        let live = self.graphs.iter().flatten();
-        tracing::info!(
-            graph = self.site.name,
-            buckets = self.sizes.len(),
-            static_bytes = self.static_bytes,
-            largest_temp_bytes = live.clone().map(|g| g.info().temp_bytes).max().unwrap_or(0),
-            sum_temp_bytes = live.map(|g| g.info().temp_bytes).sum::<usize>(),
-            pool_reserved_bytes = pool.reserved,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "captured bucket family"
-        );
-        Ok(())
+    /// The largest bucket: the rows every static buffer holds.
+    fn largest(&self) -> usize {
+        *self.family.sizes.last().expect("at least one bucket")
     }
 
     /// Drops least recently replayed graphs until fewer than `max_live` are live.
     fn make_room(&mut self, max_live: usize) {
-        while self.graphs.iter().flatten().count() >= max_live.max(1) {
-            let Some(lru) = (0..self.graphs.len())
-                .filter(|&k| self.graphs[k].is_some())
+        while self.recordings.iter().flatten().count() >= max_live.max(1) {
+            let Some(lru) = (0..self.recordings.len())
+                .filter(|&k| self.recordings[k].is_some())
                 .min_by_key(|&k| self.last_used[k])
             else {
                 return;
             };
             tracing::debug!(
                 graph = self.site.name,
-                bucket = self.sizes[lru],
+                bucket = self.family.sizes[lru],
                 "evicted bucket (least recently replayed)"
             );
             // Dropping the graph destroys it and trims the device's graph memory.
-            self.graphs[lru] = None;
+            self.recordings[lru] = None;
             self.counts[lru].evictions += 1;
         }
     }
 
-    fn capture_one(
-        &mut self,
-        rt: &Runtime,
-        book: &AddressBook,
-        index: usize,
-        body: &mut dyn FnMut(usize, Step) -> Result<(), GraphError>,
-    ) -> Result<(), GraphError> {
-        let (site, bucket) = (self.site, self.sizes[index]);
-        let t = Instant::now();
-        // The family stages its rows itself (copies and padding), outside the graphs.
-        let no_inputs = crate::inputs::InputNodes::new();
-        let mut run = |step: Step| body(bucket, step);
-        // Families have no islands (the macro refuses them).
-        let no_islands: crate::capture::OwnsIsland = |_| false;
-        let g = crate::capture::capture(
-            rt,
-            site,
-            book,
-            &no_inputs,
-            self.static_bytes,
-            no_islands,
-            &mut run,
-        )
-        .and_then(crate::capture::Captured::single)
-        .map_err(|e| GraphError::Bucket {
-            graph: site.name,
-            bucket,
-            source: Box::new(e),
-        })?;
+    /// Keeps bucket `index`'s new recording (captured since `started`), counted.
+    fn captured(&mut self, index: usize, recording: Recording, started: Instant) {
+        let g = recording.graph();
         tracing::info!(
-            graph = site.name,
-            bucket,
+            graph = self.site.name,
+            bucket = self.family.sizes[index],
             nodes = g.info().nodes(),
             temp_bytes = g.info().temp_bytes,
-            ms = t.elapsed().as_secs_f64() * 1e3,
+            ms = started.elapsed().as_secs_f64() * 1e3,
             "captured bucket"
         );
-        self.graphs[index] = Some(g);
+        self.recordings[index] = Some(recording);
         self.clock += 1;
         self.last_used[index] = self.clock;
         self.counts[index].captures += 1;
-        Ok(())
+    }
+
+    /// Reports the whole family captured (at construction), since `started`.
+    fn log_family(&self, started: Instant) {
+        let pool = self.rt.graph_memory().unwrap_or_default();
+        let live = self.graphs();
+        tracing::info!(
+            graph = self.site.name,
+            buckets = self.family.sizes.len(),
+            static_bytes = self.static_bytes,
+            largest_temp_bytes = live.clone().map(|g| g.info().temp_bytes).max().unwrap_or(0),
+            sum_temp_bytes = self.graphs().map(|g| g.info().temp_bytes).sum::<usize>(),
+            pool_reserved_bytes = pool.reserved,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "captured bucket family"
+        );
     }
 
     /// The bucket sizes, ascending.
     pub fn sizes(&self) -> &'static [usize] {
-        self.sizes
+        self.family.sizes
     }
 
     /// The live graphs, in ascending bucket order: every bucket's once captured, unless
-    /// the family is `lazy` (then those captured and not evicted).
-    pub fn graphs(&self) -> impl Iterator<Item = &Graph> {
-        self.graphs.iter().flatten()
+    /// the family is `lazy` (then those captured and not evicted). Of a body with eager
+    /// islands, each bucket's first segment (the family's `Display` shows them all).
+    pub fn graphs(&self) -> impl Iterator<Item = &Graph> + Clone {
+        self.recordings.iter().flatten().map(Recording::graph)
     }
 
     /// The graph of bucket `bucket` (a batch size of [`Buckets::sizes`]), if it is live.
     pub fn graph_of(&self, bucket: usize) -> Option<&Graph> {
-        let index = self.sizes.iter().position(|&b| b == bucket)?;
-        self.graphs[index].as_ref()
+        let index = self.family.sizes.iter().position(|&b| b == bucket)?;
+        self.recordings[index].as_ref().map(Recording::graph)
     }
 
     /// What each bucket did so far: replays, captures, evictions, padded rows, and the
@@ -685,7 +765,7 @@ impl Buckets {
     pub fn stats(&self) -> BucketStats {
         BucketStats {
             graph: self.site.name,
-            max_live: match self.capture {
+            max_live: match self.family.capture {
                 Capture::All => None,
                 Capture::Lazy(n) => Some(n),
             },
@@ -693,7 +773,7 @@ impl Buckets {
             buckets: self
                 .counts
                 .iter()
-                .zip(&self.graphs)
+                .zip(&self.recordings)
                 .map(|(c, g)| BucketCounts {
                     live: g.is_some(),
                     ..*c
@@ -706,70 +786,357 @@ impl Buckets {
 
     /// The smallest bucket that holds `rows`, or eager execution when none does and the
     /// family allows it.
-    #[doc(hidden)]
-    pub fn pick(&self, rows: usize) -> Result<Pick, GraphError> {
-        match self.sizes.iter().position(|&b| b >= rows) {
+    fn pick(&self, rows: usize) -> Result<Pick, GraphError> {
+        match self.family.sizes.iter().position(|&b| b >= rows) {
             Some(index) => Ok(Pick::Graph {
                 index,
-                bucket: self.sizes[index],
+                bucket: self.family.sizes[index],
             }),
-            None if self.eager_fallback => Ok(Pick::Eager),
-            None => Err(GraphError::BatchAboveBuckets {
-                graph: self.site.name,
-                batch: rows,
-                largest: *self.sizes.last().expect("at least one bucket"),
-            }),
+            None if self.family.eager_fallback => Ok(Pick::Eager),
+            None => Err(self.above(rows)),
         }
     }
 
-    /// Whether the graph at `index` (from [`Buckets::pick`]) is live.
-    #[doc(hidden)]
-    #[inline]
-    pub fn is_live(&self, index: usize) -> bool {
-        self.graphs[index].is_some()
+    /// A batch above every bucket, as an error.
+    fn above(&self, rows: usize) -> GraphError {
+        GraphError::BatchAboveBuckets {
+            graph: self.site.name,
+            batch: rows,
+            largest: self.largest(),
+        }
     }
 
-    /// The graph at `index` (from [`Buckets::pick`]), counted as replayed with `rows` rows:
-    /// the caller replays it. Captured first by [`Buckets::capture_missing`].
-    #[doc(hidden)]
+    /// The recording at `index` (from [`Buckets::pick`], captured), counted as replayed
+    /// with `rows` rows: the caller replays it.
     #[inline]
-    pub fn replayed(&mut self, index: usize, rows: usize) -> &Graph {
+    fn replayed(&mut self, index: usize, rows: usize) -> &Recording {
         self.clock += 1;
         self.last_used[index] = self.clock;
         let counts = &mut self.counts[index];
         counts.replays += 1;
         counts.rows_padded += (counts.bucket - rows.min(counts.bucket)) as u64;
-        self.graphs[index]
+        self.recordings[index]
             .as_ref()
             .expect("the bucket was captured before its replay")
     }
 
     /// Staging for a batch above every bucket, counted as one eager run of `rows` rows.
-    #[doc(hidden)]
-    pub fn eager_run(&mut self, rows: usize) -> Staging<'_> {
+    fn eager_run(&mut self, rows: usize) -> Staging<'_> {
         self.eager_runs += 1;
         self.eager_rows += rows as u64;
-        Staging::new(&self.stream, &self.before, &self.after)
+        Staging::new(self.rt.stream(), &self.before, &self.after)
+    }
+}
+
+/// A bucket family of a `#[cuda_graph]` function: its body held once with static buffers
+/// of the largest bucket's rows, and a recording per bucket ([`Buckets`]). The generated
+/// `FooBuckets<'s>` wraps a `TypedFamily<FooBody<'s>>` and keeps only its typed
+/// `capture`, `replay` and `verify`; `outputs`, `state_mut`, `buckets` and `Display`
+/// come from here.
+#[doc(hidden)]
+pub struct TypedFamily<B: GraphBody> {
+    buckets: Buckets,
+    inst: Instance<B>,
+    /// The buffers of the last batch above every bucket (`fallback = "eager"`): kept for its
+    /// outputs, reused by the next such batch that fits.
+    overflow: Option<StaticsOf<B>>,
+    /// Whether the last replay ran eagerly (its outputs are in `overflow`).
+    eager: bool,
+}
+
+impl<B: GraphBody> TypedFamily<B>
+where
+    B::Ins: BatchList,
+    B::Outs: BatchList,
+{
+    /// The generated `capture`: every input and output allocated zeroed for the largest
+    /// bucket's rows (`inputs` and `outputs` give the elements in one row of each), then
+    /// every bucket captured, largest first, unless the family is `lazy`.
+    pub fn capture_rows(
+        rt: &Runtime,
+        body: B,
+        family: Family,
+        inputs: <B::Ins as StaticList>::Shapes,
+        outputs: <B::Outs as StaticList>::Shapes,
+    ) -> Result<Self, GraphError> {
+        let site = B::site();
+        refuse_nested(site)?;
+        let largest = *family.sizes.last().expect("at least one bucket");
+        let ins = B::Ins::alloc_widths(rt, site, B::INPUTS, inputs, largest)?;
+        let outs = B::Outs::alloc_widths(rt, site, B::OUTPUTS, outputs, largest)?;
+        let static_bytes = ins.bytes() + outs.bytes();
+        let mut statics = Statics::new(ins, outs);
+        statics.batch = Batch {
+            rows: 0,
+            bucket: largest,
+            of: largest,
+        };
+        let mut this = TypedFamily {
+            buckets: Buckets::new(rt, site, family, static_bytes)?,
+            inst: Instance::new(body, statics),
+            overflow: None,
+            eager: false,
+        };
+        if family.capture == Capture::All {
+            let started = Instant::now();
+            for index in (0..family.sizes.len()).rev() {
+                this.capture_bucket(index)?;
+            }
+            this.buckets.log_family(started);
+        }
+        Ok(this)
     }
 
-    /// Checks that every batched input holds the same number of rows.
-    #[doc(hidden)]
-    pub fn same_rows(
-        &self,
-        input: &'static str,
-        rows: usize,
-        first: usize,
-    ) -> Result<(), GraphError> {
-        if rows == first {
-            Ok(())
-        } else {
-            Err(GraphError::InputShape {
-                graph: self.site.name,
-                input,
-                expected: format!("{first} rows, like the first input"),
-                got: format!("{rows} rows"),
-            })
+    /// Captures bucket `index` on the family's buffers, after dropping the least recently
+    /// replayed graph when a `lazy` family holds its most.
+    fn capture_bucket(&mut self, index: usize) -> Result<(), GraphError> {
+        let buckets = &mut self.buckets;
+        if let Capture::Lazy(max_live) = buckets.family.capture {
+            buckets.make_room(max_live);
         }
+        let bucket = buckets.family.sizes[index];
+        let last = self.inst.statics.batch;
+        self.inst.statics.batch = Batch {
+            rows: bucket,
+            bucket,
+            of: last.of,
+        };
+        let started = Instant::now();
+        // The family stages its rows itself (copies and padding), outside the graphs.
+        let captured = Recording::capture(
+            &buckets.rt,
+            &mut self.inst,
+            &InputNodes::new(),
+            buckets.static_bytes,
+        );
+        self.inst.statics.batch = last;
+        let recording = captured.map_err(|e| GraphError::Bucket {
+            graph: B::site().name,
+            bucket,
+            source: Box::new(e),
+        })?;
+        buckets.captured(index, recording, started);
+        Ok(())
+    }
+
+    /// The rows of a replay: those of its inputs, or `batch` for a family without inputs.
+    fn rows_of<I: BatchSources<B::Ins>>(
+        &self,
+        inputs: &I,
+        batch: Option<usize>,
+    ) -> Result<usize, GraphError> {
+        let of = self.buckets.largest();
+        let rows = inputs.rows(&self.inst.statics.inputs, of, B::site(), B::INPUTS)?;
+        Ok(rows.or(batch).unwrap_or(0))
+    }
+
+    /// The generated `replay`: the rows of the inputs (or `batch`), the state's and the
+    /// outputs' addresses checked, then the bucket that holds them replayed (captured first
+    /// in a `lazy` family where it is not live; verified when its schedule says so) with
+    /// the rows copied in and the rest of the bucket zero-filled, or, above every bucket,
+    /// the function run eagerly (`fallback = "eager"`) or an error.
+    #[inline]
+    pub fn replay_rows<I: BatchSources<B::Ins>>(
+        &mut self,
+        inputs: I,
+        batch: Option<usize>,
+    ) -> Result<B::Outputs<'_>, GraphError> {
+        let rows = self.rows_of(&inputs, batch)?;
+        // A body that replaced an output during a lazy capture freed the family's buffer.
+        self.inst.check(When::Replay)?;
+        match self.buckets.pick(rows)? {
+            Pick::Graph { index, bucket } => self.replay_bucket(&inputs, rows, index, bucket)?,
+            Pick::Eager => self.run_eagerly(&inputs, rows)?,
+        }
+        Ok(self.outputs())
+    }
+
+    fn replay_bucket<I: BatchSources<B::Ins>>(
+        &mut self,
+        inputs: &I,
+        rows: usize,
+        index: usize,
+        bucket: usize,
+    ) -> Result<(), GraphError> {
+        if self.buckets.recordings[index].is_none() {
+            self.capture_bucket(index)?;
+        }
+        let of = self.buckets.largest();
+        let batch = Batch { rows, bucket, of };
+        self.inst.statics.batch = batch;
+        self.eager = false;
+        let recording = self.buckets.replayed(index, rows);
+        match recording.verify.due() {
+            Some((replay, tolerance)) => {
+                let mut report = Self::verify_on(recording, &mut self.inst, inputs, tolerance)?;
+                report.replay = Some(replay);
+                report.into_result()?;
+            }
+            None => recording.replay(&mut self.inst, |dst, staging| {
+                inputs.stage_rows(dst, batch, staging)
+            })?,
+        }
+        Ok(())
+    }
+
+    /// One replay of `recording` on `inst` (its batch set) checked against the function run
+    /// eagerly on the bucket's rows: copies of the inputs' rows padded with zeros, zeroed
+    /// outputs; the caller's rows of each output are compared.
+    fn verify_on<I: BatchSources<B::Ins>>(
+        recording: &Recording,
+        inst: &mut Instance<B>,
+        inputs: &I,
+        tolerance: Tolerance,
+    ) -> Result<VerifyReport, GraphError> {
+        let (site, rt) = (B::site(), recording.graph().runtime());
+        let batch = inst.statics.batch;
+        let statics = &inst.statics;
+        let copies = inputs.copies_rows(&statics.inputs, rt, site, B::INPUTS, batch)?;
+        let shadows = (statics.outputs).alloc_rows(rt, site, B::OUTPUTS, batch.of, batch.bucket)?;
+        let mut eager = Statics::new(copies, shadows);
+        eager.batch = Batch {
+            of: batch.bucket,
+            ..batch
+        };
+        let mut report = recording.verify(
+            inst,
+            eager,
+            tolerance,
+            |dst, staging| inputs.stage_rows(dst, batch, staging),
+            |statics, verifier, eager| {
+                (statics.outputs).valid_to(B::OUTPUTS, verifier, eager, statics.batch)
+            },
+        )?;
+        report.bucket = Some(batch.bucket);
+        Ok(report)
+    }
+
+    /// The generated `verify`: one replay of the bucket that holds the inputs' rows checked
+    /// against the function run eagerly on that bucket's rows (see the generated method's
+    /// documentation). A batch above every bucket has no graph to verify: an error.
+    pub fn verify_rows<I: BatchSources<B::Ins>>(
+        &mut self,
+        inputs: I,
+        batch: Option<usize>,
+        tolerance: Tolerance,
+    ) -> Result<VerifyReport, GraphError> {
+        let rows = self.rows_of(&inputs, batch)?;
+        self.inst.check(When::Replay)?;
+        let Pick::Graph { index, bucket } = self.buckets.pick(rows)? else {
+            return Err(self.buckets.above(rows));
+        };
+        self.eager = false;
+        if self.buckets.recordings[index].is_none() {
+            self.capture_bucket(index)?;
+        }
+        let of = self.buckets.largest();
+        self.inst.statics.batch = Batch { rows, bucket, of };
+        let recording = self.buckets.replayed(index, rows);
+        Self::verify_on(recording, &mut self.inst, &inputs, tolerance)
+    }
+
+    /// A batch above every bucket: the function run eagerly on buffers of its own (kept
+    /// for its outputs, reused while they are large enough).
+    fn run_eagerly<I: BatchSources<B::Ins>>(
+        &mut self,
+        inputs: &I,
+        rows: usize,
+    ) -> Result<(), GraphError> {
+        let (site, rt) = (B::site(), self.buckets.rt.clone());
+        if self.overflow.as_ref().is_none_or(|o| o.batch.of < rows) {
+            // The old buffers are freed before the new ones are made.
+            self.overflow = None;
+            let (statics, of) = (&self.inst.statics, self.buckets.largest());
+            let ins = (statics.inputs).alloc_rows(&rt, site, B::INPUTS, of, rows)?;
+            let outs = (statics.outputs).alloc_rows(&rt, site, B::OUTPUTS, of, rows)?;
+            let mut overflow = Statics::new(ins, outs);
+            overflow.batch.of = rows;
+            self.overflow = Some(overflow);
+        }
+        let overflow = self.overflow.as_mut().expect("made above");
+        overflow.batch = Batch {
+            rows,
+            bucket: rows,
+            of: overflow.batch.of,
+        };
+        let staging = self.buckets.eager_run(rows);
+        inputs.stage_rows(&mut overflow.inputs, overflow.batch, &staging)?;
+        let mut book = AddressBook::new(site.name);
+        overflow.outputs.record(B::OUTPUTS, &mut book);
+        let ran = (self.inst.body).run(overflow, B::Ctx::try_from_runtime(&rt)?, &rt);
+        // The body may have replaced an output (see `Rows`): reported, and the buffers made
+        // anew next time.
+        let moved = overflow.outputs.check(0, &book, When::Replay);
+        if moved.is_err() {
+            self.overflow = None;
+        }
+        moved?;
+        ran?;
+        self.eager = true;
+        Ok(())
+    }
+
+    /// The caller's rows of the outputs as the last replay left them.
+    pub fn outputs(&self) -> B::Outputs<'_> {
+        match (&self.overflow, self.eager) {
+            (Some(overflow), true) => B::outputs(overflow),
+            _ => B::outputs(&self.inst.statics),
+        }
+    }
+
+    /// The state, lent back between replays (see `TypedGraph::state_mut`): when some state
+    /// lives on a stream other than the runtime's, this first waits for the replays in
+    /// flight.
+    pub fn state_mut(&mut self) -> B::State<'_> {
+        for graph in self.buckets.graphs() {
+            graph.settle();
+        }
+        self.inst.body.state_mut()
+    }
+
+    /// The graphs, one per bucket (ascending), with their capture facts, and what each
+    /// bucket did so far (`buckets().stats()`).
+    pub fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+
+    /// `Debug` of the generated type `name` that wraps this family.
+    #[doc(hidden)]
+    pub fn fmt_as(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("buckets", &self.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: GraphBody> std::fmt::Debug for TypedFamily<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TypedFamily")
+            .field("buckets", &self.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each live bucket's graph summary (nodes by kind, kernels by name, edges, memory,
+/// timings; with islands, segment by segment), in ascending bucket order.
+impl<B: GraphBody> std::fmt::Display for TypedFamily<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let buckets = &self.buckets;
+        let live = buckets.recordings.iter().flatten().count();
+        let sizes = buckets.family.sizes;
+        write!(
+            f,
+            "bucket family `{}`: {live} of {} buckets live",
+            buckets.site.name,
+            sizes.len()
+        )?;
+        for (bucket, recording) in sizes.iter().zip(&buckets.recordings) {
+            if let Some(recording) = recording {
+                write!(f, "\n\nbucket {bucket}: ")?;
+                std::fmt::Display::fmt(recording, f)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -595,20 +595,6 @@ impl std::fmt::Debug for CapturedIsland {
     }
 }
 
-impl Captured {
-    /// The graph of a body that has no islands (a bucket's: the macro refuses islands there).
-    pub fn single(self) -> Result<Graph, GraphError> {
-        match self.islands.first() {
-            None => Ok(self.graph),
-            Some(i) => Err(GraphError::IslandMisuse {
-                graph: self.graph.info().name,
-                location: i.location,
-                reason: "this kind of graph (a bucket family's) cannot have islands",
-            }),
-        }
-    }
-}
-
 /// A capture that ended: its last segment, with what it recorded about its conditionals, and
 /// the segments ended before at islands.
 struct Ended {

@@ -84,12 +84,13 @@
 //! | `StepInputs<'g>` | the static inputs lent by `inputs_mut()`, one field per input |
 //! | `StepOutputs<'g>` | what `replay` and `launch` return: one field per output (and `result` for a returned value), borrowed until the next replay |
 //! | `StepState<'g>` | the state lent by `state_mut()`, one field per state parameter |
-//! | `StepBuckets<'s>`, `StepBucketOutputs<'g>` | instead of the four above, with `buckets(…)`: the family and its outputs |
+//! | `StepBuckets<'s>`, `StepBucketOutputs<'g>`, `StepBucketState<'g>` | instead of the four above, with `buckets(…)`: the family (`capture`, `replay(…)`, `verify(…, tolerance)`, `BUCKETS`; through `Deref`, `outputs()`, `state_mut()`, `buckets()`; `Debug` and `Display`, each live bucket's graph), its outputs (the valid rows) and its state |
 //!
 //! The code behind them lives in a module `__cuda_graph_step` (`__StepBody<'s>`, the held
 //! state and constants, is the runtime's `__private::GraphBody`, which names the static
 //! inputs and outputs as tuples; what `StepGraph` dereferences to is the generic
-//! `__private::TypedGraph`, which owns them). For a `pub` function, `cargo doc` lists the
+//! `__private::TypedGraph`, which owns them; a family's, `__private::TypedFamily`, runs the
+//! same body). For a `pub` function, `cargo doc` lists the
 //! four types where the function is (the module is hidden); for a private one (the usual
 //! case in a binary's `main.rs`), `cargo doc --document-private-items` shows them in the
 //! module `__cuda_graph_step`, since rustdoc does not inline a private re-export. Or read the
@@ -190,9 +191,10 @@
 //! lists the segments with the islands between them. An island that fails on a replay is
 //! [`GraphError::Island`], naming it; the segments after it are not launched, and the graph
 //! stays usable. `verify` and `check_determinism` compare across islands (segment by
-//! segment). Islands are not available in a bucket family, or inside `graph_while` /
-//! `graph_if` bodies and forks ([`GraphError::IslandMisuse`] at run time, an error at compile
-//! time where the macro sees it).
+//! segment); in a bucket family each bucket's graph has its segments, its islands seeing the
+//! bucket's rows. Islands are not available inside `graph_while` / `graph_if` bodies and
+//! forks ([`GraphError::IslandMisuse`] at run time, an error at compile time where the macro
+//! sees it).
 //!
 //! # Feature flags
 //! No feature is on by default; without any, the crate builds on a machine with no GPU and

@@ -77,6 +77,9 @@ pub struct VerifyReport {
     /// Which replay of the graph verified itself (from 1), when a schedule made it do so
     /// (`verify = …`, the default of debug builds); `None` for a call of `verify`.
     pub replay: Option<u64>,
+    /// The bucket (batch size) whose graph was verified, in a bucket family
+    /// (`buckets(…)`); `None` for a single graph.
+    pub bucket: Option<usize>,
 }
 
 impl VerifyReport {
@@ -96,9 +99,12 @@ impl std::fmt::Display for VerifyReport {
         let replay = self
             .replay
             .map_or(String::new(), |n| format!(", replay {n}"));
+        let bucket = self
+            .bucket
+            .map_or(String::new(), |b| format!("bucket {b}, "));
         write!(
             f,
-            "verify `{}` ({tolerance}{replay}): {}",
+            "verify `{}` ({bucket}{tolerance}{replay}): {}",
             self.graph,
             if self.is_ok() {
                 "replay = eager"

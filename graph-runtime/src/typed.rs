@@ -10,6 +10,12 @@
 //! views, `info`, `Debug` and `Display` live here, once. The generated `FooGraph<'s>` wraps
 //! a `TypedGraph<FooBody<'s>>` and keeps only its typed `capture`, `replay` and `verify`,
 //! `replay` and `verify` forwarding here in a line.
+//!
+//! A [`Recording`] is one capture of a body with its islands and its verification schedule:
+//! its replay, islands and `verify` run on an [`Instance`] (the body, its static buffers and
+//! their address book). `TypedGraph` is one of each; a bucket family (`crate::buckets`) is
+//! one instance and a recording per bucket, so that families verify, run islands and print
+//! through this same code.
 
 use std::any::Any;
 
@@ -38,6 +44,9 @@ pub struct Statics<I, O, V> {
     pub outputs: O,
     /// The returned value, once the first run stored it.
     pub result: V,
+    /// Of a bucket family's buffers, the rows the body runs on (see [`Batch`]); a single
+    /// graph's body never reads it.
+    pub batch: Batch,
 }
 
 impl<I, O, V: ResultSlot> Statics<I, O, V> {
@@ -47,8 +56,23 @@ impl<I, O, V: ResultSlot> Statics<I, O, V> {
             inputs,
             outputs,
             result: V::empty(),
+            batch: Batch::default(),
         }
     }
+}
+
+/// The rows of a bucket family's buffers (`crate::buckets`): each buffer holds `of` rows;
+/// the body runs on the first `bucket` of them (the graph's bucket, or the batch itself when
+/// it runs eagerly), of which the first `rows` are the caller's and the rest zero padding.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The caller's rows: what a replay hands out.
+    pub rows: usize,
+    /// The rows the body runs on.
+    pub bucket: usize,
+    /// The rows the buffers hold.
+    pub of: usize,
 }
 
 /// The static buffers of the graph of body `B`.
@@ -260,31 +284,41 @@ macro_rules! static_tuples {
     )*};
 }
 
-static_tuples! {
-    ()
-    (0 B0 R0)
-    (0 B0 R0, 1 B1 R1)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10, 11 B11 R11)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10, 11 B11 R11, 12 B12 R12)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14)
-    (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
-     10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14, 15 B15 R15)
+/// Calls macro `$m` with the tuples of up to 16 buffers, each element as its index, the
+/// name of its buffer's type parameter and that of its source's: what the tuple impls here
+/// and in `crate::buckets` are written over.
+macro_rules! for_each_tuple {
+    ($m:ident) => {
+        $m! {
+            ()
+            (0 B0 R0)
+            (0 B0 R0, 1 B1 R1)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10, 11 B11 R11)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10, 11 B11 R11, 12 B12 R12)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14)
+            (0 B0 R0, 1 B1 R1, 2 B2 R2, 3 B3 R3, 4 B4 R4, 5 B5 R5, 6 B6 R6, 7 B7 R7, 8 B8 R8, 9 B9 R9,
+             10 B10 R10, 11 B11 R11, 12 B12 R12, 13 B13 R13, 14 B14 R14, 15 B15 R15)
+        }
+    };
 }
+pub(crate) use for_each_tuple;
+
+for_each_tuple!(static_tuples);
 
 /// What `#[cuda_graph]` generates for one function: its held state and constants, the types
 /// of its static buffers, and how to run the body on them.
@@ -407,41 +441,73 @@ pub trait GraphBody: Sized {
     }
 }
 
-/// A captured graph of a `#[cuda_graph]` function: the instantiated graph, its address book,
-/// its verification schedule, the function's held state and its static buffers.
-#[doc(hidden)]
-pub struct TypedGraph<B: GraphBody> {
-    graph: Graph,
-    /// The body's eager islands, each with the segment after it (none without islands).
-    islands: Vec<CapturedIsland>,
-    book: AddressBook,
-    verify: VerifySchedule,
-    body: B,
-    statics: StaticsOf<B>,
+/// A body with its static buffers and the address book of its state (indices from 0) and its
+/// outputs (from `first_output`): what a [`Recording`] runs on. A single graph holds one per
+/// graph; a bucket family one for all its buckets' graphs.
+pub(crate) struct Instance<B: GraphBody> {
+    pub(crate) book: AddressBook,
+    pub(crate) first_output: usize,
+    pub(crate) body: B,
+    pub(crate) statics: StaticsOf<B>,
 }
 
-impl<B: GraphBody> TypedGraph<B> {
-    /// Warms up, captures and instantiates `body`'s function on `statics` (see
-    /// `crate::capture`).
-    pub fn capture(
-        rt: &Runtime,
-        mut body: B,
-        mut statics: StaticsOf<B>,
-    ) -> Result<Self, GraphError> {
-        let site = B::site();
-        let static_bytes = statics.inputs.bytes() + statics.outputs.bytes();
-        let mut book = AddressBook::new(site.name);
+impl<B: GraphBody> Instance<B> {
+    /// `body` on `statics`, the addresses of its state and outputs recorded.
+    pub(crate) fn new(body: B, statics: StaticsOf<B>) -> Self {
+        let mut book = AddressBook::new(B::site().name);
         body.record(&mut book);
         let first_output = book.len();
         statics.outputs.record(B::OUTPUTS, &mut book);
-        let mut inputs = InputNodes::new();
-        statics.inputs.register(&mut inputs);
+        Instance {
+            book,
+            first_output,
+            body,
+            statics,
+        }
+    }
+
+    /// Checks that the state and the outputs hold the buffers recorded by
+    /// [`Instance::new`].
+    pub(crate) fn check(&self, when: When) -> Result<(), GraphError> {
+        self.body.check(&self.book, when)?;
+        self.statics
+            .outputs
+            .check(self.first_output, &self.book, when)
+    }
+}
+
+/// One capture of a body: the graph of its first segment, its eager islands each with the
+/// graph of the segment after it, and which of its replays verify themselves. The replay,
+/// the islands and `verify` of every generated type, single graph or bucket, are these.
+pub(crate) struct Recording {
+    graph: Graph,
+    /// The body's eager islands, each with the segment after it (none without islands).
+    islands: Vec<CapturedIsland>,
+    pub(crate) verify: VerifySchedule,
+}
+
+impl Recording {
+    /// Warms up, captures and instantiates the body of `inst` on its static buffers as they
+    /// are (see `crate::capture`); `inputs` are the graph's input copy nodes, `static_bytes`
+    /// what its static buffers take.
+    pub(crate) fn capture<B: GraphBody>(
+        rt: &Runtime,
+        inst: &mut Instance<B>,
+        inputs: &InputNodes,
+        static_bytes: usize,
+    ) -> Result<Self, GraphError> {
+        let site = B::site();
         // The warmup runs the islands too; what they did to the island state is undone, as
         // the warmup's work on `&mut` state is.
-        let island_state = body.save_islands();
+        let island_state = inst.body.save_islands();
         let captured = {
-            let book = &book;
-            let (body, statics) = (&mut body, &mut statics);
+            let Instance {
+                book,
+                first_output,
+                body,
+                statics,
+            } = &mut *inst;
+            let (book, first_output) = (&*book, *first_output);
             let mut run = |step: Step| -> Result<(), GraphError> {
                 match step {
                     // The context is taken for each run: a stream context is the capture
@@ -457,94 +523,60 @@ impl<B: GraphBody> TypedGraph<B> {
                 rt,
                 site,
                 book,
-                &inputs,
+                inputs,
                 static_bytes,
                 B::owns_island,
                 &mut run,
             )
         };
-        body.restore_islands(island_state);
+        inst.body.restore_islands(island_state);
         let captured = captured?;
-        statics.result.captured(site)?;
-        Ok(TypedGraph {
+        inst.statics.result.captured(site)?;
+        Ok(Recording {
             graph: captured.graph,
             islands: captured.islands,
-            book,
             verify: VerifySchedule::new(B::VERIFY_EVERY, B::tolerance()),
-            body,
-            statics,
         })
     }
 
-    /// The generated `capture`: each input staged into a static buffer of its own (in the
-    /// function's order), each output allocated zeroed at its shape, then
-    /// [`TypedGraph::capture`].
-    pub fn capture_from<I: Sources<B::Ins>>(
-        rt: &Runtime,
-        body: B,
-        inputs: I,
-        outputs: <B::Outs as StaticList>::Shapes,
-    ) -> Result<Self, GraphError> {
-        let site = B::site();
-        // Refused before the inputs are staged: inside another capture, staging would
-        // already be recorded into it.
-        if let Some(outer) = crate::phase::procedure_of_thread() {
-            return Err(GraphError::NestedCapture {
-                graph: site.name,
-                outer,
-            });
-        }
-        let inputs = inputs.copies(rt, site, B::INPUTS)?;
-        let outputs = B::Outs::alloc(rt, site, B::OUTPUTS, outputs)?;
-        Self::capture(rt, body, Statics::new(inputs, outputs))
+    /// The graph of the body (of its first segment, with eager islands).
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
     }
 
-    /// The generated `replay`: verifies the replay when the schedule says so, otherwise
-    /// checks the inputs' shapes and the state's addresses, feeds the inputs and launches.
+    /// Queues `stage` (the input copies into `inst`'s static inputs) and a launch of the
+    /// graph, then runs the islands, each followed by its segment.
     #[inline]
-    pub fn replay_inputs<I: Sources<B::Ins>>(
-        &mut self,
-        inputs: I,
-    ) -> Result<B::Outputs<'_>, GraphError> {
-        if let Some((replay, tolerance)) = self.verify.due() {
-            let mut report = self.verify_inputs(inputs, tolerance)?;
-            report.replay = Some(replay);
-            report.into_result()?;
-            return Ok(B::outputs(&self.statics));
-        }
-        inputs.check_shapes(&self.statics.inputs, B::site(), B::INPUTS)?;
-        self.body.check(&self.book, When::Replay)?;
-        let dst = &mut self.statics.inputs;
-        replay(&self.graph, |staging| inputs.stage(dst, staging))?;
-        self.run_islands()?;
-        Ok(B::outputs(&self.statics))
+    pub(crate) fn replay<B: GraphBody>(
+        &self,
+        inst: &mut Instance<B>,
+        stage: impl FnOnce(&mut B::Ins, &Staging<'_>) -> Result<(), GraphError>,
+    ) -> Result<(), GraphError> {
+        let dst = &mut inst.statics.inputs;
+        replay(&self.graph, |staging| stage(dst, staging))?;
+        self.islands_of(&inst.book, &mut inst.body, &mut inst.statics)
+    }
+
+    /// A replay with the static inputs as they are.
+    #[inline]
+    pub(crate) fn launch<B: GraphBody>(&self, inst: &mut Instance<B>) -> Result<(), GraphError> {
+        launch_as_is(&self.graph)?;
+        self.islands_of(&inst.book, &mut inst.body, &mut inst.statics)
     }
 
     /// After the first segment's launch: each island's code, then the segment after it.
-    #[inline]
-    fn run_islands(&mut self) -> Result<(), GraphError> {
-        Self::islands_of(
-            &self.islands,
-            &self.book,
-            &mut self.body,
-            &mut self.statics,
-            self.graph.runtime(),
-        )
-    }
-
-    fn islands_of(
-        islands: &[CapturedIsland],
+    fn islands_of<B: GraphBody>(
+        &self,
         book: &AddressBook,
         body: &mut B,
         statics: &mut StaticsOf<B>,
-        rt: &Runtime,
     ) -> Result<(), GraphError> {
-        if islands.is_empty() {
+        if self.islands.is_empty() {
             return Ok(());
         }
-        let ctx = B::Ctx::try_from_runtime(rt)?;
+        let ctx = B::Ctx::try_from_runtime(self.graph.runtime())?;
         let graph = B::site().name;
-        for (k, island) in islands.iter().enumerate() {
+        for (k, island) in self.islands.iter().enumerate() {
             let ran = {
                 let _span =
                     tracing::trace_span!("cuda_graph_island", graph, island = k + 1).entered();
@@ -567,28 +599,33 @@ impl<B: GraphBody> TypedGraph<B> {
         Ok(())
     }
 
-    /// The generated `verify`: one replay checked against the eager function on the same
-    /// inputs (see the generated method's documentation).
-    pub fn verify_inputs<I: Sources<B::Ins>>(
-        &mut self,
-        inputs: I,
+    /// One replay checked against the eager function: the body runs eagerly on `eager`
+    /// (copies of the inputs, shadows of the outputs), what that did to the `&mut` state and
+    /// the generators is undone, then the graph replays with `stage` as its input copies;
+    /// `outputs_to` gives the verifier what each side wrote (`true`: the eager side).
+    pub(crate) fn verify<B: GraphBody>(
+        &self,
+        inst: &mut Instance<B>,
+        mut eager: StaticsOf<B>,
         tolerance: Tolerance,
+        stage: impl FnOnce(&mut B::Ins, &Staging<'_>) -> Result<(), GraphError>,
+        outputs_to: impl Fn(&StaticsOf<B>, &mut Verifier<'_>, bool) -> Result<(), GraphError>,
     ) -> Result<VerifyReport, GraphError> {
         let site = B::site();
-        inputs.check_shapes(&self.statics.inputs, site, B::INPUTS)?;
-        self.body.check(&self.book, When::Replay)?;
-        let rt = self.graph.runtime().clone();
-        let mut verifier = Verifier::begin(&rt, &self.book, tolerance)?;
-        // The eager run's copies of the inputs and shadows of the outputs, dropped at the
-        // end, after the comparison.
-        let copies = inputs.copies(&rt, site, B::INPUTS)?;
-        let shadows = self.statics.outputs.shadows(&rt, site, B::OUTPUTS)?;
-        let mut eager = Statics::new(copies, shadows);
-        let ctx = B::Ctx::try_from_runtime(&rt)?;
-        let island_state = self.body.save_islands();
+        let rt = self.graph.runtime();
+        let Instance {
+            book,
+            body,
+            statics,
+            ..
+        } = inst;
+        let book = &*book;
+        let mut verifier = Verifier::begin(rt, book, tolerance)?;
+        let ctx = B::Ctx::try_from_runtime(rt)?;
+        let island_state = body.save_islands();
         crate::capture::take_failed_island();
-        let ran = self.body.run(&mut eager, ctx, &rt);
-        self.body.restore_islands(island_state);
+        let ran = body.run(&mut eager, ctx, rt);
+        body.restore_islands(island_state);
         // An island that fails in the eager run is named as a replay names it.
         let failed = crate::capture::take_failed_island()
             .and_then(|at| Some((self.islands.iter().position(|i| i.location == at)?, at)));
@@ -601,90 +638,31 @@ impl<B: GraphBody> TypedGraph<B> {
             },
             None => e,
         })?;
-        eager.outputs.outputs_to(B::OUTPUTS, &mut verifier, true)?;
-        eager.result.output_to(&mut verifier, true)?;
+        outputs_to(&eager, &mut verifier, true)?;
         verifier.rewind()?;
-        let dst = &mut self.statics.inputs;
-        replay(&self.graph, |staging| inputs.stage(dst, staging))?;
-        Self::islands_of(
-            &self.islands,
-            &self.book,
-            &mut self.body,
-            &mut self.statics,
-            &rt,
-        )?;
-        let statics = &self.statics;
-        statics
-            .outputs
-            .outputs_to(B::OUTPUTS, &mut verifier, false)?;
-        statics.result.output_to(&mut verifier, false)?;
+        let dst = &mut statics.inputs;
+        replay(&self.graph, |staging| stage(dst, staging))?;
+        self.islands_of(book, body, statics)?;
+        outputs_to(statics, &mut verifier, false)?;
+        // The eager run's copies and shadows are dropped after the comparison.
+        drop(eager);
         verifier.finish()
     }
 
-    /// Launches the graph with the inputs as they are in its static buffers (see
-    /// `inputs_mut`): a replay without copies. The state's addresses are checked first, as
-    /// in `replay`.
-    #[inline]
-    pub fn launch(&mut self) -> Result<B::Outputs<'_>, GraphError> {
-        self.body.check(&self.book, When::Replay)?;
-        launch_as_is(&self.graph)?;
-        self.run_islands()?;
-        Ok(B::outputs(&self.statics))
-    }
-
-    /// The static input buffers, lent as views to write the next inputs in place.
-    pub fn inputs_mut(&mut self) -> B::Inputs<'_> {
-        B::inputs_mut(&mut self.statics)
-    }
-
-    /// The outputs as the last replay left them.
-    pub fn outputs(&self) -> B::Outputs<'_> {
-        B::outputs(&self.statics)
-    }
-
-    /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent` form (a
-    /// `CudaSlice` as a `CudaViewMut`), read-only state as `&T`. When some state lives on a
-    /// stream other than the runtime's, this first waits for the replays in flight
-    /// ([`Graph::settle`]).
-    pub fn state_mut(&mut self) -> B::State<'_> {
-        self.graph.settle();
-        self.body.state_mut()
-    }
-
-    /// Node count, memory and timings of the capture.
-    pub fn info(&self) -> &GraphInfo {
-        self.graph.info()
-    }
-
-    /// The instantiated graph (its facts and raw handles); of a body with eager islands, the
-    /// first segment's (see [`TypedGraph::segments`]).
-    pub fn graph(&self) -> &Graph {
-        &self.graph
-    }
-
-    /// The graphs of the body's segments, in replay order: one without islands, one more
-    /// than islands with them (`rt.eager(|| …)` in the body), less the segments that
-    /// recorded nothing (between two islands in a row, or after an island at the end).
-    pub fn segments(&self) -> impl Iterator<Item = &Graph> {
+    /// The graphs of the body's segments, in replay order (see [`TypedGraph::segments`]).
+    pub(crate) fn segments(&self) -> impl Iterator<Item = &Graph> {
         std::iter::once(&self.graph).chain(self.islands.iter().filter_map(|i| i.after.as_ref()))
     }
 
-    /// Where the body's eager islands are, in replay order (empty without islands).
-    pub fn islands(&self) -> Vec<&'static std::panic::Location<'static>> {
+    /// Where the body's eager islands are, in replay order.
+    pub(crate) fn islands(&self) -> Vec<&'static std::panic::Location<'static>> {
         self.islands.iter().map(|i| i.location).collect()
     }
 }
 
-impl<B: GraphBody> std::fmt::Debug for TypedGraph<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TypedGraph")
-            .field("info", self.graph.info())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
-impl<B: GraphBody> std::fmt::Display for TypedGraph<B> {
+/// The graph's summary: nodes by kind, kernels by name, edges, memory, timings; with
+/// islands, segment by segment.
+impl std::fmt::Display for Recording {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.islands.is_empty() {
             return std::fmt::Display::fmt(&self.graph, f);
@@ -707,15 +685,187 @@ impl<B: GraphBody> std::fmt::Display for TypedGraph<B> {
     }
 }
 
+/// A captured graph of a `#[cuda_graph]` function: its recording, and the function's held
+/// state and static buffers with their address book.
+#[doc(hidden)]
+pub struct TypedGraph<B: GraphBody> {
+    recording: Recording,
+    inst: Instance<B>,
+}
+
+impl<B: GraphBody> TypedGraph<B> {
+    /// Warms up, captures and instantiates `body`'s function on `statics` (see
+    /// `crate::capture`).
+    pub fn capture(rt: &Runtime, body: B, statics: StaticsOf<B>) -> Result<Self, GraphError> {
+        let static_bytes = statics.inputs.bytes() + statics.outputs.bytes();
+        let mut inst = Instance::new(body, statics);
+        let mut inputs = InputNodes::new();
+        inst.statics.inputs.register(&mut inputs);
+        let recording = Recording::capture(rt, &mut inst, &inputs, static_bytes)?;
+        Ok(TypedGraph { recording, inst })
+    }
+
+    /// The generated `capture`: each input staged into a static buffer of its own (in the
+    /// function's order), each output allocated zeroed at its shape, then
+    /// [`TypedGraph::capture`].
+    pub fn capture_from<I: Sources<B::Ins>>(
+        rt: &Runtime,
+        body: B,
+        inputs: I,
+        outputs: <B::Outs as StaticList>::Shapes,
+    ) -> Result<Self, GraphError> {
+        let site = B::site();
+        refuse_nested(site)?;
+        let inputs = inputs.copies(rt, site, B::INPUTS)?;
+        let outputs = B::Outs::alloc(rt, site, B::OUTPUTS, outputs)?;
+        Self::capture(rt, body, Statics::new(inputs, outputs))
+    }
+
+    /// The generated `replay`: verifies the replay when the schedule says so, otherwise
+    /// checks the inputs' shapes and the state's addresses, feeds the inputs and launches.
+    #[inline]
+    pub fn replay_inputs<I: Sources<B::Ins>>(
+        &mut self,
+        inputs: I,
+    ) -> Result<B::Outputs<'_>, GraphError> {
+        if let Some((replay, tolerance)) = self.recording.verify.due() {
+            let mut report = self.verify_inputs(inputs, tolerance)?;
+            report.replay = Some(replay);
+            report.into_result()?;
+            return Ok(B::outputs(&self.inst.statics));
+        }
+        inputs.check_shapes(&self.inst.statics.inputs, B::site(), B::INPUTS)?;
+        self.inst.body.check(&self.inst.book, When::Replay)?;
+        self.recording
+            .replay(&mut self.inst, |dst, staging| inputs.stage(dst, staging))?;
+        Ok(B::outputs(&self.inst.statics))
+    }
+
+    /// The generated `verify`: one replay checked against the eager function on the same
+    /// inputs (see the generated method's documentation).
+    pub fn verify_inputs<I: Sources<B::Ins>>(
+        &mut self,
+        inputs: I,
+        tolerance: Tolerance,
+    ) -> Result<VerifyReport, GraphError> {
+        let site = B::site();
+        let inst = &mut self.inst;
+        inputs.check_shapes(&inst.statics.inputs, site, B::INPUTS)?;
+        inst.body.check(&inst.book, When::Replay)?;
+        let rt = self.recording.graph.runtime();
+        let copies = inputs.copies(rt, site, B::INPUTS)?;
+        let shadows = inst.statics.outputs.shadows(rt, site, B::OUTPUTS)?;
+        self.recording.verify(
+            inst,
+            Statics::new(copies, shadows),
+            tolerance,
+            |dst, staging| inputs.stage(dst, staging),
+            |statics, verifier, eager| {
+                statics.outputs.outputs_to(B::OUTPUTS, verifier, eager)?;
+                statics.result.output_to(verifier, eager)
+            },
+        )
+    }
+
+    /// Launches the graph with the inputs as they are in its static buffers (see
+    /// `inputs_mut`): a replay without copies. The state's addresses are checked first, as
+    /// in `replay`.
+    #[inline]
+    pub fn launch(&mut self) -> Result<B::Outputs<'_>, GraphError> {
+        self.inst.body.check(&self.inst.book, When::Replay)?;
+        self.recording.launch(&mut self.inst)?;
+        Ok(B::outputs(&self.inst.statics))
+    }
+
+    /// The static input buffers, lent as views to write the next inputs in place.
+    pub fn inputs_mut(&mut self) -> B::Inputs<'_> {
+        B::inputs_mut(&mut self.inst.statics)
+    }
+
+    /// The outputs as the last replay left them.
+    pub fn outputs(&self) -> B::Outputs<'_> {
+        B::outputs(&self.inst.statics)
+    }
+
+    /// The state, lent back between replays: `&mut` state in its `DeviceState::Lent` form (a
+    /// `CudaSlice` as a `CudaViewMut`), read-only state as `&T`. When some state lives on a
+    /// stream other than the runtime's, this first waits for the replays in flight
+    /// ([`Graph::settle`]).
+    pub fn state_mut(&mut self) -> B::State<'_> {
+        self.recording.graph.settle();
+        self.inst.body.state_mut()
+    }
+
+    /// Node count, memory and timings of the capture.
+    pub fn info(&self) -> &GraphInfo {
+        self.recording.graph.info()
+    }
+
+    /// The instantiated graph (its facts and raw handles); of a body with eager islands, the
+    /// first segment's (see [`TypedGraph::segments`]).
+    pub fn graph(&self) -> &Graph {
+        &self.recording.graph
+    }
+
+    /// The graphs of the body's segments, in replay order: one without islands, one more
+    /// than islands with them (`rt.eager(|| …)` in the body), less the segments that
+    /// recorded nothing (between two islands in a row, or after an island at the end).
+    pub fn segments(&self) -> impl Iterator<Item = &Graph> {
+        self.recording.segments()
+    }
+
+    /// Where the body's eager islands are, in replay order (empty without islands).
+    pub fn islands(&self) -> Vec<&'static std::panic::Location<'static>> {
+        self.recording.islands()
+    }
+
+    /// `Debug` of the generated type `name` that wraps this graph.
+    #[doc(hidden)]
+    pub fn fmt_as(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("info", self.info())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refuses a capture from inside another capture before anything is staged or allocated
+/// (inside a capture that work would be recorded into it).
+pub(crate) fn refuse_nested(site: &'static GraphSite) -> Result<(), GraphError> {
+    match crate::phase::procedure_of_thread() {
+        Some(outer) => Err(GraphError::NestedCapture {
+            graph: site.name,
+            outer,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl<B: GraphBody> std::fmt::Debug for TypedGraph<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.fmt_as("TypedGraph", f)
+    }
+}
+
+/// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
+impl<B: GraphBody> std::fmt::Display for TypedGraph<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.recording, f)
+    }
+}
+
 /// `Deref`, `DerefMut`, `Debug` and `Display` of a generated graph type `$graph<'s>`, a
-/// wrapper around `TypedGraph<$body<'s>>`, and `Debug` of its views (which show their
-/// names only): the impls Rust cannot write generically for a type of the user's crate.
+/// wrapper around `TypedGraph<$body<'s>>` (`TypedFamily<$body<'s>>` after `family`), and
+/// `Debug` of its views (which show their names only): the impls Rust cannot write
+/// generically for a type of the user's crate.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __graph_type_impls {
-    ($graph:ident, $body:ident, $($view:ident),*) => {
+    (family $($rest:tt)*) => {
+        $crate::__graph_type_impls!(@ TypedFamily $($rest)*);
+    };
+    (@ $typed:ident $graph:ident, $body:ident, $($view:ident),*) => {
         impl<'s> ::core::ops::Deref for $graph<'s> {
-            type Target = $crate::__private::TypedGraph<$body<'s>>;
+            type Target = $crate::__private::$typed<$body<'s>>;
             fn deref(&self) -> &Self::Target {
                 &self.0
             }
@@ -727,12 +877,11 @@ macro_rules! __graph_type_impls {
         }
         impl ::core::fmt::Debug for $graph<'_> {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!($graph))
-                    .field("info", self.0.info())
-                    .finish_non_exhaustive()
+                self.0.fmt_as(::core::stringify!($graph), f)
             }
         }
-        /// The graph's summary: nodes by kind, kernels by name, edges, memory, timings.
+        /// The summary of the graph (of each graph of a family): nodes by kind, kernels by
+        /// name, edges, memory, timings.
         impl ::core::fmt::Display for $graph<'_> {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 ::core::fmt::Display::fmt(&self.0, f)
@@ -745,5 +894,8 @@ macro_rules! __graph_type_impls {
                 }
             }
         )*
+    };
+    ($($rest:tt)*) => {
+        $crate::__graph_type_impls!(@ TypedGraph $($rest)*);
     };
 }

@@ -1,430 +1,164 @@
-//! The bucket family of a function with `buckets(batch = [1, 2, 4, 8], fallback = "eager")`:
-//! `{Name}Buckets<'s>`, one graph per batch size, and its `{Name}BucketOutputs` view.
+//! What a bucket family (`buckets(batch = [1, 2, 4, 8], fallback = "eager")`) adds to the
+//! graph type `graph.rs` generates: `{Name}Buckets<'s>` wraps the runtime's `TypedFamily`
+//! instead of `TypedGraph`, its outputs view holds the valid rows, and its typed methods
+//! are its own (`BUCKETS`, a `capture` given the elements in one row of each input and
+//! output, `replay` and `verify` forwarding in a line).
 //!
-//! Imports `parts.rs`, `args/buckets.rs` and `model`; never its parent (`expand.rs`),
-//! `graph.rs` or `check`.
-//!
-//! Every input and output is batched along its first dimension: the family's `capture`
-//! takes, for each of them, the number of elements in one row. One function per generated
-//! item: the family's struct and view ([`family_types`]), `capture` ([`family_capture`]) and
-//! `replay` ([`family_replay`]).
+//! Imports `parts.rs`, `args/buckets.rs` and `model`; only `graph.rs` imports it, and it
+//! never imports its parent (`expand.rs`), `graph.rs` or `check`.
 
 use proc_macro2::{Ident, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::parts::{debug_view, CaptureParam, Parts};
+use super::parts::{CaptureParam, Parts};
 use crate::args::buckets::BucketArgs;
-use crate::model::{Param, Role};
+use crate::model::Role;
 
-/// The bucket family type of the function (`{Name}Buckets<'s>`) and its outputs view, as
-/// items of the generated module, and the names to re-export from it.
-pub(super) fn expand_buckets(parts: &Parts, buckets: &BucketArgs) -> (TokenStream, Vec<Ident>) {
-    let (pr, vis) = (&parts.pr, &parts.vis);
-    let family = parts.type_name("Buckets");
-    let outputs_ty = parts.type_name("BucketOutputs");
-    let sizes = &buckets.sizes;
-    let types = family_types(parts, buckets, &family, &outputs_ty);
-    let capture = family_capture(parts, buckets);
-    let replay = family_replay(parts, buckets, &outputs_ty);
-    let output_init = parts.outputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(#i: self.#i.valid(self.__rows, self.__eager))
-    });
-    let body = quote! {
-        #types
-
-        #[allow(dead_code)]
-        impl<'s> #family<'s> {
-            /// The bucket sizes, ascending.
-            pub const BUCKETS: &'static [usize] = &[#(#sizes),*];
-
-            #capture
-
-            #replay
-
-            /// The valid rows of the outputs as the last replay left them.
-            #vis fn outputs(&self) -> #outputs_ty<'_> {
-                #outputs_ty { #(#output_init,)* __marker: ::core::marker::PhantomData }
-            }
-
-            /// The graphs, one per bucket (ascending), with their capture facts, and what each
-            /// bucket did so far (`buckets().stats()`).
-            #vis fn buckets(&self) -> &#pr::Buckets {
-                &self.__buckets
-            }
-        }
-    };
-    (body, vec![family, outputs_ty])
-}
-
-/// The slot type of batched parameter `p`: one buffer sized for the largest bucket.
-fn slot_ty(parts: &Parts, p: &Param) -> TokenStream {
-    let (pr, t) = (&parts.pr, parts.ty(p));
-    quote_spanned!(p.ty.span()=> #pr::BatchedSlot<<#t as #pr::BatchBuffer>::Elem>)
-}
-
-/// The inputs and outputs, batched along their first dimension.
-fn batched<'m>(parts: &Parts<'m>) -> Vec<&'m Param> {
-    parts
-        .model
-        .of(|r| matches!(r, Role::Input | Role::Output))
-        .collect()
-}
-
-/// The family's struct, its outputs view and their `Debug`.
-fn family_types(
-    parts: &Parts,
-    buckets: &BucketArgs,
-    family: &Ident,
-    outputs_ty: &Ident,
-) -> TokenStream {
-    let (krate, pr, vis) = (parts.krate, &parts.pr, &parts.vis);
+/// The family type's documentation.
+pub(super) fn family_doc(parts: &Parts, buckets: &BucketArgs) -> String {
     let (fn_name, sizes, batch_ident) = (&parts.fn_name, &buckets.sizes, &buckets.param);
-    let slot_fields = batched(parts).into_iter().map(|p| {
-        let (i, st) = (&p.ident, slot_ty(parts, p));
-        quote!(#i: #st)
-    });
-    let state_fields = parts.state_fields();
-    let const_fields = parts.const_fields();
-    let output_fields = parts.outputs.iter().map(|p| {
-        let (i, t) = (&p.ident, parts.ty(p));
-        let doc = format!("The valid rows of output `{i}`.");
-        quote!(#[doc = #doc] pub #i: #krate::cudarc::driver::CudaView<'g, <#t as #pr::BatchBuffer>::Elem>)
-    });
-    let doc = format!(
+    let lazy = match buckets.lazy {
+        None => String::new(),
+        Some(n) => format!(
+            "\n\nWith `lazy = {n}`, a bucket is captured on the first replay that needs it, and at most {n} \
+             graphs stay live: the least recently replayed one is dropped to make room."
+        ),
+    };
+    format!(
         "The bucket family of [`{fn_name}`]: one CUDA graph per batch size in {sizes:?}, generated by \
          `#[cuda_graph(buckets({batch_ident} = {sizes:?}))]`.\n\n`replay` picks the smallest bucket that holds the \
          batch, copies the input rows in, zero-fills the padding rows and hands out only the valid rows of \
          each output. Inputs and outputs share one buffer each, sized for the largest bucket; the graphs' \
          temporaries share the runtime's graph memory pool. The family keeps its runtime alive and holds its \
-         state (borrowed, shared or owned), whose addresses it checks before every replay.{}"
-        ,
-        match buckets.lazy {
-            None => String::new(),
-            Some(n) => format!(
-                "\n\nWith `lazy = {n}`, a bucket is captured on the first replay that needs it, and at most {n} \
-                 graphs stay live: the least recently replayed one is dropped to make room."
-            ),
-        }
-    );
-    let outputs_debug = debug_view(outputs_ty);
-    quote! {
-        #[doc = #doc]
-        #[must_use = "a captured bucket family does nothing until it is replayed"]
-        #vis struct #family<'s> {
-            __buckets: #pr::Buckets,
-            __book: #pr::AddressBook,
-            __rt: #krate::Runtime,
-            __rows: usize,
-            /// Whether the last replay ran eagerly (batch above every bucket).
-            __eager: bool,
-            #(#slot_fields,)*
-            #(#state_fields,)*
-            #(#const_fields,)*
-            __state: ::core::marker::PhantomData<&'s ()>,
-        }
-
-        /// The valid rows of the outputs of the last replay, borrowed from the family until
-        /// the next replay.
-        #vis struct #outputs_ty<'g> {
-            #(#output_fields,)*
-            #[doc(hidden)]
-            pub __marker: ::core::marker::PhantomData<&'g ()>,
-        }
-
-        #outputs_debug
-
-        impl ::core::fmt::Debug for #family<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#family))
-                    .field("buckets", &self.__buckets)
-                    .finish_non_exhaustive()
-            }
-        }
-    }
+         state (borrowed, shared or owned), whose addresses it checks before every replay. Each bucket's graph \
+         verifies its replays as a single graph does (`verify = …`; in debug builds replays 1, 2, 4, …). \
+         `outputs`, `state_mut`, `buckets` and `Display` come from the runtime's `TypedFamily`.{lazy}"
+    )
 }
 
-/// Each output's alias written back: during capture at the step's `__when`, in the eager
-/// fallback as a replay.
-fn alias_finish(parts: &Parts, eager: bool) -> Vec<TokenStream> {
+/// The outputs view's fields: each output's valid rows, a `CudaView`.
+pub(super) fn output_view_fields(parts: &Parts) -> Vec<TokenStream> {
     let pr = &parts.pr;
-    let when = if eager {
-        quote!(#pr::When::Replay)
-    } else {
-        quote!(__when)
-    };
     parts
         .outputs
         .iter()
         .map(|p| {
-            let i = &p.ident;
-            let a = format_ident!("__alias_{}", i);
-            let name = i.to_string();
-            quote!(#a.finish(__site.name, #name, #when)?;)
+            let (i, t) = (&p.ident, parts.ty(p));
+            // Spanned at the output's type: a type that cannot be batched is reported there.
+            let rows = quote_spanned!(p.ty.span()=> #pr::ValidRows<'g, #t>);
+            quote!(pub #i: #rows)
         })
         .collect()
 }
 
-/// The call of the user's function on the rows of the aliases (`__b` rows): inside
-/// `__capture` (state and constants are its destructured fields), or in the eager fallback
-/// (`eager`, state and constants read from `self`).
-fn family_call(parts: &Parts, eager: bool) -> TokenStream {
-    let args: Vec<TokenStream> = parts
-        .model
-        .params
-        .iter()
-        .map(|p| {
-            let i = &p.ident;
-            let a = format_ident!("__alias_{}", i);
-            // In `__capture` the fields are destructured from `&mut self`: `(*w)` is the held
-            // state itself.
-            let owner = if eager {
-                quote!(self.#i)
-            } else {
-                quote!((*#i))
-            };
-            match p.role {
-                Role::Input => quote!(&*#a),
-                Role::Output => quote!(&mut *#a),
-                Role::Bucket => {
-                    let t = parts.ty(p);
-                    quote!(__b as #t)
-                }
-                _ => parts.held_arg(p, owner),
-            }
-        })
-        .collect();
-    parts.call(&args)
+/// `BUCKETS` and the family's typed methods: `capture`, and `replay` and `verify`
+/// forwarding to the runtime's `TypedFamily` in a line.
+pub(super) fn family_methods(
+    parts: &Parts,
+    buckets: &BucketArgs,
+    body_ty: &Ident,
+    outputs_ty: &Ident,
+) -> TokenStream {
+    let (pr, vis, sizes) = (&parts.pr, &parts.vis, &buckets.sizes);
+    let capture = capture(parts, buckets, body_ty);
+    let (generics, mut params) = parts.replay_inputs();
+    let names: Vec<&Ident> = parts.inputs.iter().map(|p| &p.ident).collect();
+    // Without inputs, the batch is given.
+    let rows = if names.is_empty() {
+        let b = &buckets.param;
+        params.push(quote!(#b: usize));
+        quote!(::core::option::Option::Some(#b))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let replay_doc = "Runs the bucket that holds the batch of the inputs (their rows), after copying them in \
+                      (capturing it first in a `lazy` family where it is not live); returns the valid rows of \
+                      the outputs. A batch above the largest bucket is an error, or runs eagerly with \
+                      `fallback = \"eager\"`. The state's addresses are checked first.";
+    let verify_doc = "Checks one replay of the bucket that holds the inputs' rows against the function run \
+                      eagerly on that bucket's rows (the inputs' rows, then zeros): undoes what the eager run \
+                      did to the `&mut` state and the random generators, replays the bucket's graph, and \
+                      compares the valid rows of every output and every `&mut` state (`Tolerance::BITWISE`, \
+                      or within a tolerance). A batch above the largest bucket has no graph to verify.";
+    quote! {
+        /// The bucket sizes, ascending.
+        pub const BUCKETS: &'static [usize] = &[#(#sizes),*];
+
+        #capture
+
+        #[doc = #replay_doc]
+        #vis fn replay<#(#generics),*>(&mut self, #(#params),*) -> ::core::result::Result<#outputs_ty<'_>, #pr::GraphError> {
+            self.0.replay_rows((#(#names,)*), #rows)
+        }
+
+        #[doc = #verify_doc]
+        #vis fn verify<#(#generics),*>(&mut self, #(#params,)* tolerance: #pr::Tolerance) -> ::core::result::Result<#pr::VerifyReport, #pr::GraphError> {
+            self.0.verify_rows((#(#names,)*), #rows, tolerance)
+        }
+    }
 }
 
-/// `capture`: the slots sized for the largest bucket, the state's addresses recorded, then
-/// every bucket captured (largest first) unless the family is `lazy`; and `__capture`, which
-/// captures what is missing around the closure the runtime drives.
-fn family_capture(parts: &Parts, buckets: &BucketArgs) -> TokenStream {
-    let (model, pr) = (parts.model, &parts.pr);
-    let (fallback, batch_ident) = (buckets.eager_fallback, &buckets.param);
-    let batched = batched(parts);
-    // `capture` takes the elements in one row of each input and output; the batch
-    // parameter is the bucket's size, not an argument.
-    let capture_params: Vec<CaptureParam> = model
+/// `capture`: the state held, then the runtime's `TypedFamily::capture_rows` given the
+/// elements in one row of each input and output (in the function's order).
+fn capture(parts: &Parts, buckets: &BucketArgs, body_ty: &Ident) -> TokenStream {
+    let (model, pr, vis) = (parts.model, &parts.pr, &parts.vis);
+    // The batch parameter is the bucket's size, not an argument.
+    let (generics, params): (Vec<_>, Vec<_>) = model
         .params
         .iter()
         .enumerate()
         .filter(|(_, p)| p.role != Role::Bucket)
-        .map(|(n, p)| match p.role {
-            Role::Input | Role::Output => {
-                let i = &p.ident;
-                (None, quote!(#i: usize))
+        .map(|(n, p)| -> CaptureParam {
+            match p.role {
+                Role::Input | Role::Output => {
+                    let i = &p.ident;
+                    (None, quote!(#i: usize))
+                }
+                _ => parts.held_capture_param(n, p),
             }
-            _ => parts.held_capture_param(n, p),
         })
-        .collect();
+        .unzip();
+    let generics = generics.into_iter().flatten();
     let hold_states = parts.hold_states();
-    let make_slots = batched.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        let st = slot_ty(parts, p);
-        quote!(let mut #i: #st = #pr::BatchedSlot::new(rt, __site, #name, #i, __largest)?;)
-    });
-    let slot_idents: Vec<&Ident> = batched.iter().map(|p| &p.ident).collect();
-    let records = parts.states.iter().map(|p| {
-        let i = &p.ident;
-        let name = i.to_string();
-        let kind = parts.recorded_kind(p);
-        quote!(__book.record(#name, &*#i, #kind);)
-    });
-    let init_fields: Vec<&Ident> = model
-        .params
-        .iter()
-        .filter(|p| p.role != Role::Bucket)
-        .map(|p| &p.ident)
-        .collect();
+    let held = model
+        .of(|r| matches!(r, Role::State { .. } | Role::Constant))
+        .map(|p| &p.ident);
+    let marker = parts
+        .states
+        .is_empty()
+        .then(|| quote!(__state: ::core::marker::PhantomData));
+    let ins = parts.inputs.iter().map(|p| &p.ident);
+    let outs = parts.outputs.iter().map(|p| &p.ident);
+    let fallback = buckets.eager_fallback;
     let when = match buckets.lazy {
         None => quote!(#pr::Capture::All),
         Some(n) => quote!(#pr::Capture::Lazy(#n)),
     };
-    let capture_doc = format!(
-        "Captures one graph per bucket, largest first{}. For each input and output, give the number \
+    let doc = capture_doc(buckets);
+    quote! {
+        #[doc = #doc]
+        #vis fn capture<#(#generics),*>(rt: &#pr::Runtime, #(#params),*) -> ::core::result::Result<Self, #pr::GraphError> {
+            #(#hold_states)*
+            let __body = #body_ty { #(#held,)* #marker };
+            let __family = #pr::Family { sizes: Self::BUCKETS, eager_fallback: #fallback, capture: #when };
+            #pr::TypedFamily::capture_rows(rt, __body, __family, (#(#ins,)*), (#(#outs,)*)).map(Self)
+        }
+    }
+}
+
+fn capture_doc(buckets: &BucketArgs) -> String {
+    let batch_ident = &buckets.param;
+    let lazy = match buckets.lazy {
+        None => String::new(),
+        Some(n) => format!(
+            " (`lazy = {n}`: none now, each on the first replay that needs it, at most {n} live)"
+        ),
+    };
+    format!(
+        "Captures one graph per bucket, largest first{lazy}. For each input and output, give the number \
          of elements in one row (its length is `{batch_ident}` rows of that many); state is given as \
          `&T` / `&mut T` (borrowed for the family's lifetime), as an `Arc<T>` (read-only state) or by \
-         value; constants are frozen.",
-        match buckets.lazy {
-            None => String::new(),
-            Some(n) => format!(
-                " (`lazy = {n}`: none now, each on the first replay that needs it, at most {n} live)"
-            ),
-        }
-    );
-    let capture = parts.site_and_capture(
-        &capture_doc,
-        capture_params,
-        quote! {
-            let __largest = *Self::BUCKETS.last().expect("at least one bucket");
-            #(#hold_states)*
-            #(#make_slots)*
-            let __static_bytes = 0 #(+ #slot_idents.bytes())*;
-            let mut __book = #pr::AddressBook::new(__site.name);
-            #(#records)*
-            let __buckets = #pr::Buckets::new(rt, __site, Self::BUCKETS, #fallback, #when, __static_bytes)?;
-            let mut __family = Self {
-                __buckets,
-                __book,
-                __rt: ::core::clone::Clone::clone(rt),
-                __rows: 0,
-                __eager: false,
-                #(#init_fields,)*
-                __state: ::core::marker::PhantomData,
-            };
-            __family.__capture(::core::option::Option::None)?;
-            ::core::result::Result::Ok(__family)
-        },
-    );
-    let capture_missing = capture_missing(parts, &init_fields);
-    quote!(#capture #capture_missing)
-}
-
-/// `__capture(bucket)`: the family's fields destructured, the closure the runtime's capture
-/// drives over them, and `Buckets::capture_missing` (every bucket at construction, the
-/// bucket of a replay that is not live in a `lazy` family).
-fn capture_missing(parts: &Parts, fields: &[&Ident]) -> TokenStream {
-    let (pr, krate) = (&parts.pr, parts.krate);
-    let batched = batched(parts);
-    let capture_checks: Vec<TokenStream> = parts
-        .states
-        .iter()
-        .enumerate()
-        .map(|(k, p)| {
-            let i = &p.ident;
-            quote!(__book.check(#k, &**#i, __when)?;)
-        })
-        .collect();
-    let alias_lets = batched.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let mut #a = #i.alias(__b);)
-    });
-    let capture_finish = alias_finish(parts, false);
-    let capture_call = family_call(parts, false);
-    let body_result = parts.body_result();
-    let closure = parts.body_closure(
-        parts.ctx_call(quote!(__rt)),
-        quote!(__b: usize, __step: #pr::Step),
-        quote! {
-            #pr::Step::Run(__when) => {
-                #(#alias_lets)*
-                let __result = #body_result(#capture_call);
-                let _ = __when;
-                #(#capture_finish)*
-                __result
-            }
-        },
-        &capture_checks,
-    );
-    quote! {
-        /// Captures bucket index `__bucket` unless it is live, or (`None`) every bucket
-        /// unless the family is `lazy` (see `Buckets::capture_missing`).
-        fn __capture(
-            &mut self,
-            __bucket: ::core::option::Option<usize>,
-        ) -> ::core::result::Result<(), #krate::GraphError> {
-            let __site = Self::__site();
-            let Self { __buckets, __book, __rt, #(#fields,)* .. } = self;
-            let __rt = &*__rt;
-            #closure
-            __buckets.capture_missing(__rt, __book, __bucket, &mut __body)
-        }
-    }
-}
-
-/// `replay`: the rows of the inputs, the state checks, then the picked bucket's graph or
-/// the eager fallback.
-fn family_replay(parts: &Parts, buckets: &BucketArgs, outputs_ty: &Ident) -> TokenStream {
-    let (krate, pr, vis) = (parts.krate, &parts.pr, &parts.vis);
-    let (inputs, outputs) = (&parts.inputs, &parts.outputs);
-    let batch_ident = &buckets.param;
-    let replay_checks = parts.replay_checks();
-    let rows_checks = inputs.iter().enumerate().map(|(k, p)| {
-        let i = &p.ident;
-        let name = i.to_string();
-        if k == 0 {
-            quote!(let __rows = self.#i.rows_of(__site.name, #i)?;)
-        } else {
-            quote!(self.__buckets.same_rows(#name, self.#i.rows_of(__site.name, #i)?, __rows)?;)
-        }
-    });
-    let stages = inputs.iter().map(|p| {
-        let i = &p.ident;
-        quote!(self.#i.stage(#i, __rows, __bucket, __staging)?;)
-    });
-    let eager_inputs = inputs.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let #a = self.#i.eager_alias(&self.__rt, __rows, ::core::option::Option::Some((#i, &__staging)))?;)
-    });
-    let eager_outputs = outputs.iter().map(|p| {
-        let i = &p.ident;
-        let a = format_ident!("__alias_{}", i);
-        quote!(let mut #a = self.#i.eager_output(&self.__rt, __rows)?;)
-    });
-    let eager_finish = alias_finish(parts, true);
-    let eager_call = family_call(parts, true);
-    let (replay_generics, replay_params) = parts.replay_inputs();
-    let ctx_call_eager = parts.ctx_call(quote!(&self.__rt));
-    let body_result = parts.body_result();
-    let no_inputs = inputs.is_empty();
-    let rows_when_no_input = if no_inputs {
-        quote!(let __rows = #batch_ident;)
-    } else {
-        quote!()
-    };
-    let replay_batch_param = if no_inputs {
-        quote!(#batch_ident: usize)
-    } else {
-        quote!()
-    };
-    quote! {
-        /// Runs the bucket that holds the batch of the inputs (their rows), after copying
-        /// them in (capturing it first in a `lazy` family where it is not live); returns the
-        /// valid rows of the outputs. A batch above the largest bucket is an error, or runs
-        /// eagerly with `fallback = "eager"`. The state's addresses are checked first.
-        #[allow(clippy::too_many_arguments)]
-        #vis fn replay<#(#replay_generics),*>(
-            &mut self,
-            #(#replay_params,)*
-            #replay_batch_param
-        ) -> ::core::result::Result<#outputs_ty<'_>, #krate::GraphError> {
-            let __site = Self::__site();
-            #rows_when_no_input
-            #(#rows_checks)*
-            #(#replay_checks)*
-            match self.__buckets.pick(__rows)? {
-                #pr::Pick::Graph { index: __index, bucket: __bucket } => {
-                    if !self.__buckets.is_live(__index) {
-                        self.__capture(::core::option::Option::Some(__index))?;
-                    }
-                    // The closure writes only the slots, disjoint from `self.__buckets`.
-                    #pr::replay(self.__buckets.replayed(__index, __rows), |__staging| {
-                        let _ = (__staging, __bucket);
-                        #(#stages)*
-                        ::core::result::Result::Ok(())
-                    })?;
-                    self.__eager = false;
-                }
-                #pr::Pick::Eager => {
-                    let __b = __rows;
-                    let __ctx = #ctx_call_eager;
-                    let __staging = self.__buckets.eager_run(__rows);
-                    #(#eager_inputs)*
-                    #(#eager_outputs)*
-                    let __result = #body_result(#eager_call);
-                    #(#eager_finish)*
-                    __result?;
-                    self.__eager = true;
-                }
-            }
-            self.__rows = __rows;
-            ::core::result::Result::Ok(self.outputs())
-        }
-    }
+         value; constants are frozen."
+    )
 }

@@ -1,49 +1,54 @@
-//! The graph type of a function without buckets: `FooGraph`, a wrapper around the runtime's
-//! `TypedGraph<__FooBody>`, and the `FooInputs` / `FooOutputs` / `FooState` views.
+//! The graph type of a function: `FooGraph`, a wrapper around the runtime's
+//! `TypedGraph<__FooBody>`, and the `FooInputs` / `FooOutputs` / `FooState` views; or, with
+//! `buckets(…)`, its family `FooBuckets`, a wrapper around the runtime's
+//! `TypedFamily<__FooBody>`, and the `FooBucketOutputs` / `FooBucketState` views.
 //!
 //! The expansion is thin: the macro fills in the runtime's `GraphBody` trait (`__FooBody`
 //! holds the state and constants; the static inputs and outputs are named as tuple types,
-//! which the runtime checks, stages, shadows and verifies generically), and `TypedGraph`
-//! supplies everything else once. Only the typed `capture`, `replay` and `verify` stay
-//! generated, `replay` and `verify` forwarding in a line. One function per generated item,
-//! as serde_derive's `ser.rs` does; the generated locals are named after the user's
-//! parameters.
+//! which the runtime checks, stages, shadows and verifies generically), and `TypedGraph` or
+//! `TypedFamily` supplies everything else once. A family's body differs from a single
+//! graph's only in how it runs: on the bucket's rows of its buffers (`__cg::rows`). Only the
+//! typed `capture`, `replay` and `verify` stay generated, `replay` and `verify` forwarding in
+//! a line. One function per generated item, as serde_derive's `ser.rs` does; the generated
+//! locals are named after the user's parameters.
 //!
-//! Imports `parts.rs`, `args`, `model` and `tokens`; never its parent (`expand.rs`),
-//! `buckets.rs` or `check`.
+//! Imports `parts.rs`, `buckets.rs` (a family's own pieces), `args`, `model` and `tokens`;
+//! never its parent (`expand.rs`) or `check`.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
+use super::buckets;
 use super::parts::{CaptureParam, Parts};
+use crate::args::buckets::BucketArgs;
 use crate::args::{GraphArgs, VerifyEvery};
 use crate::model::{Param, Role};
 use crate::tokens::relocated;
 
-/// The graph type of the function and its views, as the items of the generated module,
-/// and the names to re-export from it.
+/// The graph type (or bucket family) of the function and its views, as the items of the
+/// generated module, and the names to re-export from it.
 pub(super) fn expand_graph(parts: &Parts, args: &GraphArgs) -> (TokenStream, Vec<Ident>) {
     let g = Gen::new(parts, args);
     let (pr, graph_ty, body_ty) = (g.pr, &g.graph_ty, &g.body_ty);
-    let (inputs_ty, outputs_ty, state_ty) = (&g.inputs_ty, &g.outputs_ty, &g.state_ty);
     let types = g.types();
     let views = g.views();
     let graph_body = g.graph_body();
     let methods = g.methods();
+    let names: Vec<Ident> = std::iter::once(graph_ty)
+        .chain(g.family.is_none().then_some(&g.inputs_ty))
+        .chain([&g.outputs_ty, &g.state_ty])
+        .cloned()
+        .collect();
+    let family = g.family.map(|_| quote!(family));
+    let views_ty = &names[1..];
     let body = quote! {
         #types
         #views
-        #pr::graph_type_impls!(#graph_ty, #body_ty, #inputs_ty, #outputs_ty, #state_ty);
+        #pr::graph_type_impls!(#family #graph_ty, #body_ty, #(#views_ty),*);
         #graph_body
         #methods
     };
-    let names = vec![
-        graph_ty.clone(),
-        inputs_ty.clone(),
-        outputs_ty.clone(),
-        state_ty.clone(),
-    ];
     (body, names)
 }
 
@@ -63,6 +68,8 @@ impl Hidden for Ident {
 struct Gen<'p, 'm> {
     parts: &'p Parts<'m>,
     args: &'p GraphArgs,
+    /// `buckets(…)`: the family's sizes, fallback and captures.
+    family: Option<&'p BucketArgs>,
     pr: &'p TokenStream,
     vis: &'p TokenStream,
     graph_ty: Ident,
@@ -76,17 +83,23 @@ struct Gen<'p, 'm> {
 
 impl<'p, 'm> Gen<'p, 'm> {
     fn new(parts: &'p Parts<'m>, args: &'p GraphArgs) -> Self {
+        let family = args.buckets.as_ref();
+        let (graph, outputs, state) = match family {
+            None => ("Graph", "Outputs", "State"),
+            Some(_) => ("Buckets", "BucketOutputs", "BucketState"),
+        };
         Gen {
             parts,
             args,
+            family,
             pr: &parts.pr,
             vis: &parts.vis,
-            graph_ty: parts.type_name("Graph"),
+            graph_ty: parts.type_name(graph),
             // Hidden: named so that a type of the user's module is not shadowed by them.
             body_ty: parts.type_name("Body").hidden(),
             inputs_ty: parts.type_name("Inputs"),
-            outputs_ty: parts.type_name("Outputs"),
-            state_ty: parts.type_name("State"),
+            outputs_ty: parts.type_name(outputs),
+            state_ty: parts.type_name(state),
             result_ty: parts.model.result.as_ref().map(relocated),
         }
     }
@@ -101,15 +114,26 @@ impl<'p, 'm> Gen<'p, 'm> {
         let (pr, vis, graph_ty, body_ty) = (self.pr, self.vis, &self.graph_ty, &self.body_ty);
         let state_fields = self.parts.state_fields();
         let const_fields = self.parts.const_fields();
-        let doc = self.struct_doc();
         // Held state borrows for `'s`; without any, a marker does.
         let marker = state_fields
             .is_empty()
             .then(|| quote!(__state: ::core::marker::PhantomData<&'s ()>,));
+        let (doc, must_use, typed) = match self.family {
+            None => (
+                self.struct_doc(),
+                "a captured graph does nothing until it is replayed",
+                quote!(TypedGraph),
+            ),
+            Some(b) => (
+                buckets::family_doc(self.parts, b),
+                "a captured bucket family does nothing until it is replayed",
+                quote!(TypedFamily),
+            ),
+        };
         quote! {
             #[doc = #doc]
-            #[must_use = "a captured graph does nothing until it is replayed"]
-            #vis struct #graph_ty<'s>(#pr::TypedGraph<#body_ty<'s>>);
+            #[must_use = #must_use]
+            #vis struct #graph_ty<'s>(#pr::#typed<#body_ty<'s>>);
 
             #[doc(hidden)]
             #vis struct #body_ty<'s> {
@@ -132,24 +156,35 @@ impl<'p, 'm> Gen<'p, 'm> {
     }
 
     /// The three views: `FooInputs` (static inputs lent to fill in place), `FooOutputs`
-    /// (outputs borrowed until the next replay) and `FooState` (state lent between replays).
+    /// (outputs borrowed until the next replay) and `FooState` (state lent between replays);
+    /// a family has no inputs view, and its outputs view holds the valid rows.
     fn views(&self) -> TokenStream {
         let (inputs_ty, outputs_ty, state_ty) = (&self.inputs_ty, &self.outputs_ty, &self.state_ty);
-        let inputs = self.view(
-            inputs_ty,
-            "The graph's static input buffers, one field per input, lent as views to fill in place before a `launch`: written into, never replaced.",
-            self.input_view_fields(),
-            quote!(&'g mut ()),
-        );
-        let outputs = self.view(
-            outputs_ty,
-            "The graph's outputs, one field per output (and `result`, what the function returned), borrowed until the next replay.",
-            self.output_view_fields(),
-            quote!(&'g ()),
-        );
+        let inputs = self.family.is_none().then(|| {
+            self.view(
+                inputs_ty,
+                "The graph's static input buffers, one field per input, lent as views to fill in place before a `launch`: written into, never replaced.",
+                self.input_view_fields(),
+                quote!(&'g mut ()),
+            )
+        });
+        let outputs = match self.family {
+            None => self.view(
+                outputs_ty,
+                "The graph's outputs, one field per output (and `result`, what the function returned), borrowed until the next replay.",
+                self.output_view_fields(),
+                quote!(&'g ()),
+            ),
+            Some(_) => self.view(
+                outputs_ty,
+                "The valid rows of the outputs of the last replay (each a `CudaView` of the output's first rows), borrowed from the family until the next replay.",
+                buckets::output_view_fields(self.parts),
+                quote!(&'g ()),
+            ),
+        };
         let state = self.view(
             state_ty,
-            "The graph's state, one field per state parameter, lent back between replays.",
+            "The state, one field per state parameter, lent back between replays.",
             self.state_view_fields(),
             quote!(&'g mut ()),
         );
@@ -243,6 +278,10 @@ impl<'p, 'm> Gen<'p, 'm> {
         let site = &self.parts.site;
         let ctx_ty = self.parts.ctx_ty();
         let ctx_assoc = quote_spanned!(ctx_ty.span()=> type Ctx = #ctx_ty;);
+        let inputs_view = match self.family {
+            None => quote!(#inputs_ty<'g>),
+            Some(_) => quote!(()),
+        };
         let ins = self.parts.inputs.iter().map(|p| self.ty(p));
         let outs = self.parts.outputs.iter().map(|p| self.ty(p));
         let value = match &self.result_ty {
@@ -264,7 +303,7 @@ impl<'p, 'm> Gen<'p, 'm> {
                 type Ins = (#(#ins,)*);
                 type Outs = (#(#outs,)*);
                 type Value = #value;
-                type Inputs<'g> = #inputs_ty<'g> where Self: 'g;
+                type Inputs<'g> = #inputs_view where Self: 'g;
                 type Outputs<'g> = #outputs_ty<'g> where Self: 'g;
                 type State<'g> = #state_ty<'g> where Self: 'g;
                 const INPUTS: &'static [&'static str] = #input_names;
@@ -295,22 +334,26 @@ impl<'p, 'm> Gen<'p, 'm> {
             .map(|p| {
                 let i = &p.ident;
                 match p.role {
-                    // `&mut` locals of the destructured statics, coerced to the parameters.
+                    // `&mut` locals of the destructured statics (a family's: of its `Rows`),
+                    // coerced to the parameters.
                     Role::Input | Role::Output => quote!(#i),
                     Role::State { .. } => self.parts.held_arg(p, quote!(self.#i)),
+                    // The bucket's rows, at the batch parameter's type.
+                    Role::Bucket => {
+                        let t = self.ty(p);
+                        quote!(*__b as #t)
+                    }
                     // The whole argument at the constant's type, `self.` included.
-                    Role::Constant | Role::Bucket => {
+                    Role::Constant => {
                         quote_spanned!(p.ty.span()=> #pr::constant(&self.#i))
                     }
                 }
             })
             .collect();
         let call = self.parts.call(&call_args);
-        // The static buffers as locals named after the parameters.
-        let ins = self.parts.inputs.iter().map(|p| &p.ident);
-        let outs = self.parts.outputs.iter().map(|p| &p.ident);
-        let result = self.result_ty.as_ref().map(|_| quote!(result: __result,));
-        let statics = quote!(let #pr::Statics { inputs: (#(#ins,)*), outputs: (#(#outs,)*), #result .. } = s;);
+        // The static buffers (a family's bucket rows of them) as locals named after the
+        // parameters.
+        let statics = self.statics_locals();
         match &self.result_ty {
             None => {
                 let body_result = self.parts.body_result();
@@ -325,6 +368,20 @@ impl<'p, 'm> Gen<'p, 'm> {
                 }
             }
         }
+    }
+
+    /// The statement that binds the static buffers of `s` to locals named after the
+    /// parameters (`&mut` borrows; a family's are of the bucket's `Rows` of them, after its
+    /// rows `__b`): what `run` and `island` start with.
+    fn statics_locals(&self) -> TokenStream {
+        let pr = self.pr;
+        let ins = self.parts.inputs.iter().map(|p| &p.ident);
+        let outs = self.parts.outputs.iter().map(|p| &p.ident);
+        if self.family.is_some() {
+            return quote!(let (__b, (#(#ins,)*), (#(#outs,)*)) = &mut #pr::rows(s););
+        }
+        let result = self.result_ty.as_ref().map(|_| quote!(result: __result,));
+        quote!(let #pr::Statics { inputs: (#(#ins,)*), outputs: (#(#outs,)*), #result .. } = s;)
     }
 
     fn body_value(&self) -> TokenStream {
@@ -389,13 +446,26 @@ impl<'p, 'm> Gen<'p, 'm> {
             Self::view_init(outputs_ty, output_init),
             Self::view_init(state_ty, state_init),
         );
+        let (inputs_mut, outputs_of) = match self.family {
+            None => (
+                quote! {
+                    fn inputs_mut(s: &mut #pr::StaticsOf<Self>) -> #inputs_ty<'_> {
+                        let (#(#ins,)*) = #pr::StaticList::lend(&mut s.inputs);
+                        #inputs
+                    }
+                },
+                quote!(let #pr::Statics { outputs: (#(#outs,)*), #result .. } = s;),
+            ),
+            // A family's inputs are staged by rows, never lent; its outputs are the rows.
+            Some(_) => (
+                quote!(fn inputs_mut(s: &mut #pr::StaticsOf<Self>) {}),
+                quote!(let (#(#outs,)*) = #pr::BatchList::valid(&s.outputs, s.batch);),
+            ),
+        };
         quote! {
-            fn inputs_mut(s: &mut #pr::StaticsOf<Self>) -> #inputs_ty<'_> {
-                let (#(#ins,)*) = #pr::StaticList::lend(&mut s.inputs);
-                #inputs
-            }
+            #inputs_mut
             fn outputs(s: &#pr::StaticsOf<Self>) -> #outputs_ty<'_> {
-                let #pr::Statics { outputs: (#(#outs,)*), #result .. } = s;
+                #outputs_of
                 #outputs
             }
             fn state_mut(&mut self) -> #state_ty<'_> {
@@ -405,9 +475,14 @@ impl<'p, 'm> Gen<'p, 'm> {
     }
 
     /// `WARMUP` and the typed methods: `capture`, and `replay` and `verify` forwarding to the
-    /// runtime's `TypedGraph` in a line.
+    /// runtime's `TypedGraph` in a line (a family's: `BUCKETS` and its own, see
+    /// `buckets.rs`).
     fn methods(&self) -> TokenStream {
         let (pr, vis, graph_ty, outputs_ty) = (self.pr, self.vis, &self.graph_ty, &self.outputs_ty);
+        if let Some(b) = self.family {
+            let methods = buckets::family_methods(self.parts, b, &self.body_ty, outputs_ty);
+            return quote!(impl<'s> #graph_ty<'s> { #methods });
+        }
         let warmup = proc_macro2::Literal::u32_unsuffixed(self.args.warmup());
         let capture = self.capture();
         let (generics, params) = self.parts.replay_inputs();

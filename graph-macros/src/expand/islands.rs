@@ -743,6 +743,7 @@ pub(super) fn graph_body_items(
     model: &GraphFn,
     names: &IslandNames,
     pr: &TokenStream,
+    family: bool,
 ) -> TokenStream {
     let (params_ty, fn_ty) = (&names.params_ty, &names.fn_ty);
     let Some(ctx) = ctx_ident(model) else {
@@ -750,15 +751,28 @@ pub(super) fn graph_body_items(
     };
     let ins = model.of(|r| r == Role::Input).map(|p| &p.ident);
     let outs = model.of(|r| r == Role::Output).map(|p| &p.ident);
+    // The static buffers as locals named after the parameters (a family's: the bucket's
+    // rows of them, after the rows `__b`), as `run` binds them.
+    let statics = if family {
+        quote!(let (__b, (#(#ins,)*), (#(#outs,)*)) = &mut #pr::rows(s);)
+    } else {
+        quote!(let #pr::Statics { inputs: (#(#ins,)*), outputs: (#(#outs,)*), .. } = s;)
+    };
     let fields = model.params.iter().map(|p| {
         let i = &p.ident;
         match p.role {
+            // A family's locals are `&mut` its `Rows`, coerced (`&**`) to the buffers.
             Role::Input => quote!(#i: &*#i),
+            Role::Output if family => quote!(#i: #pr::DeviceState::lend(&mut **#i)),
             Role::Output => quote!(#i: #pr::DeviceState::lend(#i)),
             Role::State { mutable: false } => quote!(#i: &*self.#i),
             Role::State { mutable: true } if p.island => quote!(#i: &mut *self.#i),
             Role::State { mutable: true } => quote!(#i: #pr::DeviceState::lend(&mut *self.#i)),
-            Role::Constant | Role::Bucket => quote!(#i: self.#i),
+            Role::Bucket => {
+                let t = relocated(&p.ty);
+                quote!(#i: *__b as #t)
+            }
+            Role::Constant => quote!(#i: self.#i),
         }
     });
     let saved: Vec<&Param> = model
@@ -793,7 +807,7 @@ pub(super) fn graph_body_items(
             let __run = __island
                 .downcast_ref::<super::#fn_ty>()
                 .expect("an island of this graph holds this graph's island function");
-            let #pr::Statics { inputs: (#(#ins,)*), outputs: (#(#outs,)*), .. } = s;
+            #statics
             __run(super::#params_ty { #ctx: __ctx, #(#fields,)* })
         }
         fn owns_island(__island: &(dyn ::core::any::Any + ::core::marker::Send + ::core::marker::Sync)) -> bool {

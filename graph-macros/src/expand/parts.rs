@@ -1,8 +1,6 @@
 //! The pieces of generated code that the single graph (`graph.rs`) and the bucket family
-//! (`buckets.rs`) both contain, written once: the held state and constants, the `__site`
-//! static and the `capture` constructor around its body, the closure the runtime's capture
-//! drives, the state checks and input parameters of `replay`, the call of the user's
-//! function, and the `Debug` of a view.
+//! (`buckets.rs`) both contain, written once: the held state and constants, the parameters
+//! of `capture` and `replay`, and the call of the user's function.
 //!
 //! Imports the model and the token helpers only; never its parent (`expand.rs`), its
 //! siblings, `args` or `check`.
@@ -28,7 +26,6 @@ pub(super) fn capture_generic(n: usize) -> Ident {
 /// generated code uses.
 pub(super) struct Parts<'m> {
     pub model: &'m GraphFn,
-    pub krate: &'m syn::Path,
     /// The `GraphSite` literal of the function (name, warmup, capture mode).
     pub site: TokenStream,
     /// What the generated types' names start with: the function's name in camel case, or
@@ -57,17 +54,11 @@ pub(super) struct Parts<'m> {
 }
 
 impl<'m> Parts<'m> {
-    pub fn new(
-        model: &'m GraphFn,
-        krate: &'m syn::Path,
-        site: TokenStream,
-        name: Option<&Ident>,
-    ) -> Self {
+    pub fn new(model: &'m GraphFn, site: TokenStream, name: Option<&Ident>) -> Self {
         let item = &model.item;
         let fn_ident = &item.sig.ident;
         Parts {
             model,
-            krate,
             site,
             base: name.map_or_else(|| camel(fn_ident), unraw),
             base_span: name.map_or(fn_ident.span(), Ident::span),
@@ -192,94 +183,11 @@ impl<'m> Parts<'m> {
         quote!(super::#fn_ident(__ctx, #(#args),*))
     }
 
-    /// The body's context borrowed out of the runtime `rt` (an expression of type
-    /// `&Runtime`), through `FromRuntime::try_from_runtime` and `?`: a context the runtime
-    /// lacks (candle's `Device` on a runtime not made by `Runtime::from_candle`) is a
-    /// `GraphError` of the enclosing function, never a panic. Spanned at the context's type,
-    /// so that a type that is no context is reported there.
-    pub fn ctx_call(&self, rt: TokenStream) -> TokenStream {
-        let (pr, ctx_ty) = (&self.pr, &self.ctx_ty);
-        quote_spanned!(ctx_ty.span()=> <#ctx_ty as #pr::FromRuntime>::try_from_runtime(#rt)?)
-    }
-
     /// The conversion of the function's return value into the graph's result, spanned at
     /// the return type (so that a return type that is not a result is reported there).
     pub fn body_result(&self) -> TokenStream {
         let pr = &self.pr;
         quote_spanned!(self.model.item.sig.output.span()=> #pr::body_result)
-    }
-
-    /// The `GraphSite` static of the generated type, and `capture`: its documentation, its
-    /// parameters after the runtime (with their generics, in order), and `body` after
-    /// `__site` is bound.
-    pub fn site_and_capture(
-        &self,
-        doc: &str,
-        params: Vec<CaptureParam>,
-        body: TokenStream,
-    ) -> TokenStream {
-        let (pr, krate, vis, site) = (&self.pr, self.krate, &self.vis, &self.site);
-        let (generics, params): (Vec<_>, Vec<_>) = params.into_iter().unzip();
-        let generics = generics.into_iter().flatten();
-        quote! {
-            fn __site() -> &'static #pr::GraphSite {
-                static SITE: #pr::GraphSite = #site;
-                &SITE
-            }
-
-            #[doc = #doc]
-            #[allow(clippy::too_many_arguments)]
-            #vis fn capture<#(#generics),*>(
-                rt: &#krate::Runtime,
-                #(#params),*
-            ) -> ::core::result::Result<Self, #krate::GraphError> {
-                let __site = Self::__site();
-                #body
-            }
-        }
-    }
-
-    /// The statements that build the closure the runtime's capture drives: the context,
-    /// the address book, and `__body`, taking `closure_params`, whose `match __step` has the
-    /// `run_arm` and an arm checking the recorded addresses with `checks`.
-    pub fn body_closure(
-        &self,
-        ctx_call: TokenStream,
-        closure_params: TokenStream,
-        run_arm: TokenStream,
-        checks: &[TokenStream],
-    ) -> TokenStream {
-        let (pr, krate) = (&self.pr, self.krate);
-        // The context is taken for each step: a stream context is the capture stream while
-        // the capture records and the runtime's stream otherwise.
-        quote! {
-            let __book = &__book;
-            let mut __body = |#closure_params| -> ::core::result::Result<(), #krate::GraphError> {
-                let __ctx = #ctx_call;
-                match __step {
-                    #run_arm
-                    #pr::Step::Check(__when) => {
-                        let _ = __when;
-                        #(#checks)*
-                        ::core::result::Result::Ok(())
-                    }
-                }
-            };
-        }
-    }
-
-    /// A replay's first check: every state still holds the buffers it was captured with
-    /// (their address-book indices are `0..`).
-    pub fn replay_checks(&self) -> Vec<TokenStream> {
-        let pr = &self.pr;
-        self.book_states
-            .iter()
-            .enumerate()
-            .map(|(k, p)| {
-                let i = &p.ident;
-                quote!(self.__book.check(#k, &*self.#i, #pr::When::Replay)?;)
-            })
-            .collect()
     }
 
     /// The generic parameters and the parameters of `replay`, one of each per input:
@@ -310,15 +218,4 @@ pub(super) fn camel(ident: &Ident) -> String {
                 .unwrap_or_default()
         })
         .collect()
-}
-
-/// `Debug` for a view type of the generated module, which shows only its name.
-pub(super) fn debug_view(ty: &Ident) -> TokenStream {
-    quote! {
-        impl ::core::fmt::Debug for #ty<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.debug_struct(::core::stringify!(#ty)).finish_non_exhaustive()
-            }
-        }
-    }
 }

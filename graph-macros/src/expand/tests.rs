@@ -138,7 +138,8 @@ fn a_family_is_expanded_for_a_valid_function() {
 #[test]
 fn a_family_borrows_its_context_through_try_from_runtime() {
     // A candle `&Device` on a runtime not made by `Runtime::from_candle` is a
-    // `GraphError::NoCandleDevice`, at capture and in the eager fallback alike, never a panic.
+    // `GraphError::NoCandleDevice`, at capture and in the eager fallback alike, never a panic:
+    // the family's body names its context, which the runtime borrows with `try_from_runtime`.
     let out = cuda_graph(
         quote!(buckets(batch = [1, 2, 4], fallback = "eager")),
         quote! {
@@ -148,13 +149,11 @@ fn a_family_borrows_its_context_through_try_from_runtime() {
     )
     .to_string();
     assert!(!out.contains("compile_error"), "{out}");
-    for needle in [
-        quote!(let __ctx = <Device as __cg::FromRuntime>::try_from_runtime(__rt)?;),
-        quote!(let __ctx = <Device as __cg::FromRuntime>::try_from_runtime(&self.__rt)?;),
-    ] {
-        let needle = needle.to_string();
-        assert!(out.contains(&needle), "missing `{needle}` in:\n{out}");
-    }
+    let needle = quote!(
+        type Ctx = Device;
+    )
+    .to_string();
+    assert!(out.contains(&needle), "missing `{needle}` in:\n{out}");
     // `FromRuntime::from_runtime`, which panics there, is never called.
     let panicking = quote!(::from_runtime).to_string();
     assert!(!out.contains(&panicking), "`{panicking}` in:\n{out}");
@@ -294,4 +293,48 @@ fn the_module_is_hidden_only_behind_a_public_function() {
     // itself stays documented for `cargo doc --document-private-items`.
     assert!(!module(quote!()).0);
     assert!(!module(quote!(pub(crate))).0);
+}
+
+/// The expansion of `ui-tests/tests/pass/bucket-family.rs`'s first family, pretty-printed:
+/// what issue 33's "half the lines" is measured on (`cargo test -p graph-macros
+/// expansion_of_a_bucket_family -- --nocapture`).
+#[test]
+fn expansion_of_a_bucket_family() {
+    let out = expand_str(
+        quote!(
+            warmup = 2,
+            buckets(batch = [1, 2, 4, 8], fallback = "eager")
+        ),
+        quote! {
+            fn rows_plus_one(
+                rt: &Runtime,
+                x: &CudaSlice<f32>,
+                #[state] w: &CudaSlice<f32>,
+                y: &mut CudaSlice<f32>,
+                batch: usize,
+            ) -> Result<(), GraphError> {
+                let _ = (w, batch);
+                rt.stream().memcpy_dtod(x, y)?;
+                Ok(())
+            }
+        },
+    );
+    let generated = out.lines().count();
+    println!("{out}\n--- {generated} lines");
+    for needle in [
+        "pub(super) struct RowsPlusOneBuckets<'s>(__cg::TypedFamily<__RowsPlusOneBody<'s>>);",
+        "impl<'s> __cg::GraphBody for __RowsPlusOneBody<'s>",
+        "let (__b, (x,), (y,)) = &mut __cg::rows(s);",
+        "super::rows_plus_one(__ctx, x, &*self.w, y, *__b as usize)",
+        "pub y: __cg::ValidRows<'g, CudaSlice<f32>>,",
+        "pub const BUCKETS: &'static [usize] = &[1usize, 2usize, 4usize, 8usize];",
+        "self.0.replay_rows((x,), ::core::option::Option::None)",
+        "self.0.verify_rows((x,), ::core::option::Option::None, tolerance)",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
+    }
+    // 238 lines before the family ran through `GraphBody` and `TypedFamily` (its own struct,
+    // a `Step` closure, positional address checks); what the runtime does for a single
+    // graph must do for a family too, and not drift back into the expansion (half of 238).
+    assert!(generated <= 119, "{generated} lines:\n{out}");
 }

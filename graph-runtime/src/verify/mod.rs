@@ -92,17 +92,7 @@ impl<'a> Verifier<'a> {
         name: &'static str,
         shadow: &B,
     ) -> Result<(), GraphError> {
-        let mut regions = Vec::new();
-        shadow.regions(&mut |r| regions.push(r));
-        let eager = read_regions(self.rt, &regions)?;
-        self.items.push(Observed {
-            name,
-            kind: Compared::Output,
-            regions,
-            eager,
-            replay: Vec::new(),
-        });
-        Ok(())
+        self.output(true, name, shadow)
     }
 
     /// Reads what the eager run left in the `&mut` state, then restores the state and the
@@ -133,11 +123,9 @@ impl<'a> Verifier<'a> {
         name: &'static str,
         value: &B,
     ) -> Result<(), GraphError> {
-        if eager {
-            self.eager_output(name, value)
-        } else {
-            self.replay_output(name, value)
-        }
+        let mut regions = Vec::new();
+        value.regions(&mut |r| regions.push(r));
+        self.output_regions(eager, name, regions)
     }
 
     /// Reads what the replay wrote to output `name` (the graph's own buffer).
@@ -146,15 +134,31 @@ impl<'a> Verifier<'a> {
         name: &'static str,
         output: &B,
     ) -> Result<(), GraphError> {
-        let mut regions = Vec::new();
-        output.regions(&mut |r| regions.push(r));
-        let replay = read_regions(self.rt, &regions)?;
-        if let Some(item) = self
+        self.output(false, name, output)
+    }
+
+    /// [`Verifier::output`] of the bytes of `regions` (a bucket family's valid rows).
+    pub(crate) fn output_regions(
+        &mut self,
+        eager: bool,
+        name: &'static str,
+        regions: Vec<DeviceRegion>,
+    ) -> Result<(), GraphError> {
+        let bytes = read_regions(self.rt, &regions)?;
+        if eager {
+            self.items.push(Observed {
+                name,
+                kind: Compared::Output,
+                regions,
+                eager: bytes,
+                replay: Vec::new(),
+            });
+        } else if let Some(item) = self
             .items
             .iter_mut()
             .find(|i| i.kind == Compared::Output && i.name == name)
         {
-            item.replay = replay;
+            item.replay = bytes;
         }
         Ok(())
     }
@@ -178,6 +182,7 @@ impl<'a> Verifier<'a> {
             tolerance,
             items,
             replay: None,
+            bucket: None,
         };
         tracing::debug!(
             graph = report.graph,
@@ -299,12 +304,22 @@ mod tests {
                 Tolerance::BITWISE,
             )],
             replay: Some(4),
+            bucket: None,
         };
         let text = report.to_string();
         assert!(
             text.contains("MISMATCH")
                 && text.contains("first difference at 1")
                 && text.contains("replay 4"),
+            "{text}"
+        );
+        let in_family = VerifyReport {
+            bucket: Some(8),
+            ..report.clone()
+        };
+        let text = in_family.to_string();
+        assert!(
+            text.starts_with("verify `g` (bucket 8, bitwise, replay 4): MISMATCH"),
             "{text}"
         );
         let err = report.into_result().unwrap_err();
