@@ -1,6 +1,6 @@
 //! "Replays allocate nothing" (crate docs, Memory; README): a counting global allocator
 //! around `replay` with a device input, `replay` with host data, and `launch`, after the first
-//! replay of each kind. A graph that verifies a replay runs its body eagerly and may allocate,
+//! replay of each kind, and around a bucket family's replays of every bucket. A graph that verifies a replay runs its body eagerly and may allocate,
 //! so the graph here says `verify = "never"`.
 //!
 //! GPU test (`#[gpu_test]`): without a usable GPU it counts as ignored and says why; with
@@ -143,6 +143,54 @@ fn replays_and_launches_allocate_nothing(rt: Runtime) -> Result<(), GraphError> 
     let host_dev = s.clone_htod(&host)?;
     scale(&rt, &host_dev, &w, &mut eager)?;
     let ours = s.clone_dtoh(graph.outputs().y)?;
+    let diff = first_mismatch(&s.clone_dtoh(&eager)?, &ours);
+    assert!(diff.is_none(), "replay differs from eager: {diff:?}");
+    Ok(())
+}
+
+/// `y = w * x` over the bucket's rows: one graph per batch of 1, 2 or 4 rows.
+#[cuda_graph(warmup = 2, verify = "never", buckets(batch = [1, 2, 4]))]
+fn scale_rows(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    let _ = batch;
+    scale(rt, x, w, y)
+}
+
+/// A bucket family's replays take the same path as a single graph's: after each bucket's
+/// first replay, none allocates, whichever bucket a batch picks and however many padding rows
+/// it zero-fills.
+#[gpu_test]
+fn bucket_family_replays_allocate_nothing(rt: Runtime) -> Result<(), GraphError> {
+    let (mut rng, row) = (fresh_rng("bucket_family_replays_allocate_nothing"), 64);
+    let s = rt.stream();
+    let w = s.clone_htod(&random_vec(&mut rng, 4 * row))?;
+    let batches = (1..=4)
+        .map(|rows| s.clone_htod(&random_vec(&mut rng, rows * row)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut family = ScaleRowsBuckets::capture(&rt, row, &w, row)?;
+    for x in &batches {
+        family.replay(x)?;
+    }
+    let counted = allocations_in(|| {
+        for _ in 0..25 {
+            for x in &batches {
+                family.replay(x)?;
+            }
+        }
+        Ok(())
+    })?;
+    assert_eq!(counted, 0, "allocations in 100 replays of batches of 1 to 4 rows");
+
+    // The last replay (4 rows) computed w * x.
+    let x = &batches[3];
+    let mut eager = s.alloc_zeros::<f32>(4 * row)?;
+    scale(&rt, x, &w, &mut eager)?;
+    let ours = s.clone_dtoh(&family.outputs().y)?;
     let diff = first_mismatch(&s.clone_dtoh(&eager)?, &ours);
     assert!(diff.is_none(), "replay differs from eager: {diff:?}");
     Ok(())
