@@ -305,7 +305,7 @@ impl Graph {
             // kernels and generators it uses are kept alive by `self.rt`, and the buffers it
             // addresses by the owner of this `Graph` (a generated graph type, which checks
             // its state's addresses before calling this).
-            unsafe { driver::launch(self.exec, stream.cu_stream()) }.map_err(GraphError::Driver)
+            unsafe { driver::launch(self.exec, stream.cu_stream()) }.map_err(GraphError::from)
         })
     }
 }

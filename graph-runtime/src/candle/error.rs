@@ -35,10 +35,10 @@ fn cuda_error_of(e: &candle_core::Error) -> Option<GraphError> {
                 let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**inner);
                 while let Some(err) = source {
                     if let Some(d) = err.downcast_ref::<cudarc::driver::DriverError>() {
-                        return Some(GraphError::Driver(*d));
+                        return Some(GraphError::from(*d));
                     }
                     match err.downcast_ref::<CudaError>() {
-                        Some(CudaError::Cuda(d)) => return Some(GraphError::Driver(*d)),
+                        Some(CudaError::Cuda(d)) => return Some(GraphError::from(*d)),
                         Some(CudaError::Cublas(c)) => return Some(GraphError::Cublas(*c)),
                         _ => {}
                     }

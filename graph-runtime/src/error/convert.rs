@@ -19,9 +19,27 @@ impl From<DriverError> for GraphError {
                 requested_bytes: None,
                 free_bytes: None,
             },
+            _ if loses_the_context(e.0) => GraphError::ContextLost(e),
             _ => GraphError::Driver(e),
         }
     }
+}
+
+/// Whether CUDA reports `code` for a kernel that faulted: the context is then unusable, and
+/// every later call returns the same code (CUDA's "sticky" errors).
+pub(crate) fn loses_the_context(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+    )
 }
 
 impl From<CublasError> for GraphError {
@@ -107,7 +125,7 @@ impl GraphError {
                 requested_bytes: None,
                 free_bytes: None,
             },
-            _ => GraphError::Driver(e),
+            _ => GraphError::from(e),
         }
     }
 
@@ -144,7 +162,8 @@ impl GraphError {
             | GraphError::ConditionalBody { .. }
             | GraphError::ConditionMisuse { .. }
             | GraphError::IslandMisuse { .. }
-            | GraphError::UnusedCondition { .. }) => e,
+            | GraphError::UnusedCondition { .. }
+            | GraphError::ContextLost(_)) => e,
             other => GraphError::Body {
                 graph,
                 source: Box::new(other),

@@ -626,6 +626,21 @@ pub enum GraphError {
         location: &'static Location<'static>,
     },
 
+    /// A kernel faulted (an illegal or misaligned address, an illegal instruction, a device-side
+    /// assert, …): CUDA stops the whole context, and every later CUDA call of the process
+    /// returns the same error. Nothing recovers it but a new process.
+    #[error(
+        "the GPU context is lost: {} ({})\nA kernel faulted, and CUDA keeps this error for the rest of \
+         the process: every later call fails with it. Restart the process. In a graph body, a common \
+         cause is work queued on a stream of your own (not `rt.stream()` or a branch of `rt.fork`): it \
+         runs at once instead of being recorded, and reads memory the capture allocated but has not \
+         mapped yet. Fix: queue all of a body's work on the capture stream; run the program under \
+         compute-sanitizer to find the kernel",
+        code_name(.0),
+        code_text(.0)
+    )]
+    ContextLost(DriverError),
+
     /// Any other CUDA driver error.
     #[error("CUDA driver error {}: {}", code_name(.0), code_text(.0))]
     Driver(DriverError),
@@ -696,6 +711,7 @@ impl GraphError {
             GraphError::IslandMisuse { .. } => "IslandMisuse",
             GraphError::ConditionMisuse { .. } => "ConditionMisuse",
             GraphError::UnusedCondition { .. } => "UnusedCondition",
+            GraphError::ContextLost(_) => "ContextLost",
             GraphError::Driver(_) => "Driver",
             GraphError::Cublas(_) => "Cublas",
             GraphError::User(_) => "User",
