@@ -329,7 +329,9 @@ impl Shard {
         pos: &Tensor,
         cache: &StaticKvCache,
     ) -> candle::Result<Tensor> {
-        let Dims { heads, kv_heads, .. } = self.dims;
+        let Dims {
+            heads, kv_heads, ..
+        } = self.dims;
         let sum = |t: Tensor| sum(comm, t);
         let tables = self.rotary.tables();
         let mut x = self.embed.forward(&token.flatten_all()?)?; // (1, hidden)
@@ -340,7 +342,10 @@ impl Shard {
             let y = k.attention(&qkv, tables, pos, layer_cache, heads, kv_heads)?;
             let (x1, h1) = k.add_rms_norm(&x, &sum(b.o.forward(&y)?)?, b.mlp_norm.weight(), EPS)?;
             let m = k.silu_mul(&b.gate_up.forward(&h1)?)?;
-            let next = self.blocks.get(layer + 1).map_or(&self.norm, |n| &n.attn_norm);
+            let next = self
+                .blocks
+                .get(layer + 1)
+                .map_or(&self.norm, |n| &n.attn_norm);
             (x, h) = k.add_rms_norm(&x1, &sum(b.down.forward(&m)?)?, next.weight(), EPS)?;
         }
         self.logits(comm, &h)

@@ -184,7 +184,10 @@ fn bucket_family_replays_allocate_nothing(rt: Runtime) -> Result<(), GraphError>
         }
         Ok(())
     })?;
-    assert_eq!(counted, 0, "allocations in 100 replays of batches of 1 to 4 rows");
+    assert_eq!(
+        counted, 0,
+        "allocations in 100 replays of batches of 1 to 4 rows"
+    );
 
     // The last replay (4 rows) computed w * x.
     let x = &batches[3];

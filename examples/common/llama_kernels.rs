@@ -309,7 +309,12 @@ impl CustomOp3 for AddRmsNorm<'_> {
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(self.f);
         let n = h as i32;
-        b.arg(&x).arg(&d).arg(&w).arg(&mut out).arg(&n).arg(&self.eps);
+        b.arg(&x)
+            .arg(&d)
+            .arg(&w)
+            .arg(&mut out)
+            .arg(&n)
+            .arg(&self.eps);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
@@ -348,7 +353,10 @@ impl CustomOp1 for SiluMul<'_> {
         // SAFETY: `silu_mul`'s parameters in order; it reads 2·inter elements of `gu` and
         // writes `inter` of `out`, one thread each.
         unsafe { b.launch(LaunchConfig::for_num_elems(inter as u32)) }.map_err(launch_error)?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((1, inter))))
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((1, inter)),
+        ))
     }
 }
 
@@ -379,7 +387,10 @@ impl CustomOp1 for Attention<'_> {
             || hd % 2 != 0
             || !THREADS.is_multiple_of(hd)
         {
-            candle::bail!("decode_attention: qkv {:?} does not fit {heads} heads", l.dims());
+            candle::bail!(
+                "decode_attention: qkv {:?} does not fit {heads} heads",
+                l.dims()
+            );
         }
         let qkv = bf16_view(s, l, "qkv")?;
         let dev = s.device().clone();
@@ -421,6 +432,9 @@ impl CustomOp1 for Attention<'_> {
                 })
             })
         })?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((1, heads * hd))))
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((1, heads * hd)),
+        ))
     }
 }
