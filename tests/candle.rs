@@ -9,7 +9,7 @@ mod candle_models;
 mod upload_cap;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
-use candle_transformers::models::llama;
+use candle_transformers::models::{llama, mamba};
 use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
 use graph_runtime::candle::{candle_nn, ModelState, RotaryTables, StaticKvCache};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
@@ -494,6 +494,62 @@ fn a_foreign_model_is_state_through_model_state(_rt: Runtime) -> Result<(), Grap
     assert!(!lent.use_kv_cache);
     let x = tokens(&mut rng)?;
     graph.verify(&x, Tolerance::BITWISE)?.into_result()?;
+    Ok(())
+}
+
+/// One decoding step of candle-transformers' Mamba, its recurrent `State` held as
+/// `ModelState` with no tensors listed (issue 31, point 13): `forward` replaces the state's
+/// tensors with new ones every step.
+#[cuda_graph(warmup = 1, verify = "never")]
+fn mamba_step(
+    dev: &Device,
+    token: &Tensor,
+    #[state] model: &ModelState<mamba::Model>,
+    #[state] state: &mut ModelState<mamba::State>,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    model.model().forward(token, state.model_mut())
+}
+
+/// A foreign model that replaces its own state inside the body keeps tensors the capture
+/// allocated: each replay frees and reallocates them, so the state would read freed memory
+/// (every replay wrong, before). The capture is refused with a typed error naming the cause,
+/// and the runtime goes on.
+#[gpu_test]
+fn a_foreign_model_that_replaces_its_state_is_refused(_rt: Runtime) -> Result<(), GraphError> {
+    let (dev, rt) = candle_runtime()?;
+    let cfg = mamba::Config {
+        d_model: 64,
+        n_layer: 2,
+        vocab_size: 128,
+        pad_vocab_size_multiple: 8,
+    };
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let model = ModelState::from_varmap(mamba::Model::new(&cfg, vb).map_err(c)?, &varmap);
+    let state = mamba::State::new(1, &cfg, DType::F32, &dev).map_err(c)?;
+    let token = Tensor::from_vec(vec![3u32], (1,), &dev).map_err(c)?;
+    let err = MambaStepGraph::capture(&rt, &token, &model, ModelState::new(state, []))
+        .expect_err("the state's tensors are replaced inside the body");
+    eprintln!("refused: {err}");
+    assert!(
+        matches!(
+            err,
+            GraphError::KeptTemporary {
+                graph: "mamba_step",
+                ..
+            } | GraphError::FreedInCapture {
+                graph: "mamba_step"
+            }
+        ),
+        "{err:?}"
+    );
+    // The runtime still works.
+    let x = Tensor::from_vec(vec![0.5f32; 16], (1, 16), &dev).map_err(c)?;
+    let mlp = Mlp::new(&dev, 2, 16).map_err(c)?;
+    let mut graph = MlpForwardGraph::capture(&rt, &x, &mlp)?;
+    let eager = host(&mlp.forward(&x).map_err(c)?)?;
+    assert_eq!(host(graph.replay(&x)?.result)?, eager);
     Ok(())
 }
 

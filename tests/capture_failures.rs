@@ -293,6 +293,52 @@ fn wrong_input_length_is_typed_and_launches_nothing(rt: Runtime) -> Result<(), G
     assert_runtime_usable(&rt, test)
 }
 
+// --- a temporary kept past the body ------------------------------------------------------
+
+/// Where a careless helper keeps the buffers it is given.
+static KEPT: std::sync::Mutex<Vec<CudaSlice<f32>>> = std::sync::Mutex::new(Vec::new());
+
+fn keep(tmp: CudaSlice<f32>) {
+    KEPT.lock().expect("not poisoned").push(tmp);
+}
+
+#[cuda_graph(warmup = 1)]
+fn keeps_a_temporary(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let mut tmp = rt.stream().alloc_zeros::<f32>(x.len())?;
+    rt.stream().memcpy_dtod(x, &mut tmp)?;
+    rt.stream().memcpy_dtod(&tmp, y)?;
+    keep(tmp);
+    Ok(())
+}
+
+#[gpu_test]
+fn a_temporary_kept_past_the_body_is_refused(rt: Runtime) -> Result<(), GraphError> {
+    let test = "a_temporary_kept_past_the_body_is_refused";
+    let x = rt.stream().clone_htod(&[1.0f32; 256])?;
+    let err = KeepsATemporaryGraph::capture(&rt, &x, 256).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::KeptTemporary {
+                graph: "keeps_a_temporary",
+                bytes: 1024
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("write state in place"), "{err}");
+    // The warmup's buffer is the program's; those of the recordings (one, or two where debug
+    // builds record the body twice) were addresses of graphs that no longer exist.
+    let mut kept = std::mem::take(&mut *KEPT.lock().expect("not poisoned"));
+    std::mem::forget(kept.split_off(1));
+    drop(kept);
+    assert_runtime_usable(&rt, test)
+}
+
 // --- work issued on another stream: an empty graph --------------------------------------
 
 /// A stream made once, before capture (during warmup), and reused: legal to launch on while

@@ -89,6 +89,19 @@ pub(crate) unsafe fn mem_alloc_node_params(
     Ok(unsafe { p.assume_init() })
 }
 
+/// The address a free node of a graph frees.
+///
+/// # Safety
+/// `node` is a live free node.
+pub(crate) unsafe fn mem_free_node_address(
+    node: sys::CUgraphNode,
+) -> Result<sys::CUdeviceptr, DriverError> {
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: `node` is a live free node (caller); CUDA writes one address into `dptr`.
+    unsafe { sys::cuGraphMemFreeNodeGetParams(node, &mut dptr) }.result()?;
+    Ok(dptr)
+}
+
 /// One edge of a graph: from, to, and its data (its dependency type among others).
 pub(crate) type Edge = (sys::CUgraphNode, sys::CUgraphNode, sys::CUgraphEdgeData);
 

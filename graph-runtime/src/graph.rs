@@ -153,6 +153,9 @@ pub struct Graph {
     /// Whether some state lives on another stream: then dropping the graph, or lending its
     /// state, first waits for the replays in flight (see [`Graph::settle`]).
     settle: bool,
+    /// The temporaries (address, bytes) the graph allocates and does not free: what a body
+    /// kept past its end (its returned value, or a mistake: see [`Graph::kept_temporaries`]).
+    kept: Vec<(u64, u64)>,
 }
 
 // SAFETY: the graph and executable-graph handles may be used from any thread as long as
@@ -189,8 +192,10 @@ impl Graph {
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let mut baseline = MemoryReading::default();
+        let mut kept = Vec::new();
         let built = (|| {
             let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
+            kept = inspected.kept;
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -227,6 +232,7 @@ impl Graph {
             inputs,
             info,
             settle: false,
+            kept,
         };
         let upload_started = Instant::now();
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
@@ -247,6 +253,15 @@ impl Graph {
         g.info.read_footprint(rt, baseline);
         g.info.instantiate_time = started.elapsed();
         Ok(g)
+    }
+
+    /// The temporaries (address, bytes) the graph allocates and does not free itself. A
+    /// relaunch frees them (the graph is instantiated with AUTO_FREE_ON_LAUNCH) and allocates
+    /// them again at the same addresses, so only the graph's returned value may live there:
+    /// anything else that holds one (state replaced inside the body, a model's own cache, a
+    /// static) points at memory the next replay frees.
+    pub(crate) fn kept_temporaries(&self) -> &[(u64, u64)] {
+        &self.kept
     }
 
     /// Facts about the capture: node count, memory and timings.
@@ -619,6 +634,8 @@ pub(crate) fn refuse_unmappable(
 
 /// What a captured graph holds, by kind, and what its temporaries need.
 struct Inspected {
+    /// Allocations no free node of the graph frees: (address, bytes).
+    kept: Vec<(u64, u64)>,
     kinds: NodeKinds,
     temp_bytes: usize,
     temp_requested_bytes: usize,
@@ -710,6 +727,7 @@ fn inspect(
     let nodes = unsafe { driver::graph_nodes(raw) }?;
     let mut kinds = NodeKinds::default();
     let mut temps: Vec<(u64, u64)> = Vec::new();
+    let mut freed: Vec<u64> = Vec::new();
     // The nodes of the graph, then those of its conditional bodies (at any depth).
     let mut pending = nodes;
     while let Some(node) = pending.pop() {
@@ -744,7 +762,11 @@ fn inspect(
                 let p = unsafe { driver::mem_alloc_node_params(node) }?;
                 temps.push((p.dptr, p.bytesize as u64));
             }
-            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => kinds.frees += 1,
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                kinds.frees += 1;
+                // SAFETY: `node` is a free node of the live graph `raw`.
+                freed.push(unsafe { driver::mem_free_node_address(node) }?);
+            }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL => {
                 kinds.conditionals += 1;
                 for &body in record.bodies_of(node).unwrap_or_default() {
@@ -768,7 +790,14 @@ fn inspect(
         0
     };
     let temp_requested_bytes = temps.iter().map(|&(_, len)| len as usize).sum();
+    freed.sort_unstable();
+    let kept = temps
+        .iter()
+        .copied()
+        .filter(|(ptr, _)| freed.binary_search(ptr).is_err())
+        .collect();
     Ok(Inspected {
+        kept,
         kinds,
         temp_bytes: covered_bytes(&mut temps),
         temp_requested_bytes,

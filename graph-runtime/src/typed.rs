@@ -27,6 +27,7 @@ use crate::capture::CapturedIsland;
 use crate::error::{GraphError, When};
 use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 use crate::inputs::InputNodes;
+use crate::region::DeviceRegion;
 use crate::runtime::FromRuntime;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
@@ -108,6 +109,8 @@ pub trait ResultSlot {
     fn captured(&self, site: &'static GraphSite) -> Result<(), GraphError>;
     /// Gives `verify` the returned value (the eager run's when `eager`, else the replay's).
     fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError>;
+    /// The device memory of the stored value, if any.
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion));
 }
 
 impl ResultSlot for NoResult {
@@ -120,6 +123,7 @@ impl ResultSlot for NoResult {
     fn output_to(&self, _: &mut Verifier<'_>, _: bool) -> Result<(), GraphError> {
         Ok(())
     }
+    fn regions(&self, _: &mut dyn FnMut(DeviceRegion)) {}
 }
 
 /// The body stores its value with `store_result` (which asks for a `ResultBuffer`, and says
@@ -136,6 +140,38 @@ impl<B: DeviceState> ResultSlot for ResultOf<B> {
     }
     fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError> {
         verifier.output(eager, "result", self.get())
+    }
+    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
+        if let Some(value) = &self.0 {
+            value.regions(visit);
+        }
+    }
+}
+
+/// Refuses a capture whose graphs keep memory they allocated (see
+/// [`Graph::kept_temporaries`]) that the returned value does not hold: state replaced inside
+/// the body (a foreign model's own state or cache held as `ModelState`, say), a static, a
+/// leak. Each relaunch frees that memory, so whatever holds it would read freed memory.
+fn refuse_kept_temporaries(
+    site: &'static GraphSite,
+    captured: &crate::capture::Captured,
+    result: &impl ResultSlot,
+) -> Result<(), GraphError> {
+    let mut held = Vec::new();
+    result.regions(&mut |r| held.push((r.ptr(), r.bytes() as u64)));
+    let graphs =
+        std::iter::once(&captured.graph).chain(captured.islands.iter().flat_map(|i| &i.after));
+    let bytes: u64 = graphs
+        .flat_map(|g| g.kept_temporaries())
+        .filter(|&&(ptr, len)| !held.iter().any(|&(h, n)| h < ptr + len && ptr < h + n))
+        .map(|&(_, len)| len)
+        .sum();
+    match bytes {
+        0 => Ok(()),
+        bytes => Err(GraphError::KeptTemporary {
+            graph: site.name,
+            bytes: bytes as usize,
+        }),
     }
 }
 
@@ -532,6 +568,7 @@ impl Recording {
         inst.body.restore_islands(island_state);
         let captured = captured?;
         inst.statics.result.captured(site)?;
+        refuse_kept_temporaries(site, &captured, &inst.statics.result)?;
         Ok(Recording {
             graph: captured.graph,
             islands: captured.islands,

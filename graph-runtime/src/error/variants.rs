@@ -626,6 +626,23 @@ pub enum GraphError {
         location: &'static Location<'static>,
     },
 
+    /// The body kept memory it allocated during the capture outside its returned value.
+    #[error(
+        "`{graph}` keeps {} it allocated during the capture, outside its returned value\nEvery \
+         replay frees and reallocates the graph's temporaries, so whatever holds that memory (state \
+         replaced inside the body, a model's own state or cache object, a static) would read freed \
+         memory after the first replay. Fix: write state in place (`slice_set`, `copy_`, a kernel) \
+         instead of replacing it; for a model that replaces its own state, keep that state outside \
+         the graph or list its tensors in `ModelState`; return a value as the function's result",
+        crate::error::bytes(*.bytes)
+    )]
+    KeptTemporary {
+        /// The graph being captured.
+        graph: &'static str,
+        /// Bytes kept.
+        bytes: usize,
+    },
+
     /// A kernel faulted (an illegal or misaligned address, an illegal instruction, a device-side
     /// assert, …): CUDA stops the whole context, and every later CUDA call of the process
     /// returns the same error. Nothing recovers it but a new process.
@@ -711,6 +728,7 @@ impl GraphError {
             GraphError::IslandMisuse { .. } => "IslandMisuse",
             GraphError::ConditionMisuse { .. } => "ConditionMisuse",
             GraphError::UnusedCondition { .. } => "UnusedCondition",
+            GraphError::KeptTemporary { .. } => "KeptTemporary",
             GraphError::ContextLost(_) => "ContextLost",
             GraphError::Driver(_) => "Driver",
             GraphError::Cublas(_) => "Cublas",
