@@ -179,12 +179,12 @@ pub struct StaticRoot {
 }
 
 impl StaticRoot {
-    /// The place in a message: `` `STEP.fetch_add()` ``, or
-    /// `` `step.fetch_add()` (`step` refers to `STEP`) ``, `tail` written after the root.
+    /// The place in a message: `` `STEP.fetch_add()` ``, or `` `STEP.fetch_add()` through
+    /// `step` `` for `step.fetch_add()`, `tail` written after the static's name.
     pub fn describe(&self, tail: &str) -> String {
         match &self.through {
             None => format!("`{}{tail}`", self.name),
-            Some(local) => format!("`{local}{tail}` (`{local}` refers to `{}`)", self.name),
+            Some(local) => format!("`{}{tail}` through `{local}`", self.name),
         }
     }
 }

@@ -679,7 +679,7 @@ impl Walker {
         if let Some(stat) = self.scope.static_root(place) {
             let what = match &stat.through {
                 None => format!("the write to `{}`", stat.name),
-                Some(local) => format!("the write through `{local}` (which refers to `{}`)", stat.name),
+                Some(local) => format!("the write to `{}` through `{local}`", stat.name),
             };
             self.match_rules(spans_of(whole), &what, |m| *m == Matcher::StaticAccess);
         }
