@@ -1449,6 +1449,12 @@ fn generic_helpers_declared_in_the_body_are_walked() {
             Lane(rt.stream().clone()).wait()?;
         },
         quote! {
+            struct Lane<S>(S);
+            impl<S> Lane<S> where S: AsRef<CudaStream> {
+                fn wait(&self) -> Result<(), DriverError> { self.0.synchronize() }
+            }
+        },
+        quote! {
             trait Wait { fn wait(&self) -> Result<(), DriverError> { self.synchronize() } }
         },
     ] {

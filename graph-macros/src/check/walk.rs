@@ -634,12 +634,34 @@ impl Walker {
         outer: &syn::Generics,
         self_ty: Option<&syn::Type>,
     ) {
-        let generics: Vec<String> = outer
-            .type_params()
-            .chain(sig.generics.type_params())
+        let params: Vec<&syn::TypeParam> =
+            outer.type_params().chain(sig.generics.type_params()).collect();
+        let generics: Vec<String> = params.iter().map(|t| unraw(&t.ident)).collect();
+        // The generic parameters bounded by a CUDA type (`S: Deref<Target = CudaStream>`, in
+        // the list or in a where clause).
+        let predicates: Vec<&syn::WherePredicate> = [outer, &sig.generics]
+            .into_iter()
+            .filter_map(|g| g.where_clause.as_ref())
+            .flat_map(|w| &w.predicates)
+            .collect();
+        let cuda_generics: Vec<String> = params
+            .iter()
+            .filter(|t| {
+                let name = unraw(&t.ident);
+                let in_where = predicates.iter().any(|p| match p {
+                    syn::WherePredicate::Type(pt) => {
+                        names_any(&pt.bounded_ty, std::slice::from_ref(&name))
+                            && pt.bounds.iter().any(is_cuda_bound)
+                    }
+                    _ => false,
+                });
+                t.bounds.iter().any(is_cuda_bound) || in_where
+            })
             .map(|t| unraw(&t.ident))
             .collect();
         let kind_of = |ty: &syn::Type| match kind_of_type(ty) {
+            // `Lane<S>` with `S` bounded by a CUDA type is judged like `Lane<CudaStream>`.
+            Kind::Users if names_any(ty, &cuda_generics) => Kind::Cuda,
             Kind::Users if names_any(ty, &generics) => Kind::Unknown,
             kind => kind,
         };
@@ -1118,6 +1140,22 @@ fn type_of_path_call(p: &syn::ExprPath) -> Option<Kind> {
         }
     };
     (kind != Kind::Users).then_some(kind)
+}
+
+/// Whether a bound of a generic parameter names a CUDA type (`Deref<Target = CudaStream>`,
+/// `AsRef<CudaEvent>`).
+fn is_cuda_bound(bound: &syn::TypeParamBound) -> bool {
+    match bound {
+        syn::TypeParamBound::Trait(t) => {
+            let ty = syn::Type::Path(syn::TypePath {
+                attrs: Vec::new(),
+                qself: None,
+                path: t.path.clone(),
+            });
+            kind_of_type(&ty) == Kind::Cuda
+        }
+        _ => false,
+    }
 }
 
 /// Whether a type names any of these (generic parameters): `S`, `&S`, `Lane<S>`.
