@@ -353,15 +353,15 @@ impl Scope {
             Expr::MethodCall(m) if is_guard_method(m) => self.static_place(&m.receiver),
             // `Arc::clone(&STATE)`, `Rc::clone(&s)`.
             Expr::Call(c) if c.args.len() == 1 => match &*c.func {
-                Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "clone") => {
-                    self.static_alias(&c.args[0])
-                        .or_else(|| self.static_place(&c.args[0]))
-                }
+                Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "clone") => self
+                    .static_alias(&c.args[0])
+                    .or_else(|| self.static_place(&c.args[0])),
                 _ => None,
             },
-            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
-                self.get(&unraw(&p.path.segments[0].ident))?.static_ref.clone()
-            }
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => self
+                .get(&unraw(&p.path.segments[0].ident))?
+                .static_ref
+                .clone(),
             _ => None,
         }
     }
@@ -624,7 +624,15 @@ impl Scope {
 /// `.lock()`, `.borrow_mut()`, `.unwrap()`, …
 fn is_guard_method(m: &syn::ExprMethodCall) -> bool {
     const THROUGH: &[&str] = &[
-        "clone", "lock", "read", "write", "borrow", "borrow_mut", "unwrap", "expect", "as_ref",
+        "clone",
+        "lock",
+        "read",
+        "write",
+        "borrow",
+        "borrow_mut",
+        "unwrap",
+        "expect",
+        "as_ref",
         "deref",
     ];
     THROUGH.contains(&unraw(&m.method).as_str())

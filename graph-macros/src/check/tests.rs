@@ -1351,15 +1351,39 @@ fn methods_passed_as_values_are_judged_like_their_calls() {
     };
     let with = |body: TokenStream| ids_with(quote!(warmup = 2), params.clone(), body);
     for (body, id) in [
-        (quote!(streams.iter().for_each(CudaStream::synchronize);), "host-sync"),
-        (quote!(let wait = CudaStream::synchronize; wait(&streams[0])?;), "host-sync"),
+        (
+            quote!(streams.iter().for_each(CudaStream::synchronize);),
+            "host-sync",
+        ),
+        (
+            quote!(let wait = CudaStream::synchronize; wait(&streams[0])?;),
+            "host-sync",
+        ),
         (quote!(let f = Runtime::synchronize; f(rt)?;), "host-sync"),
-        (quote!(let r = streams.iter().map(<CudaStream>::synchronize);), "host-sync"),
-        (quote!(let done = events.iter().map(CudaEvent::query);), "stream-or-event-query"),
-        (quote!(let done = events.iter().all(CudaEvent::is_complete);), "stream-or-event-query"),
-        (quote!(let t = events.iter().map(CudaEvent::elapsed_ms);), "stream-or-event-query"),
-        (quote!(let v = outs.iter().map(Tensor::to_vec1::<f32>);), "candle-host-read"),
-        (quote!(let m = rt.context().map(CudaContext::load_module);), "module-load-in-body"),
+        (
+            quote!(let r = streams.iter().map(<CudaStream>::synchronize);),
+            "host-sync",
+        ),
+        (
+            quote!(let done = events.iter().map(CudaEvent::query);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let done = events.iter().all(CudaEvent::is_complete);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let t = events.iter().map(CudaEvent::elapsed_ms);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let v = outs.iter().map(Tensor::to_vec1::<f32>);),
+            "candle-host-read",
+        ),
+        (
+            quote!(let m = rt.context().map(CudaContext::load_module);),
+            "module-load-in-body",
+        ),
     ] {
         assert_eq!(with(body.clone()), [id], "{body}");
     }
@@ -1384,15 +1408,42 @@ fn a_value_of_the_users_type_built_from_a_cuda_value_is_not_provably_theirs() {
     };
     let with = |body: TokenStream| ids_with(quote!(warmup = 2), params.clone(), body);
     for (body, id) in [
-        (quote!(let fence = Fence::from(done); while !fence.is_complete() {}), "stream-or-event-query"),
-        (quote!(let gpu = Gpu::new(rt.stream().clone()); gpu.synchronize()?;), "host-sync"),
-        (quote!(let gpu = Gpu::new(Arc::new(rt.stream().clone())); gpu.synchronize()?;), "host-sync"),
-        (quote!(let gpu: Gpu = Gpu::new(rt); gpu.synchronize()?;), "host-sync"),
-        (quote!(let ev = rt.context().new_event(None)?; let f = Fence::with_event(ev); f.query()?;), "stream-or-event-query"),
-        (quote!(let gpu = Gpu { stream: s }; gpu.synchronize()?;), "host-sync"),
-        (quote!(let gpu = Gpu { lane: rt.stream().clone() }; gpu.synchronize()?;), "host-sync"),
-        (quote!(let gpu = Gpu::from_stream(cfg.main_stream.clone()); gpu.synchronize()?;), "host-sync"),
-        (quote!(let b = Batch::new(x); b.load_module(p)?;), "module-load-in-body"),
+        (
+            quote!(let fence = Fence::from(done); while !fence.is_complete() {}),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let gpu = Gpu::new(rt.stream().clone()); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu::new(Arc::new(rt.stream().clone())); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu: Gpu = Gpu::new(rt); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let ev = rt.context().new_event(None)?; let f = Fence::with_event(ev); f.query()?;),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let gpu = Gpu { stream: s }; gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu { lane: rt.stream().clone() }; gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu::from_stream(cfg.main_stream.clone()); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let b = Batch::new(x); b.load_module(p)?;),
+            "module-load-in-body",
+        ),
     ] {
         assert_eq!(with(body.clone()), [id], "{body}");
     }
@@ -1461,13 +1512,11 @@ fn generic_helpers_declared_in_the_body_are_walked() {
         assert_eq!(one(body.clone()), ["host-sync"], "{body}");
     }
     // The methods of a type of the user's declared in the body are the user's.
-    for body in [
-        quote! {
-            struct Job { id: u32 }
-            impl Job { fn query(&self) -> u32 { self.id } fn run(&self) -> u32 { self.query() } }
-            fn total<T: Into<u64>>(xs: Vec<T>) -> u64 { xs.into_iter().map(Into::into).sum() }
-        },
-    ] {
+    for body in [quote! {
+        struct Job { id: u32 }
+        impl Job { fn query(&self) -> u32 { self.id } fn run(&self) -> u32 { self.query() } }
+        fn total<T: Into<u64>>(xs: Vec<T>) -> u64 { xs.into_iter().map(Into::into).sum() }
+    }] {
         assert_eq!(one(body.clone()), Vec::<&str>::new(), "{body}");
     }
 }

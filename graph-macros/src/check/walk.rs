@@ -634,8 +634,10 @@ impl Walker {
         outer: &syn::Generics,
         self_ty: Option<&syn::Type>,
     ) {
-        let params: Vec<&syn::TypeParam> =
-            outer.type_params().chain(sig.generics.type_params()).collect();
+        let params: Vec<&syn::TypeParam> = outer
+            .type_params()
+            .chain(sig.generics.type_params())
+            .collect();
         let generics: Vec<String> = params.iter().map(|t| unraw(&t.ident)).collect();
         // The generic parameters bounded by a CUDA type (`S: Deref<Target = CudaStream>`, in
         // the list or in a where clause).
@@ -766,9 +768,11 @@ impl Walker {
 
 impl<'ast> Visit<'ast> for Walker {
     /// Items declared inside the body run only when the body calls them, and only the body
-    /// can: a function is walked like the body (its parameters known by their types), a
-    /// `macro_rules!` by the macros, methods and paths its rules write. `use` items were read
-    /// before the walk ([`use_aliases`]); other items hold no statements.
+    /// can: a function, a method of an `impl` and a provided method of a `trait` are walked
+    /// like the body (their parameters known by their types, generic ones by their bounds:
+    /// [`Walker::function`]), a `macro_rules!` by the macros, methods and paths its rules
+    /// write. `use` items were read before the walk ([`use_aliases`]); other items hold no
+    /// statements the body runs.
     fn visit_item(&mut self, item: &'ast syn::Item) {
         match item {
             syn::Item::Fn(f) => self.function(&f.sig, &f.block, &syn::Generics::default(), None),
