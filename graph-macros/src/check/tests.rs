@@ -1508,15 +1508,27 @@ fn generic_helpers_declared_in_the_body_are_walked() {
         quote! {
             trait Wait { fn wait(&self) -> Result<(), DriverError> { self.synchronize() } }
         },
+        quote! {
+            fn wait<S: Waitable>(s: &S) -> Result<(), DriverError> { s.synchronize() }
+        },
     ] {
         assert_eq!(one(body.clone()), ["host-sync"], "{body}");
     }
     // The methods of a type of the user's declared in the body are the user's.
-    for body in [quote! {
-        struct Job { id: u32 }
-        impl Job { fn query(&self) -> u32 { self.id } fn run(&self) -> u32 { self.query() } }
-        fn total<T: Into<u64>>(xs: Vec<T>) -> u64 { xs.into_iter().map(Into::into).sum() }
-    }] {
+    for body in [
+        quote! {
+            struct Job { id: u32 }
+            impl Job { fn query(&self) -> u32 { self.id } fn run(&self) -> u32 { self.query() } }
+            fn total<T: Into<u64>>(xs: Vec<T>) -> u64 { xs.into_iter().map(Into::into).sum() }
+        },
+        quote! {
+            struct Bag<T> { items: Vec<T> }
+            impl<T: Clone> Bag<T> {
+                fn query(&self) -> usize { self.items.len() }
+                fn synchronize(&mut self, b: &Bag<T>) -> usize { b.query() + self.query() }
+            }
+        },
+    ] {
         assert_eq!(one(body.clone()), Vec::<&str>::new(), "{body}");
     }
 }

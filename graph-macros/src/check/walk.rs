@@ -624,9 +624,11 @@ impl Walker {
 
     /// A function declared in the body (or a method of an `impl` or a `trait` there): walked
     /// like the body, its parameters known by their declared types. A parameter whose type
-    /// names a generic parameter (`s: S` with `S: Deref<Target = CudaStream>`, `w: Lane<S>`),
-    /// of the function or of its `impl`, may be anything, and is judged like a value of
-    /// unknown type; `self` is a value of the `impl`'s type (`self_ty`) under the same rule.
+    /// names a generic parameter of the function or of its `impl` bounded by a CUDA type
+    /// (`s: S` or `w: Lane<S>` with `S: Deref<Target = CudaStream>`) is judged like a CUDA
+    /// value (as `Lane<CudaStream>` is); one whose type is a generic parameter bounded
+    /// otherwise (`s: S`, `s: &S`) may be anything, and is of unknown type; `self` is a value
+    /// of the `impl`'s type (`self_ty`) under the same rules.
     fn function(
         &mut self,
         sig: &syn::Signature,
@@ -664,7 +666,8 @@ impl Walker {
         let kind_of = |ty: &syn::Type| match kind_of_type(ty) {
             // `Lane<S>` with `S` bounded by a CUDA type is judged like `Lane<CudaStream>`.
             Kind::Users if names_any(ty, &cuda_generics) => Kind::Cuda,
-            Kind::Users if names_any(ty, &generics) => Kind::Unknown,
+            // `s: S`, `s: &S`, `Box<S>`: anything; `Bag<S>` is a `Bag`, the user's.
+            Kind::Users if is_generic_param(ty, &generics) => Kind::Unknown,
             kind => kind,
         };
         self.scope.push();
@@ -1158,6 +1161,38 @@ fn is_cuda_bound(bound: &syn::TypeParamBound) -> bool {
             });
             kind_of_type(&ty) == Kind::Cuda
         }
+        _ => false,
+    }
+}
+
+/// Whether a type is one of these generic parameters, behind references and the standard
+/// wrappers: `S`, `&S`, `Box<S>`, not `Lane<S>`.
+fn is_generic_param(ty: &syn::Type, names: &[String]) -> bool {
+    match ty {
+        syn::Type::Reference(r) => is_generic_param(&r.elem, names),
+        syn::Type::Paren(p) => is_generic_param(&p.elem, names),
+        syn::Type::Group(g) => is_generic_param(&g.elem, names),
+        syn::Type::Path(p) if p.qself.is_none() => {
+            if let Some(i) = p.path.get_ident() {
+                return names.contains(&unraw(i));
+            }
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let wrapper = [
+                "Arc", "Rc", "Box", "RefCell", "Cell", "Mutex", "RwLock", "Option",
+            ]
+            .contains(&unraw(&last.ident).as_str());
+            match &last.arguments {
+                syn::PathArguments::AngleBracketed(a) if wrapper => match a.args.first() {
+                    Some(syn::GenericArgument::Type(inner)) => is_generic_param(inner, names),
+                    _ => false,
+                },
+                _ => false,
+            }
+        }
+        // `<S as Trait>::Out`, `S::Target`: a type reached through one.
+        syn::Type::Path(_) => names_any(ty, names),
         _ => false,
     }
 }
