@@ -25,7 +25,8 @@
 //!   `Gpu::new(rt.stream().clone())`, `Gpu { stream: s }` may hold it, and are not provably
 //!   the user's, annotated or not). In a function or an `impl` declared in the body, a
 //!   parameter whose type names a generic parameter is CUDA's when a bound names a CUDA type
-//!   (`S: Deref<Target = CudaStream>`) and of unknown type otherwise.
+//!   (`S: Deref<Target = CudaStream>`); one typed by a generic parameter bounded otherwise
+//!   (`s: S`, `s: &S`) is of unknown type.
 //!   A receiver the macro cannot classify (a field, a method chain, a closure parameter, a
 //!   local bound to a call of a function) is judged by the name alone, so a real CUDA call is
 //!   never let through because of what a helper might return. A call written as a path on a
