@@ -77,7 +77,9 @@ fn assert_runtime_usable(rt: &Runtime, test: &str) -> Result<(), GraphError> {
 // --- a stream behind a type of the user's ------------------------------------------------
 
 /// A type of the user's that derefs to the runtime's stream: its `synchronize` is
-/// `CudaStream::synchronize`, which the tokens cannot see.
+/// `CudaStream::synchronize`, which the tokens cannot see when the value comes in as a
+/// parameter of the user's type (built in the body from `rt.stream()`, the macro refuses it).
+#[derive(DeviceState)]
 struct Lane(Arc<CudaStream>);
 
 impl Lane {
@@ -98,9 +100,9 @@ fn syncs_through_newtype(
     rt: &Runtime,
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
+    #[state] lane: &Lane,
 ) -> Result<(), GraphError> {
     add_scalar(rt, x, y, 1.0)?;
-    let lane = Lane::new(rt.stream());
     lane.synchronize()?;
     Ok(())
 }
@@ -111,13 +113,14 @@ fn a_stream_behind_a_newtype_is_refused_at_capture(rt: Runtime) -> Result<(), Gr
     let x = rt.stream().clone_htod(&[1.0f32; 64])?;
     // Eagerly the sync is legal and the body is right.
     let mut y = rt.stream().alloc_zeros::<f32>(64)?;
-    syncs_through_newtype(&rt, &x, &mut y)?;
+    let lane = Lane::new(rt.stream());
+    syncs_through_newtype(&rt, &x, &mut y, &lane)?;
     assert_eq!(
         rt.stream().clone_dtoh(&y)?,
         vec![2.0f32; 64],
         "{test}: eager"
     );
-    let err = SyncsThroughNewtypeGraph::capture(&rt, &x, 64).unwrap_err();
+    let err = SyncsThroughNewtypeGraph::capture(&rt, &x, 64, &lane).unwrap_err();
     assert!(
         matches!(
             err,

@@ -162,6 +162,31 @@ pub struct Binding {
     /// Bound to a null pointer (`let null = ptr::null_mut();`), a legacy stream when a raw
     /// call takes it as its stream.
     pub null_pointer: bool,
+    /// Bound to a call chain rooted in a CUDA value (`let ev = rt.stream().record_event(None)?;`):
+    /// a CUDA value when it is given to a constructor of the user's ([`Scope::wraps_cuda`]).
+    pub cuda_rooted: bool,
+    /// Bound to a reference, a clone or a guard of a `static` (`let step = &STEP;`,
+    /// `let s = Arc::clone(&STATE);`): the static's name. Its uses are judged like the
+    /// static's ([`Scope::static_root`]).
+    pub static_ref: Option<String>,
+}
+
+/// The `static` a place or receiver reaches ([`Scope::static_root`]): its name, and the local
+/// it is reached through, when it is.
+pub struct StaticRoot {
+    pub name: String,
+    pub through: Option<String>,
+}
+
+impl StaticRoot {
+    /// The place in a message: `` `STEP.fetch_add()` ``, or `` `STEP.fetch_add()` through
+    /// `step` `` for `step.fetch_add()`, `tail` written after the static's name.
+    pub fn describe(&self, tail: &str) -> String {
+        match &self.through {
+            None => format!("`{}{tail}`", self.name),
+            Some(local) => format!("`{}{tail}` through `{local}`", self.name),
+        }
+    }
 }
 
 /// Device data on the host: a value read back from the device, or computed from one.
@@ -184,6 +209,8 @@ impl Binding {
             device_data: None,
             cpu_device: false,
             null_pointer: false,
+            cuda_rooted: false,
+            static_ref: None,
         }
     }
 }
@@ -215,9 +242,7 @@ impl Scope {
                     kind,
                     param: true,
                     device_buffer,
-                    device_data: None,
-                    cpu_device: false,
-                    null_pointer: false,
+                    ..Binding::unknown()
                 },
             );
         }
@@ -234,10 +259,7 @@ impl Scope {
                 Binding {
                     kind: Kind::Cuda,
                     param: true,
-                    device_buffer: false,
-                    device_data: None,
-                    cpu_device: false,
-                    null_pointer: false,
+                    ..Binding::unknown()
                 },
             );
         }
@@ -265,9 +287,7 @@ impl Scope {
                     kind: kind_of_type(ty),
                     param: true,
                     device_buffer: is_tensor_type(ty),
-                    device_data: None,
-                    cpu_device: false,
-                    null_pointer: false,
+                    ..Binding::unknown()
                 },
             );
         }
@@ -288,15 +308,26 @@ impl Scope {
 
     /// The `static` at the root of a place or receiver (`COUNT` in `COUNT.fetch_add(…)`,
     /// `*STATE.lock().unwrap() += 1`, `crate::STEP += 1`, `TABLE[i] = x`): a path whose last segment is in
-    /// `SCREAMING_CASE` and, when it is one segment, is not a local. A `const` has the same
-    /// spelling, but nothing can be written into one, and the methods that the caller asks
-    /// about (atomics, locks, cells) are not called on constants.
-    pub fn static_root(&self, e: &Expr) -> Option<String> {
+    /// `SCREAMING_CASE` and, when it is one segment, is not a local, or a local bound to a
+    /// reference, clone or guard of one (`let step = &STEP; step.fetch_add(…)`). A `const` has
+    /// the same spelling, but nothing can be written into one, and the methods that the caller
+    /// asks about (atomics, locks, cells) are not called on constants.
+    pub fn static_root(&self, e: &Expr) -> Option<StaticRoot> {
         match e {
             Expr::Path(p) if p.qself.is_none() => {
                 let last = unraw(&p.path.segments.last()?.ident);
-                let local = p.path.segments.len() == 1 && self.get(&last).is_some();
-                (super::syntax::is_screaming(&last) && !local).then_some(last)
+                if p.path.segments.len() == 1 {
+                    if let Some(b) = self.get(&last) {
+                        return b.static_ref.clone().map(|name| StaticRoot {
+                            name,
+                            through: Some(last),
+                        });
+                    }
+                }
+                super::syntax::is_screaming(&last).then_some(StaticRoot {
+                    name: last,
+                    through: None,
+                })
             }
             Expr::Reference(r) => self.static_root(&r.expr),
             Expr::Paren(p) => self.static_root(&p.expr),
@@ -306,6 +337,45 @@ impl Scope {
             Expr::Group(g) => self.static_root(&g.expr),
             // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
             Expr::MethodCall(m) => self.static_root(&m.receiver),
+            _ => None,
+        }
+    }
+
+    /// The `static` a `let` makes its name refer to: a reference to it or to a part of it
+    /// (`&STEP`, `&STATE.inner`, `&*LAZY`), its `.clone()` or `Arc::clone(&STATE)`, a guard
+    /// of it (`STATE.lock().unwrap()`, `CELL.borrow_mut()`), or another local that refers to
+    /// one. A value read from it (`STEP.load(…)`, `TABLE[0]`) is a copy, not the static.
+    pub fn static_alias(&self, e: &Expr) -> Option<String> {
+        match e {
+            Expr::Paren(p) => self.static_alias(&p.expr),
+            Expr::Group(g) => self.static_alias(&g.expr),
+            Expr::Reference(r) => self.static_place(&r.expr),
+            Expr::MethodCall(m) if is_guard_method(m) => self.static_place(&m.receiver),
+            // `Arc::clone(&STATE)`, `Rc::clone(&s)`.
+            Expr::Call(c) if c.args.len() == 1 => match &*c.func {
+                Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "clone") => self
+                    .static_alias(&c.args[0])
+                    .or_else(|| self.static_place(&c.args[0])),
+                _ => None,
+            },
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => self
+                .get(&unraw(&p.path.segments[0].ident))?
+                .static_ref
+                .clone(),
+            _ => None,
+        }
+    }
+
+    /// The `static` a place is part of (the operand of `&`, the receiver of a guard).
+    fn static_place(&self, e: &Expr) -> Option<String> {
+        match e {
+            Expr::Path(_) => self.static_root(e).map(|r| r.name),
+            Expr::Paren(p) => self.static_place(&p.expr),
+            Expr::Group(g) => self.static_place(&g.expr),
+            Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.static_place(&u.expr),
+            Expr::Field(f) => self.static_place(&f.base),
+            Expr::Index(i) => self.static_place(&i.expr),
+            Expr::MethodCall(m) if is_guard_method(m) => self.static_place(&m.receiver),
             _ => None,
         }
     }
@@ -400,6 +470,69 @@ impl Scope {
         self.kind_of_expr(e) == Kind::Users
     }
 
+    /// Whether `e` is a constructor call or a struct literal (`Fence::from(event)`,
+    /// `Gpu::new(rt.stream().clone())`, `Gpu { stream: s }`) given a CUDA value
+    /// ([`Scope::is_cuda_value`]), or a struct literal with a field named like a CUDA object
+    /// that is not given a literal: the value built may hold a stream or an event, so its
+    /// `synchronize` or `query` may be CUDA's.
+    pub fn wraps_cuda(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.wraps_cuda(&p.expr),
+            Expr::Reference(r) => self.wraps_cuda(&r.expr),
+            Expr::Try(t) => self.wraps_cuda(&t.expr),
+            Expr::Call(c) => c.args.iter().any(|a| self.is_cuda_value(a)),
+            Expr::Struct(s) => s.fields.iter().any(|f| {
+                let named = match &f.member {
+                    syn::Member::Named(i) => field_named_like_cuda(&unraw(i)),
+                    syn::Member::Unnamed(_) => false,
+                };
+                (named && !matches!(f.expr, Expr::Lit(_))) || self.is_cuda_value(&f.expr)
+            }),
+            _ => false,
+        }
+    }
+
+    /// Whether `e` is a CUDA value as far as the tokens tell: a name of a cudarc, runtime or
+    /// candle type (a parameter, a local declared or built so, a local bound to a chain rooted
+    /// in one), a field named like a CUDA object (`cfg.stream`), or a chain rooted in one of
+    /// those (`rt.stream().clone()`, `rt.context().new_event(None)?`) that does not end in a
+    /// host value (`x.len()`); also such a value wrapped (`Arc::new(s)`).
+    pub fn is_cuda_value(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Paren(p) => self.is_cuda_value(&p.expr),
+            Expr::Group(g) => self.is_cuda_value(&g.expr),
+            Expr::Reference(r) => self.is_cuda_value(&r.expr),
+            Expr::Try(t) => self.is_cuda_value(&t.expr),
+            Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.is_cuda_value(&u.expr),
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => self
+                .get(&unraw(&p.path.segments[0].ident))
+                .is_some_and(|b| b.kind == Kind::Cuda || b.cuda_rooted),
+            Expr::Field(f) => {
+                let named = match &f.member {
+                    syn::Member::Named(i) => field_named_like_cuda(&unraw(i)),
+                    syn::Member::Unnamed(_) => false,
+                };
+                named || self.is_cuda_value(&f.base)
+            }
+            Expr::MethodCall(m) => {
+                !host_result(&unraw(&m.method)) && self.is_cuda_value(&m.receiver)
+            }
+            Expr::Call(c) => {
+                let wrapper = match &*c.func {
+                    Expr::Path(p) => {
+                        let segs = segment_names(&p.path);
+                        segs.len() >= 2 && WRAPPERS.contains(&segs[segs.len() - 2].as_str())
+                    }
+                    _ => false,
+                };
+                self.kind_of_expr(e) == Kind::Cuda
+                    || (wrapper && c.args.iter().any(|a| self.is_cuda_value(a)))
+            }
+            Expr::Struct(_) => self.kind_of_expr(e) == Kind::Cuda,
+            _ => false,
+        }
+    }
+
     /// The kind of the value of `e`, as far as the tokens tell.
     pub fn kind_of_expr(&self, e: &Expr) -> Kind {
         match e {
@@ -422,9 +555,18 @@ impl Scope {
                     None => Kind::Unknown,
                 }
             }
-            Expr::Struct(s) if s.qself.is_none() => kind_of_path(&s.path).unwrap_or(Kind::Users),
+            // Built from a CUDA value, a value of the user's type may hold it (`Fence::from(event)`,
+            // `Gpu { stream }`): not provably the user's own.
+            Expr::Struct(s) if s.qself.is_none() => match kind_of_path(&s.path) {
+                Some(kind) => kind,
+                None if self.wraps_cuda(e) => Kind::Unknown,
+                None => Kind::Users,
+            },
             Expr::Call(c) => match &*c.func {
-                Expr::Path(p) if p.qself.is_none() => constructor_kind(&p.path),
+                Expr::Path(p) if p.qself.is_none() => match constructor_kind(&p.path) {
+                    Kind::Users if self.wraps_cuda(e) => Kind::Unknown,
+                    kind => kind,
+                },
                 _ => Kind::Unknown,
             },
             Expr::MethodCall(m) if m.method == "clone" && m.args.is_empty() => {
@@ -478,8 +620,54 @@ impl Scope {
     }
 }
 
+/// A method that hands out the value it is called on, or a guard of it: `.clone()`,
+/// `.lock()`, `.borrow_mut()`, `.unwrap()`, …
+fn is_guard_method(m: &syn::ExprMethodCall) -> bool {
+    const THROUGH: &[&str] = &[
+        "clone",
+        "lock",
+        "read",
+        "write",
+        "borrow",
+        "borrow_mut",
+        "unwrap",
+        "expect",
+        "as_ref",
+        "deref",
+    ];
+    THROUGH.contains(&unraw(&m.method).as_str())
+}
+
+/// Whether a field name says it holds a CUDA object: its last word (between `_`) is one of
+/// the names of a stream, a context, an event, a device or the runtime (`.stream`,
+/// `.main_stream`, `.ctx`, `.done_event`), not a count or an index of one (`.gpu_count`).
+pub fn field_named_like_cuda(name: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "stream", "streams", "ctx", "context", "event", "events", "cuda", "gpu", "runtime", "rt",
+        "ev", "dev", "device",
+    ];
+    let name = name.to_lowercase();
+    name.rsplit('_')
+        .next()
+        .is_some_and(|last| WORDS.contains(&last))
+}
+
+/// Methods of a CUDA value whose result is host data (a length, a shape, an ordinal).
+fn host_result(name: &str) -> bool {
+    const HOST: &[&str] = &[
+        "num_bytes",
+        "ordinal",
+        "size",
+        "capacity",
+        "to_string",
+        "name",
+        "priority",
+    ];
+    HOST.contains(&name) || any_framework(|f| f.host_methods.contains(&name))
+}
+
 /// `Type::new(…)`, `Type::default()`, `Type::with_…(…)`, `Type::from…(…)`: by convention a
-/// value of `Type`.
+/// value of `Type` (whether it holds a CUDA value is [`Scope::wraps_cuda`]'s question).
 fn constructor_kind(path: &syn::Path) -> Kind {
     let segs = segment_names(path);
     let [.., ty, f] = segs.as_slice() else {

@@ -1340,3 +1340,195 @@ fn the_opt_out_keeps_syncs_reads_and_queries_of_cuda_receivers() {
         assert_eq!(ids(quote!(warmup = 2), body.clone()), want, "{body}");
     }
 }
+
+#[test]
+fn methods_passed_as_values_are_judged_like_their_calls() {
+    let params = quote! {
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        #[state] streams: &Vec<Arc<CudaStream>>,
+        #[state] jobs: &mut Vec<Job>,
+    };
+    let with = |body: TokenStream| ids_with(quote!(warmup = 2), params.clone(), body);
+    for (body, id) in [
+        (
+            quote!(streams.iter().for_each(CudaStream::synchronize);),
+            "host-sync",
+        ),
+        (
+            quote!(let wait = CudaStream::synchronize; wait(&streams[0])?;),
+            "host-sync",
+        ),
+        (quote!(let f = Runtime::synchronize; f(rt)?;), "host-sync"),
+        (
+            quote!(let r = streams.iter().map(<CudaStream>::synchronize);),
+            "host-sync",
+        ),
+        (
+            quote!(let done = events.iter().map(CudaEvent::query);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let done = events.iter().all(CudaEvent::is_complete);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let t = events.iter().map(CudaEvent::elapsed_ms);),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let v = outs.iter().map(Tensor::to_vec1::<f32>);),
+            "candle-host-read",
+        ),
+        (
+            quote!(let m = rt.context().map(CudaContext::load_module);),
+            "module-load-in-body",
+        ),
+    ] {
+        assert_eq!(with(body.clone()), [id], "{body}");
+    }
+    for body in [
+        // Methods of the user's own types, and cudarc methods that are no mistake.
+        quote!(let q: Vec<_> = jobs.iter().map(Job::query).collect();),
+        quote!(jobs.iter_mut().for_each(Job::synchronize);),
+        quote!(let n: usize = streams.iter().map(|s| s.len()).sum(); let l = [x].iter().map(CudaSlice::len);),
+        quote!(let d = Device::Cpu; let n = usize::max(1, 2); let c = Command::Stop;),
+    ] {
+        assert_eq!(with(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}
+
+#[test]
+fn a_value_of_the_users_type_built_from_a_cuda_value_is_not_provably_theirs() {
+    let params = quote! {
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        #[state] done: &CudaEvent,
+        #[constant] id: u32,
+    };
+    let with = |body: TokenStream| ids_with(quote!(warmup = 2), params.clone(), body);
+    for (body, id) in [
+        (
+            quote!(let fence = Fence::from(done); while !fence.is_complete() {}),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let gpu = Gpu::new(rt.stream().clone()); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu::new(Arc::new(rt.stream().clone())); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu: Gpu = Gpu::new(rt); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let ev = rt.context().new_event(None)?; let f = Fence::with_event(ev); f.query()?;),
+            "stream-or-event-query",
+        ),
+        (
+            quote!(let gpu = Gpu { stream: s }; gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu { lane: rt.stream().clone() }; gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let gpu = Gpu::from_stream(cfg.main_stream.clone()); gpu.synchronize()?;),
+            "host-sync",
+        ),
+        (
+            quote!(let b = Batch::new(x); b.load_module(p)?;),
+            "module-load-in-body",
+        ),
+    ] {
+        assert_eq!(with(body.clone()), [id], "{body}");
+    }
+    for body in [
+        quote!(let mut t = Timer::new(5); t.synchronize(); let j = Job::from(id); j.query();),
+        quote!(let s = Schedule::new(x.len()); s.synchronize(); let c = Config { device: 0 }; c.query();),
+        quote!(let j = Job::with_size(cfg.gpu_count, x.num_bytes()); j.is_complete();),
+        quote!(let r = Range::new(cfg.start, cfg.end); r.query();),
+    ] {
+        assert_eq!(with(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}
+
+#[test]
+fn a_static_reached_through_a_local_is_the_static() {
+    for body in [
+        quote!(let step = &STEP; step.fetch_add(1, Ordering::Relaxed);),
+        quote!(let s = &STATE; *s.lock().unwrap() += 1;),
+        quote!(let c = &COUNTER; c.set(c.get() + 1);),
+        quote!(let s = Arc::clone(&STATE); s.store(1, Ordering::Relaxed);),
+        quote!(let s = STATE.clone(); let t = s; t.swap(3, Ordering::SeqCst);),
+        quote!(let mut g = STATE.lock().unwrap(); *g += 1;),
+        quote!(let inner = &STATE.inner; inner.store(0, Ordering::Relaxed);),
+    ] {
+        assert_eq!(one(body.clone()), ["host-static-state"], "{body}");
+    }
+    for body in [
+        quote!(let table = &TABLE; let t = table[0] * 2;),
+        quote!(let k = &KERNELS; let f = k.lock().unwrap().get("add").cloned();),
+        quote!(let n = STEP_COUNT; let v = TABLE[0]; let step = &n; step.set(1);),
+        // A shadowing binding is not the static.
+        quote!(let step = &STEP; { let step = Counter::new(); step.set(1); }),
+    ] {
+        assert_eq!(one(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}
+
+#[test]
+fn generic_helpers_declared_in_the_body_are_walked() {
+    for body in [
+        quote! {
+            fn wait<S: std::ops::Deref<Target = CudaStream>>(s: S) -> Result<(), DriverError> { s.synchronize() }
+            wait(rt.stream().clone())?;
+        },
+        quote! {
+            fn wait<S>(s: &S) -> Result<(), DriverError> where S: Deref<Target = CudaStream> { s.synchronize() }
+            wait(rt.stream())?;
+        },
+        quote! {
+            struct Lane<S>(S);
+            impl<S: Deref<Target = CudaStream>> Lane<S> {
+                fn wait(&self) -> Result<(), DriverError> { self.synchronize() }
+            }
+            Lane(rt.stream().clone()).wait()?;
+        },
+        quote! {
+            struct Lane<S>(S);
+            impl<S> Lane<S> where S: AsRef<CudaStream> {
+                fn wait(&self) -> Result<(), DriverError> { self.0.synchronize() }
+            }
+        },
+        quote! {
+            trait Wait { fn wait(&self) -> Result<(), DriverError> { self.synchronize() } }
+        },
+        quote! {
+            fn wait<S: Waitable>(s: &S) -> Result<(), DriverError> { s.synchronize() }
+        },
+    ] {
+        assert_eq!(one(body.clone()), ["host-sync"], "{body}");
+    }
+    // The methods of a type of the user's declared in the body are the user's.
+    for body in [
+        quote! {
+            struct Job { id: u32 }
+            impl Job { fn query(&self) -> u32 { self.id } fn run(&self) -> u32 { self.query() } }
+            fn total<T: Into<u64>>(xs: Vec<T>) -> u64 { xs.into_iter().map(Into::into).sum() }
+        },
+        quote! {
+            struct Bag<T> { items: Vec<T> }
+            impl<T: Clone> Bag<T> {
+                fn query(&self) -> usize { self.items.len() }
+                fn synchronize(&mut self, b: &Bag<T>) -> usize { b.query() + self.query() }
+            }
+        },
+    ] {
+        assert_eq!(one(body.clone()), Vec::<&str>::new(), "{body}");
+    }
+}

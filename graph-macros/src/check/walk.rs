@@ -353,7 +353,7 @@ impl Walker {
                 "with_borrow_mut",
             ];
             if STATIC_METHODS.contains(&name) {
-                let what = format!("`{stat}.{name}()`");
+                let what = stat.describe(&format!(".{name}()"));
                 self.match_rules(span, &what, |m| *m == Matcher::StaticAccess);
             }
         }
@@ -445,6 +445,15 @@ impl Walker {
         let names = bound_names(pat);
         let single = names.len() == 1;
         let kind = match (annotated_type(pat), init) {
+            // Declared as a type of the user's but built around a CUDA value
+            // (`let gpu: Gpu = Gpu::new(rt.stream().clone());`): not provably the user's.
+            (Some(ty), Some(e)) if single && kind_of_type(ty) == Kind::Users => {
+                if self.scope.wraps_cuda(e) {
+                    Kind::Unknown
+                } else {
+                    Kind::Users
+                }
+            }
             (Some(ty), _) if single => kind_of_type(ty),
             (None, Some(e)) if single => self.scope.kind_of_expr(e),
             _ => Kind::Unknown,
@@ -453,6 +462,10 @@ impl Walker {
         let device_buffer = single && init.is_some_and(|e| self.scope.is_tensor_value(e));
         let cpu_device = single && init.is_some_and(|e| self.scope.is_cpu_device(e));
         let null_pointer = single && init.is_some_and(is_null_pointer);
+        let cuda_rooted = single && init.is_some_and(|e| self.scope.is_cuda_value(e));
+        let static_ref = init
+            .filter(|_| single)
+            .and_then(|e| self.scope.static_alias(e));
         for n in names {
             let device_data = read.as_ref().map(|how| describe_read(&n, how));
             self.scope.declare(
@@ -464,6 +477,8 @@ impl Walker {
                     device_data,
                     cpu_device,
                     null_pointer,
+                    cuda_rooted,
+                    static_ref: static_ref.clone(),
                 },
             );
         }
@@ -576,16 +591,104 @@ impl Walker {
 }
 
 impl Walker {
-    /// A function declared in the body (or a method of an `impl` there): walked like the
-    /// body, its parameters known by their declared types.
-    fn function(&mut self, sig: &syn::Signature, block: &syn::Block) {
+    /// A method of a cudarc, runtime or candle type named as a value, not called
+    /// (`streams.iter().for_each(CudaStream::synchronize)`, `let wait = Runtime::synchronize;`):
+    /// it runs wherever the body calls it, so it is judged like the call written on the type
+    /// (`CudaStream::synchronize(s)`), at the path. A path through a type of the user's
+    /// (`Job::query`), or to a variant or constant (`Device::Cpu`), is not.
+    fn method_as_value(&mut self, p: &syn::ExprPath, already: Vec<&'static str>) {
+        let Some(last) = p.path.segments.last() else {
+            return;
+        };
+        let name = unraw(&last.ident);
+        if name.starts_with(char::is_uppercase) {
+            return;
+        }
+        if type_of_path_call(p).is_none_or(|k| k == Kind::Unknown) {
+            return;
+        }
+        let written = match &p.qself {
+            Some(q) => format!("<{}>::{name}", q.ty.to_token_stream()),
+            None => segment_names(&p.path).join("::"),
+        };
+        self.method_like(MethodLike {
+            name,
+            receiver: None,
+            args: Vec::new(),
+            on_known_type: true,
+            span: spans_of(p),
+            what: format!("`{written}` as a value"),
+            already,
+        });
+    }
+
+    /// A function declared in the body (or a method of an `impl` or a `trait` there): walked
+    /// like the body, its parameters known by their declared types. A parameter whose type
+    /// names a generic parameter of the function or of its `impl` bounded by a CUDA type
+    /// (`s: S` or `w: Lane<S>` with `S: Deref<Target = CudaStream>`) is judged like a CUDA
+    /// value (as `Lane<CudaStream>` is); one whose type is a generic parameter bounded
+    /// otherwise (`s: S`, `s: &S`) may be anything, and is of unknown type; `self` is a value
+    /// of the `impl`'s type (`self_ty`) under the same rules.
+    fn function(
+        &mut self,
+        sig: &syn::Signature,
+        block: &syn::Block,
+        outer: &syn::Generics,
+        self_ty: Option<&syn::Type>,
+    ) {
+        let params: Vec<&syn::TypeParam> = outer
+            .type_params()
+            .chain(sig.generics.type_params())
+            .collect();
+        let generics: Vec<String> = params.iter().map(|t| unraw(&t.ident)).collect();
+        // The generic parameters bounded by a CUDA type (`S: Deref<Target = CudaStream>`, in
+        // the list or in a where clause).
+        let predicates: Vec<&syn::WherePredicate> = [outer, &sig.generics]
+            .into_iter()
+            .filter_map(|g| g.where_clause.as_ref())
+            .flat_map(|w| &w.predicates)
+            .collect();
+        let cuda_generics: Vec<String> = params
+            .iter()
+            .filter(|t| {
+                let name = unraw(&t.ident);
+                let in_where = predicates.iter().any(|p| match p {
+                    syn::WherePredicate::Type(pt) => {
+                        names_any(&pt.bounded_ty, std::slice::from_ref(&name))
+                            && pt.bounds.iter().any(is_cuda_bound)
+                    }
+                    _ => false,
+                });
+                t.bounds.iter().any(is_cuda_bound) || in_where
+            })
+            .map(|t| unraw(&t.ident))
+            .collect();
+        let kind_of = |ty: &syn::Type| match kind_of_type(ty) {
+            // `Lane<S>` with `S` bounded by a CUDA type is judged like `Lane<CudaStream>`.
+            Kind::Users if names_any(ty, &cuda_generics) => Kind::Cuda,
+            // `s: S`, `s: &S`, `Box<S>`: anything; `Bag<S>` is a `Bag`, the user's.
+            Kind::Users if is_generic_param(ty, &generics) => Kind::Unknown,
+            kind => kind,
+        };
         self.scope.push();
         for input in &sig.inputs {
-            if let syn::FnArg::Typed(t) = input {
-                let kind = kind_of_type(&t.ty);
-                for n in bound_names(&t.pat) {
+            match input {
+                syn::FnArg::Typed(t) => {
+                    let kind = kind_of(&t.ty);
+                    for n in bound_names(&t.pat) {
+                        self.scope.declare(
+                            n,
+                            Binding {
+                                kind,
+                                ..Binding::unknown()
+                            },
+                        );
+                    }
+                }
+                syn::FnArg::Receiver(_) => {
+                    let kind = self_ty.map_or(Kind::Unknown, kind_of);
                     self.scope.declare(
-                        n,
+                        "self".to_owned(),
                         Binding {
                             kind,
                             ..Binding::unknown()
@@ -601,7 +704,10 @@ impl Walker {
     /// Reports an assignment whose place is a `static` (`COUNT += 1`, `STATE.step = 0`).
     fn static_written<T: ToTokens>(&mut self, place: &Expr, whole: &T) {
         if let Some(stat) = self.scope.static_root(place) {
-            let what = format!("the write to `{stat}`");
+            let what = match &stat.through {
+                None => format!("the write to `{}`", stat.name),
+                Some(local) => format!("the write to `{}` through `{local}`", stat.name),
+            };
             self.match_rules(spans_of(whole), &what, |m| *m == Matcher::StaticAccess);
         }
     }
@@ -665,12 +771,14 @@ impl Walker {
 
 impl<'ast> Visit<'ast> for Walker {
     /// Items declared inside the body run only when the body calls them, and only the body
-    /// can: a function is walked like the body (its parameters known by their types), a
-    /// `macro_rules!` by the macros, methods and paths its rules write. `use` items were read
-    /// before the walk ([`use_aliases`]); other items hold no statements.
+    /// can: a function, a method of an `impl` and a provided method of a `trait` are walked
+    /// like the body (their parameters known by their types, generic ones by their bounds:
+    /// [`Walker::function`]), a `macro_rules!` by the macros, methods and paths its rules
+    /// write. `use` items were read before the walk ([`use_aliases`]); other items hold no
+    /// statements the body runs.
     fn visit_item(&mut self, item: &'ast syn::Item) {
         match item {
-            syn::Item::Fn(f) => self.function(&f.sig, &f.block),
+            syn::Item::Fn(f) => self.function(&f.sig, &f.block, &syn::Generics::default(), None),
             syn::Item::Macro(m) if m.mac.path.is_ident("macro_rules") => {
                 self.macro_rules(&m.mac.tokens);
             }
@@ -679,7 +787,17 @@ impl<'ast> Visit<'ast> for Walker {
             syn::Item::Impl(i) => {
                 for it in &i.items {
                     if let syn::ImplItem::Fn(f) = it {
-                        self.function(&f.sig, &f.block);
+                        self.function(&f.sig, &f.block, &i.generics, Some(&i.self_ty));
+                    }
+                }
+            }
+            // A trait's provided methods: `self` may be any type that implements it.
+            syn::Item::Trait(t) => {
+                for it in &t.items {
+                    if let syn::TraitItem::Fn(f) = it {
+                        if let Some(block) = &f.default {
+                            self.function(&f.sig, block, &t.generics, None);
+                        }
                     }
                 }
             }
@@ -805,8 +923,9 @@ impl<'ast> Visit<'ast> for Walker {
 
     fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
         // A one-segment path is a local variable unless it is called (see `visit_expr_call`).
-        if p.path.segments.len() > 1 {
-            self.match_path(&p.path);
+        if p.path.segments.len() > 1 || p.qself.is_some() {
+            let hit = self.match_path(&p.path);
+            self.method_as_value(p, hit);
         }
         visit::visit_expr_path(self, p);
     }
@@ -1028,6 +1147,70 @@ fn type_of_path_call(p: &syn::ExprPath) -> Option<Kind> {
         }
     };
     (kind != Kind::Users).then_some(kind)
+}
+
+/// Whether a bound of a generic parameter names a CUDA type (`Deref<Target = CudaStream>`,
+/// `AsRef<CudaEvent>`).
+fn is_cuda_bound(bound: &syn::TypeParamBound) -> bool {
+    match bound {
+        syn::TypeParamBound::Trait(t) => {
+            let ty = syn::Type::Path(syn::TypePath {
+                attrs: Vec::new(),
+                qself: None,
+                path: t.path.clone(),
+            });
+            kind_of_type(&ty) == Kind::Cuda
+        }
+        _ => false,
+    }
+}
+
+/// Whether a type is one of these generic parameters, behind references and the standard
+/// wrappers: `S`, `&S`, `Box<S>`, not `Lane<S>`.
+fn is_generic_param(ty: &syn::Type, names: &[String]) -> bool {
+    match ty {
+        syn::Type::Reference(r) => is_generic_param(&r.elem, names),
+        syn::Type::Paren(p) => is_generic_param(&p.elem, names),
+        syn::Type::Group(g) => is_generic_param(&g.elem, names),
+        syn::Type::Path(p) if p.qself.is_none() => {
+            if let Some(i) = p.path.get_ident() {
+                return names.contains(&unraw(i));
+            }
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            let wrapper = [
+                "Arc", "Rc", "Box", "RefCell", "Cell", "Mutex", "RwLock", "Option",
+            ]
+            .contains(&unraw(&last.ident).as_str());
+            match &last.arguments {
+                syn::PathArguments::AngleBracketed(a) if wrapper => match a.args.first() {
+                    Some(syn::GenericArgument::Type(inner)) => is_generic_param(inner, names),
+                    _ => false,
+                },
+                _ => false,
+            }
+        }
+        // `<S as Trait>::Out`, `S::Target`: a type reached through one.
+        syn::Type::Path(_) => names_any(ty, names),
+        _ => false,
+    }
+}
+
+/// Whether a type names any of these (generic parameters): `S`, `&S`, `Lane<S>`.
+fn names_any(ty: &syn::Type, names: &[String]) -> bool {
+    struct Names<'n>(&'n [String], bool);
+    impl<'ast> Visit<'ast> for Names<'_> {
+        fn visit_ident(&mut self, i: &'ast proc_macro2::Ident) {
+            self.1 |= self.0.contains(&unraw(i));
+        }
+    }
+    if names.is_empty() {
+        return false;
+    }
+    let mut v = Names(names, false);
+    v.visit_type(ty);
+    v.1
 }
 
 /// How a local holding device data is described in a message.
