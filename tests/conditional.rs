@@ -885,7 +885,11 @@ fn unrolled_while_loop_matches_eager_and_the_plain_loop(rt: Runtime) -> Result<(
         );
         let mut trips = Vec::new();
         for replay in 0..8 {
-            let x = input(&mut rng);
+            let mut x = input(&mut rng);
+            if replay == 0 {
+                // unroll + 1 iterations, not a multiple of the unroll, whatever the seed.
+                x[0] = 1.5 * 2f32.powi(unroll as i32);
+            }
             let out = graph.replay(&x)?;
             let (gy, gi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
             let out = plain.replay(&x)?;
@@ -1014,7 +1018,11 @@ fn unrolled_ring_loop_with_unguarded_kernels_matches_eager_and_the_host(
         let mut graph = HalveRingGraph::capture(&rt, &input(&mut rng), n, 1, bound, unroll)?;
         let mut trips = Vec::new();
         for replay in 0..8 {
-            let x = input(&mut rng);
+            let mut x = input(&mut rng);
+            if replay == 0 {
+                // unroll + 1 iterations, not a multiple of the unroll, whatever the seed.
+                x[0] = 1.5 * 2f32.powi(unroll as i32);
+            }
             let out = graph.replay(&x)?;
             let (gy, gi) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.iters)?[0]);
             halve_ring(&rt, &s.clone_htod(&x)?, &mut ey, &mut ei, bound, unroll)?;

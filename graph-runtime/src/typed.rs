@@ -738,7 +738,18 @@ impl<B: GraphBody> TypedGraph<B> {
         let mut inst = Instance::new(body, statics);
         let mut inputs = InputNodes::new();
         inst.statics.inputs.register(&mut inputs);
-        let recording = Recording::capture(rt, &mut inst, &inputs, static_bytes)?;
+        let recording = match Recording::capture(rt, &mut inst, &inputs, static_bytes) {
+            Ok(recording) => recording,
+            Err(e @ GraphError::KeptTemporary { .. }) => {
+                // State the capture owns holds memory of the refused graph, which is gone:
+                // cudarc records the failure of freeing it, a consequence of this error that
+                // must not fail an unrelated later call.
+                drop(inst);
+                let _ = rt.take_recorded_error();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         Ok(TypedGraph { recording, inst })
     }
 

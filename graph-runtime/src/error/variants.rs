@@ -633,7 +633,8 @@ pub enum GraphError {
          replaced inside the body, a model's own state or cache object, a static) would read freed \
          memory after the first replay. Fix: write state in place (`slice_set`, `copy_`, a kernel) \
          instead of replacing it; for a model that replaces its own state, keep that state outside \
-         the graph or list its tensors in `ModelState`; return a value as the function's result",
+         the graph or list its tensors in `ModelState`; return a value as the function's result. \
+         State you lent the capture now holds the refused graph's memory: build it again",
         crate::error::bytes(*.bytes)
     )]
     KeptTemporary {
