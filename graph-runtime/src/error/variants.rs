@@ -356,7 +356,9 @@ pub enum GraphError {
         "capturing `{graph}` twice recorded different work: {difference}.\nThe graph would replay whatever \
          one capture happened to record. Fix: make the body record the same kernels with the same \
          arguments every time it runs: no host counters, caches or clocks that change what it launches \
-         (keep such values on the device, or pass them as `#[constant]`)"
+         (keep such values on the device, or pass them as `#[constant]`), and no state the body replaces \
+         with new tensors (a model that replaces its own state or cache: write it in place, or keep it \
+         outside the graph)"
     )]
     NondeterministicCapture {
         /// The graph.
