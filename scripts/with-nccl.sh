@@ -9,6 +9,7 @@
 # else the ldconfig cache, the usual system directories, then the installed PyTorch's
 # nvidia/nccl/lib), links it as `libnccl.so` in a private directory and puts that directory
 # first on LD_LIBRARY_PATH (with `libnccl.so.2` beside it, for binaries that link NCCL).
+# NCCL_LIB=/path/to/libnccl.so.2 is used even where a `libnccl.so` is already found.
 # Nothing else in the environment changes (NCCL_NVLS_ENABLE and
 # every other NCCL_* variable are passed through as they are).
 set -euo pipefail
@@ -61,7 +62,9 @@ EOF
   return 1
 }
 
-if ! have_unversioned; then
+# NCCL_LIB, when set, always wins (to compare against another build of NCCL, such as
+# PyTorch's wheel's, on a machine that has its own).
+if [[ -n ${NCCL_LIB:-} ]] || ! have_unversioned; then
   lib=$(find_nccl)
   dir=${TMPDIR:-/tmp}/nccl-link-$(id -u)
   mkdir -p "$dir"
