@@ -91,7 +91,12 @@ impl<'a, T> Rows<'a, T> {
         let len = len.min(owner.len());
         let ptr = address(owner);
         // SAFETY: `ptr .. ptr + len` lies within `owner`, which outlives the guard (it is
-        // borrowed for `'a`); the alias is never freed through the guard (see its drop).
+        // borrowed for `'a`, so nothing else touches it until the guard drops). The guard
+        // never frees the alias: its drop leaks it while it still starts at `ptr`; a body that
+        // assigned a buffer of its own through `DerefMut` (which freed the owner's memory) has
+        // the owner take that buffer instead; and a body that swapped the alias out with
+        // `mem::swap` now owns that alias, whose memory the owner keeps pointing at, which the
+        // next address check reports (`StateMoved`).
         let alias = unsafe { owner.stream().upgrade_device_ptr::<T>(ptr, len) };
         Rows {
             alias: ManuallyDrop::new(alias),
@@ -842,6 +847,9 @@ pub struct TypedFamily<B: GraphBody> {
     overflow: Option<StaticsOf<B>>,
     /// Whether the last replay ran eagerly (its outputs are in `overflow`).
     eager: bool,
+    /// Bytes a capture of this family kept past the body (`GraphError::KeptTemporary`): its
+    /// state now holds memory of a graph that is gone, so the family refuses every later call.
+    kept: Option<(usize, usize)>,
 }
 
 impl<B: GraphBody> TypedFamily<B>
@@ -876,11 +884,22 @@ where
             inst: Instance::new(body, statics),
             overflow: None,
             eager: false,
+            kept: None,
         };
         if family.capture == Capture::All {
             let started = Instant::now();
             for index in (0..family.sizes.len()).rev() {
-                this.capture_bucket(index)?;
+                if let Err(e) = this.capture_bucket(index) {
+                    let kept = this.kept.is_some();
+                    // State the family owns may hold the refused graph's memory: freeing it
+                    // fails, and cudarc records that failure, a consequence of this error that
+                    // must not fail an unrelated later call.
+                    drop(this);
+                    if kept {
+                        let _ = rt.take_recorded_error();
+                    }
+                    return Err(e);
+                }
             }
             this.buckets.log_family(started);
         }
@@ -910,6 +929,9 @@ where
             buckets.static_bytes,
         );
         self.inst.statics.batch = last;
+        if let Err(GraphError::KeptTemporary { bytes, .. }) = &captured {
+            self.kept = Some((bucket, *bytes));
+        }
         let recording = captured.map_err(|e| GraphError::Bucket {
             graph: B::site().name,
             bucket,
@@ -941,6 +963,15 @@ where
         inputs: I,
         batch: Option<usize>,
     ) -> Result<B::Outputs<'_>, GraphError> {
+        if let Some((bucket, bytes)) = self.kept {
+            let graph = B::site().name;
+            let source = Box::new(GraphError::KeptTemporary { graph, bytes });
+            return Err(GraphError::Bucket {
+                graph,
+                bucket,
+                source,
+            });
+        }
         let rows = self.rows_of(&inputs, batch)?;
         // A body that replaced an output during a lazy capture freed the family's buffer.
         self.inst.check(When::Replay)?;

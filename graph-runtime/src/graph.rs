@@ -153,9 +153,10 @@ pub struct Graph {
     /// Whether some state lives on another stream: then dropping the graph, or lending its
     /// state, first waits for the replays in flight (see [`Graph::settle`]).
     settle: bool,
-    /// The temporaries (address, bytes) the graph allocates and does not free: what a body
-    /// kept past its end (its returned value, or a mistake: see [`Graph::kept_temporaries`]).
-    kept: Vec<(u64, u64)>,
+    /// The graph's allocation nodes (address, bytes) and the addresses its free nodes free
+    /// (see [`Graph::memory_nodes`]).
+    allocs: Vec<(u64, u64)>,
+    frees: Vec<u64>,
 }
 
 // SAFETY: the graph and executable-graph handles may be used from any thread as long as
@@ -192,10 +193,10 @@ impl Graph {
         // leaked temporary cannot make the next replay fail.
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let mut baseline = MemoryReading::default();
-        let mut kept = Vec::new();
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
         let built = (|| {
             let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
-            kept = inspected.kept;
+            (allocs, frees) = (inspected.allocs, inspected.frees);
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -232,7 +233,8 @@ impl Graph {
             inputs,
             info,
             settle: false,
-            kept,
+            allocs,
+            frees,
         };
         let upload_started = Instant::now();
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
@@ -255,13 +257,13 @@ impl Graph {
         Ok(g)
     }
 
-    /// The temporaries (address, bytes) the graph allocates and does not free itself. A
-    /// relaunch frees them (the graph is instantiated with AUTO_FREE_ON_LAUNCH) and allocates
-    /// them again at the same addresses, so only the graph's returned value may live there:
-    /// anything else that holds one (state replaced inside the body, a model's own cache, a
-    /// static) points at memory the next replay frees.
-    pub(crate) fn kept_temporaries(&self) -> &[(u64, u64)] {
-        &self.kept
+    /// The graph's allocation nodes (address, bytes) and the addresses its free nodes free.
+    /// What the segments of one capture allocate and none of them frees is kept past the body:
+    /// a relaunch frees it (the graphs are instantiated with AUTO_FREE_ON_LAUNCH) and
+    /// allocates it again at the same address, so anything that holds it (state replaced
+    /// inside the body, a model's own cache, a static) points at memory the next replay frees.
+    pub(crate) fn memory_nodes(&self) -> (&[(u64, u64)], &[u64]) {
+        (&self.allocs, &self.frees)
     }
 
     /// Facts about the capture: node count, memory and timings.
@@ -634,8 +636,9 @@ pub(crate) fn refuse_unmappable(
 
 /// What a captured graph holds, by kind, and what its temporaries need.
 struct Inspected {
-    /// Allocations no free node of the graph frees: (address, bytes).
-    kept: Vec<(u64, u64)>,
+    /// Allocation nodes (address, bytes) and the addresses of free nodes.
+    allocs: Vec<(u64, u64)>,
+    frees: Vec<u64>,
     kinds: NodeKinds,
     temp_bytes: usize,
     temp_requested_bytes: usize,
@@ -790,14 +793,9 @@ fn inspect(
         0
     };
     let temp_requested_bytes = temps.iter().map(|&(_, len)| len as usize).sum();
-    freed.sort_unstable();
-    let kept = temps
-        .iter()
-        .copied()
-        .filter(|(ptr, _)| freed.binary_search(ptr).is_err())
-        .collect();
     Ok(Inspected {
-        kept,
+        allocs: temps.clone(),
+        frees: freed,
         kinds,
         temp_bytes: covered_bytes(&mut temps),
         temp_requested_bytes,

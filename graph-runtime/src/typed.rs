@@ -148,10 +148,12 @@ impl<B: DeviceState> ResultSlot for ResultOf<B> {
     }
 }
 
-/// Refuses a capture whose graphs keep memory they allocated (see
-/// [`Graph::kept_temporaries`]) that the returned value does not hold: state replaced inside
-/// the body (a foreign model's own state or cache held as `ModelState`, say), a static, a
-/// leak. Each relaunch frees that memory, so whatever holds it would read freed memory.
+/// Refuses a capture whose graphs keep memory they allocated (see [`Graph::memory_nodes`])
+/// that the returned value does not hold: state replaced inside the body (a foreign model's
+/// own state or cache held as `ModelState`, say), a static, a leak. Each relaunch frees that
+/// memory, so whatever holds it would read freed memory. Counted over every segment of the
+/// capture (a temporary may be freed by the segment after an island) and per address (CUDA
+/// may give one address to two allocations of a graph whose lives do not overlap).
 fn refuse_kept_temporaries(
     site: &'static GraphSite,
     captured: &crate::capture::Captured,
@@ -161,10 +163,23 @@ fn refuse_kept_temporaries(
     result.regions(&mut |r| held.push((r.ptr(), r.bytes() as u64)));
     let graphs =
         std::iter::once(&captured.graph).chain(captured.islands.iter().flat_map(|i| &i.after));
-    let bytes: u64 = graphs
-        .flat_map(|g| g.kept_temporaries())
-        .filter(|&&(ptr, len)| !held.iter().any(|&(h, n)| h < ptr + len && ptr < h + n))
-        .map(|&(_, len)| len)
+    // Per address: allocations less frees, and the last allocation's size.
+    let mut live: std::collections::HashMap<u64, (i64, u64)> = std::collections::HashMap::new();
+    for g in graphs {
+        let (allocs, frees) = g.memory_nodes();
+        for &(ptr, len) in allocs {
+            let entry = live.entry(ptr).or_insert((0, len));
+            *entry = (entry.0 + 1, len);
+        }
+        for &ptr in frees {
+            live.entry(ptr).or_insert((0, 0)).0 -= 1;
+        }
+    }
+    let bytes: u64 = live
+        .iter()
+        .filter(|&(_, &(count, _))| count > 0)
+        .filter(|&(&ptr, &(_, len))| !held.iter().any(|&(h, n)| h < ptr + len && ptr < h + n))
+        .map(|(_, &(count, len))| count as u64 * len)
         .sum();
     match bytes {
         0 => Ok(()),

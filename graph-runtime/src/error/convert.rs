@@ -39,6 +39,7 @@ pub(crate) fn loses_the_context(code: CUresult) -> bool {
             | CUresult::CUDA_ERROR_ASSERT
             | CUresult::CUDA_ERROR_LAUNCH_FAILED
             | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_EXTERNAL_DEVICE
     )
 }
 

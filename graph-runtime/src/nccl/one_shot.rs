@@ -170,7 +170,9 @@ __device__ __forceinline__ void one_shot(
     if (threadIdx.x == 0) epoch = epochs[blockIdx.x] + 1u;
     __syncthreads();
     const unsigned int e = epoch;
-    const unsigned long long words = K::words(n), lines = (words + 1) / 2;
+    // At least one line even for n = 0: every call must wait for every peer, or a rank could
+    // run two calls ahead of a slower one and write into the half it still reads.
+    const unsigned long long words = K::words(n), lines = words == 0 ? 1 : (words + 1) / 2;
     const unsigned long long half = (unsigned long long)(e & 1u) * world * slot_bytes;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
