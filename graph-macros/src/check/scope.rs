@@ -145,6 +145,11 @@ pub enum Kind {
     Std,
     /// A type of the user's own: its methods are the user's.
     Users,
+    /// A type of the user's own built from a CUDA value (`Fence::from(event)`,
+    /// `Sampler::new(rt, 0.8)`): its methods are the user's, except the names a type commonly
+    /// forwards to the CUDA object it holds (`synchronize`, `query`, `is_complete`: the rules'
+    /// loose methods).
+    Wraps,
 }
 
 /// What the walker knows about one name.
@@ -169,6 +174,8 @@ pub struct Binding {
     /// `let s = Arc::clone(&STATE);`): the static's name. Its uses are judged like the
     /// static's ([`Scope::static_root`]).
     pub static_ref: Option<String>,
+    /// `static_ref` is held as a copy (see [`StaticRoot::by_copy`]).
+    pub static_copy: bool,
 }
 
 /// The `static` a place or receiver reaches ([`Scope::static_root`]): its name, and the local
@@ -176,6 +183,10 @@ pub struct Binding {
 pub struct StaticRoot {
     pub name: String,
     pub through: Option<String>,
+    /// Reached through a local that holds a copy of the static's value (`DEFAULTS.clone()`,
+    /// `Arc::clone(&CONFIG)`), not a reference or a guard: an assignment to it changes the
+    /// copy, and only a lock or a cell reached through it can touch the static.
+    pub by_copy: bool,
 }
 
 impl StaticRoot {
@@ -211,6 +222,7 @@ impl Binding {
             null_pointer: false,
             cuda_rooted: false,
             static_ref: None,
+            static_copy: false,
         }
     }
 }
@@ -321,12 +333,14 @@ impl Scope {
                         return b.static_ref.clone().map(|name| StaticRoot {
                             name,
                             through: Some(last),
+                            by_copy: b.static_copy,
                         });
                     }
                 }
                 super::syntax::is_screaming(&last).then_some(StaticRoot {
                     name: last,
                     through: None,
+                    by_copy: false,
                 })
             }
             Expr::Reference(r) => self.static_root(&r.expr),
@@ -335,33 +349,45 @@ impl Scope {
             Expr::Index(i) => self.static_root(&i.expr),
             Expr::Field(f) => self.static_root(&f.base),
             Expr::Group(g) => self.static_root(&g.expr),
-            // Through a lock or a cell: `*STATE.lock().unwrap() += 1`.
-            Expr::MethodCall(m) => self.static_root(&m.receiver),
+            // Through a lock or a cell: `*STATE.lock().unwrap() += 1`; not through a method
+            // that makes a new value (`TABLE.iter().take(2)` takes from an iterator).
+            Expr::MethodCall(m) if is_guard_method(m) && m.method != "clone" => {
+                self.static_root(&m.receiver)
+            }
             _ => None,
         }
     }
 
-    /// The `static` a `let` makes its name refer to: a reference to it or to a part of it
-    /// (`&STEP`, `&STATE.inner`, `&*LAZY`), its `.clone()` or `Arc::clone(&STATE)`, a guard
-    /// of it (`STATE.lock().unwrap()`, `CELL.borrow_mut()`), or another local that refers to
-    /// one. A value read from it (`STEP.load(…)`, `TABLE[0]`) is a copy, not the static.
-    pub fn static_alias(&self, e: &Expr) -> Option<String> {
+    /// The `static` a `let` makes its name refer to, and whether the name holds a copy of its
+    /// value: a reference to it or to a part of it (`&STEP`, `&STATE.inner`, `&*LAZY`) or a
+    /// guard of it (`STATE.lock().unwrap()`, `CELL.borrow_mut()`) refer to the static; its
+    /// `.clone()`, `Arc::clone(&STATE)` or an `unwrap` of it are copies (which still share a
+    /// lock, a cell or an atomic behind an `Arc`); another local that refers to one inherits
+    /// it. A value read from it (`STEP.load(…)`, `TABLE[0]`) is neither.
+    pub fn static_alias(&self, e: &Expr) -> Option<(String, bool)> {
         match e {
             Expr::Paren(p) => self.static_alias(&p.expr),
             Expr::Group(g) => self.static_alias(&g.expr),
-            Expr::Reference(r) => self.static_place(&r.expr),
-            Expr::MethodCall(m) if is_guard_method(m) => self.static_place(&m.receiver),
+            Expr::Reference(r) => self.static_place(&r.expr).map(|n| (n, false)),
+            Expr::MethodCall(m) if is_guard_method(m) => {
+                let method = unraw(&m.method);
+                let of_guard = matches!(&*m.receiver, Expr::MethodCall(r) if is_lock(r));
+                let copy = method == "clone"
+                    || (matches!(method.as_str(), "unwrap" | "expect") && !of_guard);
+                self.static_place(&m.receiver).map(|n| (n, copy))
+            }
             // `Arc::clone(&STATE)`, `Rc::clone(&s)`.
             Expr::Call(c) if c.args.len() == 1 => match &*c.func {
                 Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "clone") => self
                     .static_alias(&c.args[0])
-                    .or_else(|| self.static_place(&c.args[0])),
+                    .or_else(|| self.static_place(&c.args[0]).map(|n| (n, false)))
+                    .map(|(n, _)| (n, true)),
                 _ => None,
             },
-            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => self
-                .get(&unraw(&p.path.segments[0].ident))?
-                .static_ref
-                .clone(),
+            Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                let b = self.get(&unraw(&p.path.segments[0].ident))?;
+                b.static_ref.clone().map(|n| (n, b.static_copy))
+            }
             _ => None,
         }
     }
@@ -472,21 +498,24 @@ impl Scope {
 
     /// Whether `e` is a constructor call or a struct literal (`Fence::from(event)`,
     /// `Gpu::new(rt.stream().clone())`, `Gpu { stream: s }`) given a CUDA value
-    /// ([`Scope::is_cuda_value`]), or a struct literal with a field named like a CUDA object
-    /// that is not given a literal: the value built may hold a stream or an event, so its
-    /// `synchronize` or `query` may be CUDA's.
+    /// ([`Scope::is_cuda_value`]): the value built may hold a stream or an event, so its
+    /// `synchronize` or `query` may be CUDA's ([`Kind::Wraps`]).
     pub fn wraps_cuda(&self, e: &Expr) -> bool {
         match e {
             Expr::Paren(p) => self.wraps_cuda(&p.expr),
             Expr::Reference(r) => self.wraps_cuda(&r.expr),
             Expr::Try(t) => self.wraps_cuda(&t.expr),
             Expr::Call(c) => c.args.iter().any(|a| self.is_cuda_value(a)),
+            // A CUDA value given, or a field named like a CUDA object given a value the tokens
+            // cannot classify (`Gpu { stream: s }`); not one given a host value
+            // (`Job { id, device }` with `device` a number).
             Expr::Struct(s) => s.fields.iter().any(|f| {
                 let named = match &f.member {
                     syn::Member::Named(i) => field_named_like_cuda(&unraw(i)),
                     syn::Member::Unnamed(_) => false,
                 };
-                (named && !matches!(f.expr, Expr::Lit(_))) || self.is_cuda_value(&f.expr)
+                self.is_cuda_value(&f.expr)
+                    || (named && self.kind_of_expr(&f.expr) == Kind::Unknown)
             }),
             _ => false,
         }
@@ -559,12 +588,12 @@ impl Scope {
             // `Gpu { stream }`): not provably the user's own.
             Expr::Struct(s) if s.qself.is_none() => match kind_of_path(&s.path) {
                 Some(kind) => kind,
-                None if self.wraps_cuda(e) => Kind::Unknown,
+                None if self.wraps_cuda(e) => Kind::Wraps,
                 None => Kind::Users,
             },
             Expr::Call(c) => match &*c.func {
                 Expr::Path(p) if p.qself.is_none() => match constructor_kind(&p.path) {
-                    Kind::Users if self.wraps_cuda(e) => Kind::Unknown,
+                    Kind::Users if self.wraps_cuda(e) => Kind::Wraps,
                     kind => kind,
                 },
                 _ => Kind::Unknown,
@@ -618,6 +647,20 @@ impl Scope {
             _ => Kind::Unknown,
         }
     }
+}
+
+/// A lock or a cell's borrow: through it a copy of a static still reaches the static's value.
+pub fn is_lock(m: &syn::ExprMethodCall) -> bool {
+    const LOCKS: &[&str] = &[
+        "lock",
+        "read",
+        "write",
+        "try_lock",
+        "borrow",
+        "borrow_mut",
+        "get_mut",
+    ];
+    LOCKS.contains(&unraw(&m.method).as_str())
 }
 
 /// A method that hands out the value it is called on, or a guard of it: `.clone()`,

@@ -294,15 +294,21 @@ impl Walker {
             });
         let rng =
             !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Rng);
+        // A type of the user's built from a CUDA value: only the names it may forward to
+        // what it holds (the loose methods) are judged.
+        let wraps =
+            !on_known_type && receiver.is_some_and(|r| self.scope.kind_of_expr(r) == Kind::Wraps);
         if !users_own {
             for r in RULES {
-                let by_cpu_arg =
-                    to_cpu.is_some() && r.has(|m| matches!(m, Matcher::ToCpu(n) if *n == name));
+                let by_cpu_arg = !wraps
+                    && to_cpu.is_some()
+                    && r.has(|m| matches!(m, Matcher::ToCpu(n) if *n == name));
                 let hit = by_cpu_arg
                     || r.has(|m| match m {
+                        Matcher::LooseMethod(n) => *n == name && (loose_ok || wraps),
+                        _ if wraps => false,
                         Matcher::Method(n) => *n == name,
                         Matcher::MethodNoArgs(n) => *n == name && args.is_empty(),
-                        Matcher::LooseMethod(n) => *n == name && loose_ok,
                         Matcher::MethodWithClosure(n) => *n == name && with_closure,
                         Matcher::RngMethod => rng && name != "clone",
                         _ => false,
@@ -449,7 +455,7 @@ impl Walker {
             // (`let gpu: Gpu = Gpu::new(rt.stream().clone());`): not provably the user's.
             (Some(ty), Some(e)) if single && kind_of_type(ty) == Kind::Users => {
                 if self.scope.wraps_cuda(e) {
-                    Kind::Unknown
+                    Kind::Wraps
                 } else {
                     Kind::Users
                 }
@@ -463,9 +469,10 @@ impl Walker {
         let cpu_device = single && init.is_some_and(|e| self.scope.is_cpu_device(e));
         let null_pointer = single && init.is_some_and(is_null_pointer);
         let cuda_rooted = single && init.is_some_and(|e| self.scope.is_cuda_value(e));
-        let static_ref = init
+        let (static_ref, static_copy) = init
             .filter(|_| single)
-            .and_then(|e| self.scope.static_alias(e));
+            .and_then(|e| self.scope.static_alias(e))
+            .map_or((None, false), |(n, copy)| (Some(n), copy));
         for n in names {
             let device_data = read.as_ref().map(|how| describe_read(&n, how));
             self.scope.declare(
@@ -479,6 +486,7 @@ impl Walker {
                     null_pointer,
                     cuda_rooted,
                     static_ref: static_ref.clone(),
+                    static_copy,
                 },
             );
         }
@@ -704,6 +712,11 @@ impl Walker {
     /// Reports an assignment whose place is a `static` (`COUNT += 1`, `STATE.step = 0`).
     fn static_written<T: ToTokens>(&mut self, place: &Expr, whole: &T) {
         if let Some(stat) = self.scope.static_root(place) {
+            // A copy's own value (`let mut cfg = DEFAULTS.clone(); cfg.batch = 8`): only a
+            // lock or a cell reached through it writes what the static holds.
+            if stat.by_copy && !through_lock(place) {
+                return;
+            }
             let what = match &stat.through {
                 None => format!("the write to `{}`", stat.name),
                 Some(local) => format!("the write to `{}` through `{local}`", stat.name),
@@ -1234,5 +1247,19 @@ fn field_of(e: &Expr) -> Option<&Expr> {
         Expr::Unary(u) => field_of(&u.expr),
         Expr::Paren(p) => field_of(&p.expr),
         _ => None,
+    }
+}
+
+/// Whether a place is reached through a lock or a cell's borrow (`*s.lock().unwrap()`).
+fn through_lock(e: &Expr) -> bool {
+    match e {
+        Expr::MethodCall(m) => super::scope::is_lock(m) || through_lock(&m.receiver),
+        Expr::Unary(u) => through_lock(&u.expr),
+        Expr::Paren(p) => through_lock(&p.expr),
+        Expr::Group(g) => through_lock(&g.expr),
+        Expr::Field(f) => through_lock(&f.base),
+        Expr::Index(i) => through_lock(&i.expr),
+        Expr::Try(t) => through_lock(&t.expr),
+        _ => false,
     }
 }
