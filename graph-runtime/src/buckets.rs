@@ -740,7 +740,7 @@ impl Buckets {
             buckets = self.family.sizes.len(),
             static_bytes = self.static_bytes,
             largest_temp_bytes = live.clone().map(|g| g.info().temp_bytes).max().unwrap_or(0),
-            sum_temp_bytes = self.graphs().map(|g| g.info().temp_bytes).sum::<usize>(),
+            sum_temp_bytes = live.map(|g| g.info().temp_bytes).sum::<usize>(),
             pool_reserved_bytes = pool.reserved,
             ms = started.elapsed().as_secs_f64() * 1e3,
             "captured bucket family"
@@ -890,13 +890,8 @@ where
             let started = Instant::now();
             for index in (0..family.sizes.len()).rev() {
                 if let Err(e) = this.capture_bucket(index) {
-                    let kept = this.kept.is_some();
-                    // State the family owns may hold the refused graph's memory: freeing it
-                    // fails, and cudarc records that failure, a consequence of this error that
-                    // must not fail an unrelated later call.
-                    drop(this);
-                    if kept {
-                        let _ = rt.take_recorded_error();
+                    if this.kept.is_some() {
+                        crate::typed::drop_after_kept(rt, this);
                     }
                     return Err(e);
                 }

@@ -27,7 +27,6 @@ use crate::capture::CapturedIsland;
 use crate::error::{GraphError, When};
 use crate::graph::{launch_as_is, replay, Graph, GraphInfo};
 use crate::inputs::InputNodes;
-use crate::region::DeviceRegion;
 use crate::runtime::FromRuntime;
 use crate::runtime::Runtime;
 use crate::site::{GraphSite, Step};
@@ -109,8 +108,6 @@ pub trait ResultSlot {
     fn captured(&self, site: &'static GraphSite) -> Result<(), GraphError>;
     /// Gives `verify` the returned value (the eager run's when `eager`, else the replay's).
     fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError>;
-    /// The device memory of the stored value, if any.
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion));
 }
 
 impl ResultSlot for NoResult {
@@ -123,7 +120,6 @@ impl ResultSlot for NoResult {
     fn output_to(&self, _: &mut Verifier<'_>, _: bool) -> Result<(), GraphError> {
         Ok(())
     }
-    fn regions(&self, _: &mut dyn FnMut(DeviceRegion)) {}
 }
 
 /// The body stores its value with `store_result` (which asks for a `ResultBuffer`, and says
@@ -141,26 +137,19 @@ impl<B: DeviceState> ResultSlot for ResultOf<B> {
     fn output_to(&self, verifier: &mut Verifier<'_>, eager: bool) -> Result<(), GraphError> {
         verifier.output(eager, "result", self.get())
     }
-    fn regions(&self, visit: &mut dyn FnMut(DeviceRegion)) {
-        if let Some(value) = &self.0 {
-            value.regions(visit);
-        }
-    }
 }
 
-/// Refuses a capture whose graphs keep memory they allocated (see [`Graph::memory_nodes`])
-/// that the returned value does not hold: state replaced inside the body (a foreign model's
-/// own state or cache held as `ModelState`, say), a static, a leak. Each relaunch frees that
-/// memory, so whatever holds it would read freed memory. Counted over every segment of the
-/// capture (a temporary may be freed by the segment after an island) and per address (CUDA
-/// may give one address to two allocations of a graph whose lives do not overlap).
+/// Refuses a capture whose graphs keep memory they allocated (see [`Graph::memory_nodes`]):
+/// state replaced inside the body (a foreign model's own state or cache held as
+/// `ModelState`, say), a static, a leak. Each relaunch frees that memory, so whatever holds it
+/// would read freed memory. (A returned value is copied into a static buffer the warmup
+/// allocated, never kept in a temporary.) Counted over every segment of the capture (a
+/// temporary may be freed by the segment after an island) and per address (CUDA may give one
+/// address to two allocations of a graph whose lives do not overlap).
 fn refuse_kept_temporaries(
     site: &'static GraphSite,
     captured: &crate::capture::Captured,
-    result: &impl ResultSlot,
 ) -> Result<(), GraphError> {
-    let mut held = Vec::new();
-    result.regions(&mut |r| held.push((r.ptr(), r.bytes() as u64)));
     let graphs =
         std::iter::once(&captured.graph).chain(captured.islands.iter().flat_map(|i| &i.after));
     // Per address: allocations less frees, and the last allocation's size.
@@ -176,10 +165,9 @@ fn refuse_kept_temporaries(
         }
     }
     let bytes: u64 = live
-        .iter()
-        .filter(|&(_, &(count, _))| count > 0)
-        .filter(|&(&ptr, &(_, len))| !held.iter().any(|&(h, n)| h < ptr + len && ptr < h + n))
-        .map(|(_, &(count, len))| count as u64 * len)
+        .values()
+        .filter(|&&(count, _)| count > 0)
+        .map(|&(count, len)| count as u64 * len)
         .sum();
     match bytes {
         0 => Ok(()),
@@ -187,6 +175,17 @@ fn refuse_kept_temporaries(
             graph: site.name,
             bytes: bytes as usize,
         }),
+    }
+}
+
+/// Drops what owns a body's state after its capture was refused with
+/// [`GraphError::KeptTemporary`]: the state may hold memory of the refused graph, which is
+/// gone, and cudarc records the failure of freeing it, a consequence of that error that must
+/// not fail an unrelated later call.
+pub(crate) fn drop_after_kept<T>(rt: &Runtime, owner: T) {
+    drop(owner);
+    if let Some(e) = rt.take_recorded_error() {
+        tracing::debug!(error = ?e, "cleared the failed free of a refused graph's memory");
     }
 }
 
@@ -583,7 +582,7 @@ impl Recording {
         inst.body.restore_islands(island_state);
         let captured = captured?;
         inst.statics.result.captured(site)?;
-        refuse_kept_temporaries(site, &captured, &inst.statics.result)?;
+        refuse_kept_temporaries(site, &captured)?;
         Ok(Recording {
             graph: captured.graph,
             islands: captured.islands,
@@ -756,11 +755,7 @@ impl<B: GraphBody> TypedGraph<B> {
         let recording = match Recording::capture(rt, &mut inst, &inputs, static_bytes) {
             Ok(recording) => recording,
             Err(e @ GraphError::KeptTemporary { .. }) => {
-                // State the capture owns holds memory of the refused graph, which is gone:
-                // cudarc records the failure of freeing it, a consequence of this error that
-                // must not fail an unrelated later call.
-                drop(inst);
-                let _ = rt.take_recorded_error();
+                drop_after_kept(rt, inst);
                 return Err(e);
             }
             Err(e) => return Err(e),

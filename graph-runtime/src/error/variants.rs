@@ -628,9 +628,9 @@ pub enum GraphError {
         location: &'static Location<'static>,
     },
 
-    /// The body kept memory it allocated during the capture outside its returned value.
+    /// The body kept memory it allocated during the capture past its end.
     #[error(
-        "`{graph}` keeps {} it allocated during the capture, outside its returned value\nEvery \
+        "`{graph}` keeps {} it allocated during the capture past the body's end\nEvery \
          replay frees and reallocates the graph's temporaries, so whatever holds that memory (state \
          replaced inside the body, a model's own state or cache object, a static) would read freed \
          memory after the first replay. Fix: write state in place (`slice_set`, `copy_`, a kernel) \
