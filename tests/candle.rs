@@ -10,7 +10,8 @@ mod upload_cap;
 
 use candle_models::{greedy, Decoder, DecoderConfig, KvCache, Mlp};
 use candle_transformers::models::{llama, mamba};
-use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
+use graph_runtime::candle::candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use graph_runtime::candle::candle_core::{self as candle, DType, Device, Module, Tensor};
 use graph_runtime::candle::{candle_nn, ModelState, RotaryTables, StaticKvCache};
 use graph_runtime::{cuda_graph, GraphError, Runtime, Tolerance};
 use workloads::check::first_mismatch;
@@ -560,6 +561,83 @@ fn a_foreign_model_that_replaces_its_state_is_refused(_rt: Runtime) -> Result<()
     let mut graph = MlpForwardGraph::capture(&rt, &x, &mlp)?;
     let eager = host(&mlp.forward(&x).map_err(c)?)?;
     assert_eq!(host(graph.replay(&x)?.result)?, eager);
+    Ok(())
+}
+
+/// A quantized linear layer (candle's MMVQ path, up to 8 rows), held as `ModelState` with no
+/// tensors listed: candle quantizes the rows into its per-device workspace, then multiplies.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn quantized_linear(
+    dev: &Device,
+    x: &Tensor,
+    #[state] w: &ModelState<QMatMul>,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    w.model().forward(x)
+}
+
+/// candle keeps one grow-only workspace per device for its quantized matmuls (issue 31, point
+/// 14): an eager quantized call larger than the graph's grows it and frees the old one, which
+/// the graph's kernels still write (before: later tensors corrupted, no error). The next replay
+/// is refused before it launches, and a new capture works.
+#[gpu_test]
+fn a_framework_workspace_that_moves_under_a_graph_is_refused(
+    _rt: Runtime,
+) -> Result<(), GraphError> {
+    let (dev, rt) = candle_runtime()?;
+    let mut rng = fresh_rng("a_framework_workspace_that_moves_under_a_graph_is_refused");
+    let mut random = |rows: usize, cols: usize| {
+        Tensor::from_vec(random_vec(&mut rng, rows * cols), (rows, cols), &dev).map_err(c)
+    };
+    let quantized = |w: Tensor| {
+        QTensor::quantize(&w, GgmlDType::Q8_0)
+            .and_then(QMatMul::from_qtensor)
+            .map_err(c)
+    };
+    let (k, out) = (256, 64);
+    let layer = ModelState::new(quantized(random(out, k)?)?, []);
+    let mut graph = QuantizedLinearGraph::capture(&rt, &random(1, k)?, &layer)?;
+    // The quantized weights and candle's workspace are outside the state's listed tensors.
+    assert!(graph.info().foreign_buffers >= 2, "{graph}");
+    for replay in 0..4 {
+        let x = random(1, k)?;
+        let eager = host(&layer.model().forward(&x).map_err(c)?)?;
+        let ours = host(graph.replay(&x)?.result)?;
+        assert_eq!(ours, eager, "replay {replay}: graph vs candle eager");
+    }
+    // A larger quantized call, eagerly: eight rows of 8192 columns need a bigger workspace.
+    let big = quantized(random(out, 8192)?)?;
+    let x_big = random(8, 8192)?;
+    big.forward(&x_big).map_err(c)?;
+    let bystanders = (0..16)
+        .map(|_| Tensor::zeros((1024,), DType::F32, &dev))
+        .collect::<candle::Result<Vec<_>>>()
+        .map_err(c)?;
+    for attempt in 0..2 {
+        let err = graph.replay(&random(1, k)?).unwrap_err();
+        assert!(
+            matches!(&err, GraphError::ForeignMemoryMoved { .. }),
+            "attempt {attempt}: {err:?}"
+        );
+        assert!(err.to_string().contains("quantized"), "{err}");
+    }
+    for b in &bystanders {
+        assert!(
+            host(b)?.iter().all(|&v| v == 0.0),
+            "a tensor allocated since was written"
+        );
+    }
+    // Captured again after the larger call, the graph uses the new workspace.
+    let mut graph = QuantizedLinearGraph::capture(&rt, &random(1, k)?, &layer)?;
+    for replay in 0..3 {
+        let x = random(1, k)?;
+        let eager = host(&layer.model().forward(&x).map_err(c)?)?;
+        assert_eq!(
+            host(graph.replay(&x)?.result)?,
+            eager,
+            "new graph, replay {replay}"
+        );
+    }
     Ok(())
 }
 

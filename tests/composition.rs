@@ -12,7 +12,9 @@
 //! * a nearly full device: a graph whose temporaries cannot be mapped is refused before the
 //!   driver tries, the free memory is back afterwards, and smaller graphs still capture;
 //! * cuBLAS GEMMs in a body checked for determinism (the default of debug builds): library
-//!   kernels' host-address arguments do not fail the check.
+//!   kernels' host-address arguments do not fail the check;
+//! * memory a graph addresses but does not hold (a workspace in a `skip` field), replaced
+//!   between replays: the next replay is refused before anything launches, and a new capture works.
 //!
 //! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with
 //! `CUDA_GRAPH_REQUIRE_GPU=1` they fail instead.
@@ -729,6 +731,90 @@ fn cublas_gemms_pass_the_determinism_check_and_match_eager(rt: Runtime) -> Resul
             s.clone_dtoh(&ey)?,
             "replay {replay}: graph vs eager, bitwise"
         );
+    }
+    Ok(())
+}
+
+// ---- Memory the graph addresses but does not hold, freed under it ----
+
+/// A workspace of another part of the program, the way a framework keeps one: behind a
+/// `Mutex`, so that it can grow through a shared borrow.
+struct Workspace(std::sync::Mutex<CudaSlice<f32>>);
+
+/// A layer that reads the workspace but leaves it out of its state (`skip`: the macro refuses
+/// that for a `CudaSlice` field, not for a type it cannot see into).
+#[derive(DeviceState)]
+struct HiddenScratch {
+    w: CudaSlice<f32>,
+    #[device_state(skip)]
+    scratch: Workspace,
+}
+
+/// `scratch = 2x + 0.5`, `y = scratch`, `y += w`.
+#[cuda_graph(warmup = 2)]
+fn through_hidden_scratch(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] m: &HiddenScratch,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let mut scratch = m.scratch.0.lock().unwrap_or_else(|p| p.into_inner());
+    affine(rt, x, 2.0, 0.5, &mut scratch)?;
+    affine(rt, &scratch, 1.0, 0.0, y)?;
+    add_inplace(rt, y, &m.w)
+}
+
+#[gpu_test]
+fn memory_freed_under_a_graph_that_does_not_hold_it_refuses_the_replay(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("memory_freed_under_a_graph_that_does_not_hold_it_refuses_the_replay");
+    let n = 4096;
+    let s = rt.stream().clone();
+    let model = HiddenScratch {
+        w: s.clone_htod(&random_vec(&mut rng, n))?,
+        scratch: Workspace(std::sync::Mutex::new(s.alloc_zeros::<f32>(n)?)),
+    };
+    let mut graph = ThroughHiddenScratchGraph::capture(&rt, &random_vec(&mut rng, n), &model, n)?;
+    // The scratch and the output buffer are outside the state and the inputs.
+    assert!(graph.info().foreign_buffers >= 1, "{graph}");
+    let mut ey = s.alloc_zeros::<f32>(n)?;
+    for replay in 0..4 {
+        let x = random_vec(&mut rng, n);
+        let gy = s.clone_dtoh(graph.replay(&x)?.y)?;
+        through_hidden_scratch(&rt, &s.clone_htod(&x)?, &model, &mut ey)?;
+        assert_eq!(gy, s.clone_dtoh(&ey)?, "replay {replay}: graph vs eager");
+    }
+    // The workspace grows: the captured buffer is freed, and new buffers may take its place.
+    *model.scratch.0.lock().unwrap() = s.alloc_zeros::<f32>(2 * n)?;
+    let bystanders = (0..8)
+        .map(|_| s.alloc_zeros::<f32>(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    for attempt in 0..2 {
+        let err = graph.replay(&random_vec(&mut rng, n)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                GraphError::ForeignMemoryMoved {
+                    graph: "through_hidden_scratch",
+                    ..
+                }
+            ),
+            "attempt {attempt}: {err:?}"
+        );
+        assert!(err.to_string().contains("nothing was launched"), "{err}");
+    }
+    // Nothing was launched: the buffers allocated since are untouched.
+    for b in &bystanders {
+        assert!(s.clone_dtoh(b)?.iter().all(|&v| v == 0.0));
+    }
+    // The runtime goes on: a new capture reads the new scratch and replays like eager.
+    let mut graph = ThroughHiddenScratchGraph::capture(&rt, &random_vec(&mut rng, n), &model, n)?;
+    for replay in 0..3 {
+        let x = random_vec(&mut rng, n);
+        let gy = s.clone_dtoh(graph.replay(&x)?.y)?;
+        through_hidden_scratch(&rt, &s.clone_htod(&x)?, &model, &mut ey)?;
+        assert_eq!(gy, s.clone_dtoh(&ey)?, "new graph, replay {replay}");
     }
     Ok(())
 }

@@ -374,6 +374,7 @@ pub fn capture(
         // Counted by `Graph::instantiate`, which reads the edges only when this is not 0.
         early_edges: early_launches.count(),
         state_snapshot_bytes: warmed.state_snapshot_bytes,
+        foreign_buffers: 0,
         name: graph,
         kinds: Default::default(),
         warmup: site.warmup,
@@ -508,6 +509,17 @@ fn instantiate(
         let mut built = Graph::instantiate(rt, raw, info, nodes, &record)?;
         built.settle_for(book);
         graphs.push(Some(built));
+    }
+    // What the state holds and what any segment of this capture allocates (a segment after
+    // an island reads the temporaries of the segments before it) is held by the graph.
+    let temporaries: Vec<(u64, u64)> = graphs
+        .iter()
+        .flatten()
+        .flat_map(|g| g.memory_nodes().0.iter().copied())
+        .collect();
+    for g in graphs.iter_mut().flatten() {
+        let state = book.regions().map(|r| (r.ptr, r.bytes as u64));
+        g.held_elsewhere(state.chain(temporaries.iter().copied()));
     }
     Ok(graphs)
 }

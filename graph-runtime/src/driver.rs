@@ -353,6 +353,51 @@ pub(crate) fn pointer_memory_type(ptr: sys::CUdeviceptr) -> Option<u32> {
     known.ok().map(|()| mem_type)
 }
 
+/// The allocation that holds `ptr`: its buffer ID (unique over the process's life: memory
+/// allocated again at the same address gets another), its first address and its size; `None`
+/// when the driver knows no allocation there (host memory it does not know, a freed buffer).
+///
+/// [`cuPointerGetAttributes`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html)
+pub(crate) fn allocation_of(ptr: sys::CUdeviceptr) -> Option<(u64, u64, u64)> {
+    let (mut id, mut start, mut size) = (0u64, 0u64, 0u64);
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut std::ffi::c_void; 3] = [
+        (&mut id as *mut u64).cast(),
+        (&mut start as *mut u64).cast(),
+        (&mut size as *mut u64).cast(),
+    ];
+    // SAFETY: the query only reads the driver's tables for `ptr`; each data pointer is a valid
+    // place for its attribute's 64-bit answer (a buffer ID, a device address, a size_t).
+    // Unknown pointers fail the query instead of being dereferenced.
+    let known =
+        unsafe { sys::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) }
+            .result();
+    (known.is_ok() && id != 0 && size != 0).then_some((id, start, size))
+}
+
+/// The buffer ID of the allocation that holds `ptr` (see [`allocation_of`]), or `None` when
+/// nothing is allocated there.
+///
+/// [`cuPointerGetAttribute`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html)
+#[inline]
+pub(crate) fn buffer_id(ptr: sys::CUdeviceptr) -> Option<u64> {
+    let mut id = 0u64;
+    // SAFETY: as in `allocation_of`: a read of the driver's tables into a valid 64-bit place.
+    let known = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut id as *mut u64).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            ptr,
+        )
+    }
+    .result();
+    known.ok().map(|()| id)
+}
+
 /// Queues a device-to-device copy of `bytes` bytes.
 ///
 /// [`cuMemcpyDtoDAsync`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html)

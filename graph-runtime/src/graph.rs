@@ -11,6 +11,7 @@ use crate::buffer::Staging;
 use crate::conditional::record::CaptureRecord;
 use crate::driver;
 use crate::error::GraphError;
+use crate::foreign::{Addresses, Foreign};
 use crate::generator::RngAdvance;
 use crate::inputs::InputNode;
 use crate::recorded::RecordedGraph;
@@ -85,6 +86,13 @@ pub struct GraphInfo {
     /// Bytes of the device snapshot of `&mut` state taken before the warmup and restored
     /// after it (freed once the graph is captured); 0 when no `&mut` state is restored.
     pub state_snapshot_bytes: usize,
+    /// Allocations the graph's nodes address that the graph does not hold (neither its
+    /// temporaries, its state nor its static inputs: its outputs, the runtime's buffers, a
+    /// framework's own buffers such as candle's quantized-matmul workspace, weights read
+    /// through a `ModelState` that does not list them). Each is checked before every replay
+    /// (one driver query) and a freed or reallocated one refuses the replay with
+    /// [`GraphError::ForeignMemoryMoved`](crate::GraphError::ForeignMemoryMoved).
+    pub foreign_buffers: usize,
 }
 
 impl GraphInfo {
@@ -157,6 +165,8 @@ pub struct Graph {
     /// (see [`Graph::memory_nodes`]).
     allocs: Vec<(u64, u64)>,
     frees: Vec<u64>,
+    /// Memory the graph addresses and does not hold, checked before every replay.
+    foreign: Foreign,
 }
 
 // SAFETY: the graph and executable-graph handles may be used from any thread as long as
@@ -194,9 +204,10 @@ impl Graph {
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let mut baseline = MemoryReading::default();
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        let mut foreign = Foreign::default();
         let built = (|| {
             let inspected = inspect(raw.raw(), info.name, &inputs, info.early_edges > 0, record)?;
-            (allocs, frees) = (inspected.allocs, inspected.frees);
+            (allocs, frees, foreign) = (inspected.allocs, inspected.frees, inspected.foreign);
             info.inspect_time = started.elapsed();
             info.kinds = inspected.kinds;
             info.temp_bytes = inspected.temp_bytes;
@@ -235,6 +246,7 @@ impl Graph {
             settle: false,
             allocs,
             frees,
+            foreign,
         };
         let upload_started = Instant::now();
         // SAFETY: `exec` is a live executable graph and the stream belongs to its context.
@@ -264,6 +276,13 @@ impl Graph {
     /// inside the body, a model's own cache, a static) points at memory the next replay frees.
     pub(crate) fn memory_nodes(&self) -> (&[(u64, u64)], &[u64]) {
         (&self.allocs, &self.frees)
+    }
+
+    /// Leaves out of the per-replay check the memory `regions` (address, bytes) cover:
+    /// the graph's state, the temporaries of the other segments of its capture.
+    pub(crate) fn held_elsewhere(&mut self, regions: impl IntoIterator<Item = (u64, u64)>) {
+        self.foreign.exempt(regions);
+        self.info.foreign_buffers = self.foreign.len();
     }
 
     /// Facts about the capture: node count, memory and timings.
@@ -316,6 +335,7 @@ impl Graph {
         self.rt.gate().launch(self.info.name, || {
             let stream = self.rt.stream();
             stream.context().bind_to_thread()?;
+            self.foreign.check(self.info.name)?;
             stage(&self.staging().with_inputs(self.exec, &self.inputs))?;
             // SAFETY: `exec` is a live executable graph owned by `self`, instantiated for
             // this stream's context, which is bound to this thread just above; the context,
@@ -468,6 +488,11 @@ impl std::fmt::Display for Graph {
             i.exec_bytes
                 .map_or_else(|| "not measured".to_owned(), crate::error::bytes),
             crate::error::bytes(i.state_snapshot_bytes)
+        )?;
+        writeln!(
+            f,
+            "  memory it does not hold, checked before each replay: {} allocations",
+            i.foreign_buffers
         )?;
         write!(
             f,
@@ -643,6 +668,8 @@ struct Inspected {
     temp_bytes: usize,
     temp_requested_bytes: usize,
     early_edges: usize,
+    /// Memory the nodes address outside the temporaries and the static inputs.
+    foreign: Foreign,
 }
 
 /// The device's free memory (read only when the runtime measures executable memory) and
@@ -731,6 +758,7 @@ fn inspect(
     let mut kinds = NodeKinds::default();
     let mut temps: Vec<(u64, u64)> = Vec::new();
     let mut freed: Vec<u64> = Vec::new();
+    let mut addresses = Addresses::default();
     // The nodes of the graph, then those of its conditional bodies (at any depth).
     let mut pending = nodes;
     while let Some(node) = pending.pop() {
@@ -741,6 +769,9 @@ fn inspect(
                     kinds.input_copies += 1;
                 } else {
                     kinds.kernels += 1;
+                    // SAFETY: a kernel node of the live graph `raw`, whose modules the
+                    // runtime keeps loaded.
+                    unsafe { addresses.kernel(node) }?;
                 }
             }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => {
@@ -749,6 +780,10 @@ fn inspect(
                 let p = unsafe { driver::memcpy_node_params(node) }?;
                 let src_pageable = is_pageable(p.srcMemoryType, p.srcHost as usize, p.srcDevice);
                 let dst_pageable = is_pageable(p.dstMemoryType, p.dstHost as usize, p.dstDevice);
+                addresses.endpoints(
+                    &[p.srcDevice, p.srcHost as u64, p.dstDevice, p.dstHost as u64],
+                    "copy",
+                );
                 if src_pageable || dst_pageable {
                     let direction = if dst_pageable {
                         "device-to-host"
@@ -758,7 +793,12 @@ fn inspect(
                     return Err(GraphError::PageableCopyCaptured { graph, direction });
                 }
             }
-            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => kinds.memsets += 1,
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => {
+                kinds.memsets += 1;
+                // SAFETY: `node` is a memset node of the live graph `raw`.
+                let p = unsafe { driver::memset_node_params(node) }?;
+                addresses.endpoints(&[p.dst], "memset");
+            }
             sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 kinds.allocs += 1;
                 // SAFETY: `node` is an allocation node of the live graph `raw`.
@@ -793,6 +833,8 @@ fn inspect(
         0
     };
     let temp_requested_bytes = temps.iter().map(|&(_, len)| len as usize).sum();
+    let mut foreign = addresses.resolve(&temps);
+    foreign.exempt(inputs.iter().map(|i| i.destination()));
     Ok(Inspected {
         allocs: temps.clone(),
         frees: freed,
@@ -800,6 +842,7 @@ fn inspect(
         temp_bytes: covered_bytes(&mut temps),
         temp_requested_bytes,
         early_edges,
+        foreign,
     })
 }
 

@@ -174,6 +174,11 @@ impl InputNode {
         self.node
     }
 
+    /// The static buffer the node copies into (address, bytes).
+    pub(crate) fn destination(&self) -> (u64, u64) {
+        (self.args.dst.get(), self.bytes as u64)
+    }
+
     /// Points the node of `exec` at `src` (a device buffer of the input's size), or at
     /// nothing (`None`). A driver call only when it changes; allocates nothing.
     ///

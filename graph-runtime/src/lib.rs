@@ -357,6 +357,7 @@ mod constant;
 mod driver;
 mod error;
 mod fingerprint;
+mod foreign;
 mod fork;
 mod framework;
 mod generator;

@@ -462,6 +462,11 @@ impl AddressBook {
         }
     }
 
+    /// Every region of every parameter.
+    pub(crate) fn regions(&self) -> impl Iterator<Item = DeviceRegion> + '_ {
+        self.regions.iter().copied()
+    }
+
     /// The device regions of every `&mut` state recorded to be restored after the warmup.
     pub(crate) fn restorable(&self) -> impl Iterator<Item = DeviceRegion> + '_ {
         self.regions_where(|k| k == Recorded::StateMut { restore: true })

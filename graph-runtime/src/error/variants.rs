@@ -646,6 +646,30 @@ pub enum GraphError {
         bytes: usize,
     },
 
+    /// Memory the graph addresses but does not hold (a framework's own buffer) was freed or
+    /// allocated again since the capture: replaying would write into whatever lives there now.
+    #[error(
+        "`{graph}` addresses memory it does not hold, and that memory was freed or reallocated since the capture:\n\
+         nothing was launched, and every later replay of this graph is refused the same way. The graph's {node} \
+         was captured with the address {address:#x}, in a buffer of {} that something other than the graph \
+         owned, such as a framework's own workspace: candle keeps one grow-only workspace per device for its \
+         quantized matmuls, and an eager quantized call larger than any before it frees the old workspace for \
+         a bigger one. Fix: capture the graph again after such a call, or make the largest quantized call once \
+         before capturing so that the workspace does not grow afterwards; device memory of yours that a body \
+         reads must be one of its inputs or `#[state]`, which the graph holds",
+        crate::error::bytes(*.bytes)
+    )]
+    ForeignMemoryMoved {
+        /// The graph.
+        graph: &'static str,
+        /// The node that carries the address (a kernel by name, a copy or a memset).
+        node: String,
+        /// The address the node carries.
+        address: u64,
+        /// The size of the allocation at capture.
+        bytes: usize,
+    },
+
     /// A kernel faulted (an illegal or misaligned address, an illegal instruction, a device-side
     /// assert, …): CUDA stops the whole context, and every later CUDA call of the process
     /// returns the same error. Nothing recovers it but a new process.
@@ -732,6 +756,7 @@ impl GraphError {
             GraphError::ConditionMisuse { .. } => "ConditionMisuse",
             GraphError::UnusedCondition { .. } => "UnusedCondition",
             GraphError::KeptTemporary { .. } => "KeptTemporary",
+            GraphError::ForeignMemoryMoved { .. } => "ForeignMemoryMoved",
             GraphError::ContextLost(_) => "ContextLost",
             GraphError::Driver(_) => "Driver",
             GraphError::Cublas(_) => "Cublas",
