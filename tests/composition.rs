@@ -785,8 +785,9 @@ fn memory_freed_under_a_graph_that_does_not_hold_it_refuses_the_replay(
         through_hidden_scratch(&rt, &s.clone_htod(&x)?, &model, &mut ey)?;
         assert_eq!(gy, s.clone_dtoh(&ey)?, "replay {replay}: graph vs eager");
     }
-    // The workspace grows: the captured buffer is freed, and new buffers may take its place.
-    *model.scratch.0.lock().unwrap() = s.alloc_zeros::<f32>(2 * n)?;
+    // The workspace is allocated again and the captured buffer freed; new buffers may take
+    // its place. (The new one may even land at the old address: its buffer ID still differs.)
+    *model.scratch.0.lock().unwrap() = s.alloc_zeros::<f32>(n)?;
     let bystanders = (0..8)
         .map(|_| s.alloc_zeros::<f32>(n))
         .collect::<Result<Vec<_>, _>>()?;
