@@ -38,7 +38,10 @@
 //! a typed error instead of letting CUDA invalidate the capture.
 //!
 //! Each fork has its side stream to itself for the duration of the closure: nested forks, or
-//! forks from two threads, get different side streams. The streams (and two events each,
+//! forks from two threads, get different side streams. Inside a capture procedure the side
+//! streams a fork gives back stay the procedure's until it ends, so that another thread
+//! forking on a shared runtime between the warmup and the capture cannot take the stream
+//! the capture needs (it would then have to create one while capturing). The streams (and two events each,
 //! used for the fork and the join) are kept in a process-wide table keyed by the runtime's
 //! stream; entries whose runtime stream has been dropped are released by the next fork.
 
@@ -459,6 +462,8 @@ impl Drop for Rejoin<'_> {
 
 /// One side stream with its fork and join events.
 struct Slot {
+    /// The runtime stream whose pool holds the slot (compared by address only).
+    key: usize,
     stream: Arc<CudaStream>,
     forked: CudaEvent,
     joined: CudaEvent,
@@ -484,8 +489,29 @@ struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.slot.busy.store(false, Ordering::Release);
+        if !crate::phase::in_procedure() {
+            self.slot.busy.store(false, Ordering::Release);
+            return;
+        }
+        // Kept (still busy) for this thread's procedure, and given back when it ends.
+        let first = KEPT.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            kept.push(self.slot.clone());
+            kept.len() == 1
+        });
+        if first {
+            crate::phase::at_procedure_end(Box::new(|| {
+                for slot in KEPT.with(|kept| std::mem::take(&mut *kept.borrow_mut())) {
+                    slot.busy.store(false, Ordering::Release);
+                }
+            }));
+        }
     }
+}
+
+thread_local! {
+    /// The side streams this thread's capture procedure used and keeps until it ends.
+    static KEPT: RefCell<Vec<Arc<Slot>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Lease {
@@ -494,6 +520,16 @@ impl Lease {
         key: &Arc<CudaStream>,
         location: &'static Location<'static>,
     ) -> Result<Lease, GraphError> {
+        let kept = KEPT.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let at = kept
+                .iter()
+                .position(|s| s.key == Arc::as_ptr(key) as usize)?;
+            Some(kept.swap_remove(at))
+        });
+        if let Some(slot) = kept {
+            return Ok(Lease { slot });
+        }
         let released = {
             let mut all = pools();
             let (alive, released): (Vec<Pool>, Vec<Pool>) = std::mem::take(&mut *all)
@@ -529,6 +565,7 @@ impl Lease {
             });
         }
         let slot = Arc::new(Slot {
+            key: Arc::as_ptr(key) as usize,
             stream: ctx.new_stream()?,
             forked: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
             joined: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,

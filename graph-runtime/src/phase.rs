@@ -70,6 +70,9 @@ pub(crate) struct Frame {
     /// sits above this file, so held here without naming its type.
     #[cfg(feature = "nccl")]
     pub(crate) nccl_sessions: RefCell<Option<Box<dyn std::any::Any>>>,
+    /// What runs when the capture procedure in progress ends (also on panic): `crate::fork`
+    /// gives back the side streams it kept for the procedure.
+    procedure_end: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
 
 thread_local! {
@@ -86,6 +89,7 @@ thread_local! {
             segments: RefCell::new(None),
             #[cfg(feature = "nccl")]
             nccl_sessions: RefCell::new(None),
+            procedure_end: RefCell::new(Vec::new()),
         }
     };
 }
@@ -216,7 +220,13 @@ impl Drop for FrameScope {
     fn drop(&mut self) {
         with_frame(|f| match self.0 {
             Saved::Phase(p) => f.phase.set(p),
-            Saved::Procedure(g) => f.procedure.set(g),
+            Saved::Procedure(g) => {
+                f.procedure.set(g);
+                if g.is_none() {
+                    let ends = std::mem::take(&mut *f.procedure_end.borrow_mut());
+                    ends.into_iter().for_each(|end| end());
+                }
+            }
             Saved::ConditionalDepth(d) => f.conditional_depth.set(d),
             Saved::ForkDepth(d) => f.fork_depth.set(d),
         });
@@ -293,6 +303,15 @@ pub(crate) fn procedure_of_thread() -> Option<&'static str> {
 
 pub(crate) fn in_procedure() -> bool {
     procedure_of_thread().is_some()
+}
+
+/// Runs `end` when the capture procedure running on this thread ends (also on panic), or
+/// now when none runs.
+pub(crate) fn at_procedure_end(end: Box<dyn FnOnce()>) {
+    if !in_procedure() {
+        return end();
+    }
+    with_frame(|f| f.procedure_end.borrow_mut().push(end));
 }
 
 /// Records the kernels this thread looks up through the runtime (`Runtime::function`) while
