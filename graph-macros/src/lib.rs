@@ -147,10 +147,10 @@ use proc_macro::TokenStream;
 ///   rows per bucket. Each bucket's graph verifies its replays (the `verify` keys below, each
 ///   bucket on its own schedule, against the function run eagerly on the bucket's rows) and
 ///   may have eager islands, as a single graph does;
-/// * `verify = "never" | "first" | "every"` or `verify_every = N`: which replays verify
-///   themselves like `graph.verify(…)` (run the body eagerly on the same inputs and compare
-///   every output and `&mut` state with the replay's); default `"first"` in debug builds,
-///   `"never"` in release builds;
+/// * `verify = "never" | "first" | "doubling" | "every"` or `verify_every = N`: which replays
+///   verify themselves like `graph.verify(…)` (run the body eagerly on the same inputs and
+///   compare every output and `&mut` state with the replay's); default `"doubling"` (replays
+///   1, 2, 4, 8, …) in debug builds, `"never"` in release builds;
 /// * `verify_tolerance = 1e-5`: those replays' tolerance (absolute and relative); bitwise
 ///   when left out;
 /// * `check_determinism` (or `= true` / `= false`): capture twice and compare the two graphs
