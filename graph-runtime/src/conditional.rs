@@ -49,7 +49,11 @@
 //!   with `true` or with `false` (captured, it records it both ways, one body each).
 //! * A condition is tested by one construct (one call site): CUDA ties a conditional handle
 //!   to one conditional node. A second construct testing it is
-//!   [`GraphError::ConditionMisuse`], eagerly too; give it a condition of its own.
+//!   [`GraphError::ConditionMisuse`], eagerly too; give it a condition of its own. Inside the
+//!   step of [`Runtime::graph_while_unrolled`], which is recorded once per unrolled copy, a
+//!   construct that tests one condition in every copy is refused at capture (in the check of
+//!   the loop's body, the runtime usable after): make one condition per copy before the loop
+//!   and pick it with a counter in the step's closure.
 //! * A condition starts at the value given to [`Runtime::condition`] (set by a kernel in stream
 //!   order, so in a loop of loops `inner.set(rt, true)` re-arms it for the next outer pass).
 //! * Random numbers drawn inside a body are fresh in every iteration: the generators keep

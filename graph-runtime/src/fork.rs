@@ -406,6 +406,19 @@ fn fork_at<'env, R>(
     location: &'static Location<'static>,
     work: impl for<'f> FnOnce(&'f ForkedStream<'f, 'env>) -> Result<R, GraphError>,
 ) -> Result<R, GraphError> {
+    if crate::phase::in_conditional_body() {
+        // Eagerly too, so that the warmup refuses what the capture could not record.
+        return Err(GraphError::ConditionMisuse {
+            construct: "fork",
+            location,
+            problem: "it is inside the closure of a `graph_while`, `graph_if` or `graph_while_unrolled`, \
+                      whose body CUDA limits to kernels, memsets, device copies and nested conditionals: \
+                      the side stream would be cut off from the body. Fix: fork outside the construct (a \
+                      construct inside a fork's closure is refused too), or queue both halves on the \
+                      runtime's stream inside the closure"
+                .into(),
+        });
+    }
     let lease = Lease::take(main, key, location)?;
     let slot = &*lease.slot;
     slot.forked.record(main)?;

@@ -109,6 +109,10 @@ pub(crate) struct CaptureRecord {
     /// Above 0 while a closure is recorded into a scratch graph to be checked: conditionals
     /// met meanwhile record their bodies inline.
     pub(crate) validating: u32,
+    /// The handles tested by constructs recorded inline during the current scratch recording
+    /// (cleared when one begins at the outermost level): a second test of one, such as a
+    /// `graph_if` in every copy of an unrolled step, is refused there, never in a node's body.
+    pub(crate) inline_tested: Vec<u64>,
     /// A body's recording failed inside a conditional node's own body graph: the driver has
     /// freed that body, so no graph of this capture may be ended, destroyed or used.
     pub(crate) poisoned: bool,
@@ -140,6 +144,7 @@ impl CaptureRecord {
             root,
             mode,
             validating: 0,
+            inline_tested: Vec::new(),
             poisoned: false,
             handles: Vec::new(),
             nodes: Vec::new(),

@@ -319,7 +319,16 @@ impl Runtime {
         };
         if validating {
             // Inside the scratch recording of an enclosing body: record every branch inline,
-            // where the enclosing check sees what they record.
+            // where the enclosing check sees what they record, and refuse a second test of the
+            // condition there (a construct in every copy of an unrolled step), before any
+            // node's own body records it.
+            if !first_inline_test(handle) {
+                return Err(misuse(
+                    construct.name(),
+                    location,
+                    tested_in_every_copy(cond),
+                ));
+            }
             let _inside = FrameScope::conditional();
             for i in 0..construct.bodies() as usize {
                 record(self, i)?;
@@ -398,6 +407,30 @@ pub(super) fn tested_twice(cond: &Condition, first: &'static Location<'static>) 
          conditional handle to one conditional node. Fix: give each `graph_while` / `graph_if` / \
          `graph_if_else` its own condition, set from the same value (`let again = rt.condition(false)?; \
          again.set_from(rt, &flag, Compare::Ne, 0)?`, or set both from your kernel)",
+        cond.location
+    )
+}
+
+/// Notes that a construct recorded inline (in a scratch recording) tests `handle`: false when
+/// one did already in this scratch recording.
+pub(super) fn first_inline_test(handle: u64) -> bool {
+    with_record(|r| {
+        let first = !r.inline_tested.contains(&handle);
+        if first {
+            r.inline_tested.push(handle);
+        }
+        first
+    })
+    .unwrap_or(true)
+}
+
+/// Why a construct inside the step of an unrolled loop may not test `cond` in every copy.
+pub(super) fn tested_in_every_copy(cond: &Condition) -> String {
+    format!(
+        "it tests the condition created at {} in more than one recorded copy: inside the step of a \
+         `graph_while_unrolled` the step is recorded once per unrolled copy, and CUDA ties a conditional \
+         handle to one conditional node. Fix: create one condition per copy before the loop and pick \
+         it with a counter in the step's closure (`let c = &conds[i % unroll]; i += 1;`), or unroll by 1",
         cond.location
     )
 }

@@ -182,7 +182,12 @@ impl Site<'_> {
         // context bound to this thread.
         unsafe { driver::begin_capture(self.stream, self.mode) }
             .map_err(|e| Refused::Error(self.driver_error("beginning the scratch recording", e)))?;
-        with_record(|r| r.validating += 1);
+        with_record(|r| {
+            if r.validating == 0 {
+                r.inline_tested.clear();
+            }
+            r.validating += 1;
+        });
         let ran = {
             let _inside = FrameScope::conditional();
             panic::catch_unwind(AssertUnwindSafe(|| {

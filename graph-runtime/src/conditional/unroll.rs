@@ -226,7 +226,11 @@ impl Runtime {
             Ok(())
         };
         if validating {
-            // Inside the scratch recording of an enclosing body: the steps inline.
+            // Inside the scratch recording of an enclosing body: the steps inline (a second
+            // test of the loop's condition refused there, as for the other constructs).
+            if !super::api::first_inline_test(loop_handle) {
+                return Err(misuse(super::api::tested_in_every_copy(cond)));
+            }
             let _inside = FrameScope::conditional();
             return record(self, 0);
         }
