@@ -476,11 +476,12 @@ pub(crate) fn cuda_device(device: &Device) -> Result<&CudaDevice, GraphError> {
 /// candle's device as a body's context: the device of a runtime made by
 /// [`Runtime::from_candle`].
 /// A [`GraphError`] as candle's error, so that a candle body can use `?` on the library's
-/// calls (an eager island's among them); `graph_runtime` unwraps it again when the body
-/// returns it.
+/// calls (an eager island's among them); `graph_runtime` unwraps it again, typed, when the
+/// body returns it (under any context or backtrace candle adds). It travels in candle's
+/// `Error::Cuda`, the variant that keeps an error's type; its text is the `GraphError`'s.
 impl From<GraphError> for candle_core::Error {
     fn from(e: GraphError) -> Self {
-        candle_core::Error::wrap(e)
+        candle_core::Error::Cuda(Box::new(e))
     }
 }
 

@@ -16,9 +16,40 @@ pub(crate) fn convert(e: BoxError) -> Result<GraphError, BoxError> {
 /// A candle error as a [`GraphError`]: the CUDA or cuBLAS error it carries, typed as a cudarc
 /// body's would be, or candle's own error in the user's terms (below).
 pub(crate) fn from_candle(e: candle_core::Error) -> GraphError {
+    let e = match carried(e) {
+        Ok(ours) => return ours,
+        Err(e) => e,
+    };
     match cuda_error_of(&e) {
         Some(typed) => typed,
         None => from_candle_own(e),
+    }
+}
+
+/// The [`GraphError`] a candle error carries (made by `From<GraphError>`, under any context,
+/// path or backtrace wrappers), or the candle error as it was.
+fn carried(e: candle_core::Error) -> Result<GraphError, candle_core::Error> {
+    use candle_core::Error;
+    match e {
+        Error::Cuda(inner) => inner
+            .downcast::<GraphError>()
+            .map(|ours| *ours)
+            .map_err(Error::Cuda),
+        Error::WithBacktrace { inner, backtrace } => {
+            carried(*inner).map_err(|inner| Error::WithBacktrace {
+                inner: Box::new(inner),
+                backtrace,
+            })
+        }
+        Error::Context { inner, context } => carried(*inner).map_err(|inner| Error::Context {
+            inner: Box::new(inner),
+            context,
+        }),
+        Error::WithPath { inner, path } => carried(*inner).map_err(|inner| Error::WithPath {
+            inner: Box::new(inner),
+            path,
+        }),
+        other => Err(other),
     }
 }
 
@@ -188,6 +219,32 @@ mod tests {
    7: my_server::qwen_step
    8: core::ops::function::FnOnce::call_once
 ";
+
+    #[test]
+    fn a_graph_error_comes_back_typed_through_candles_wrappers() {
+        let ours = GraphError::KeptTemporary {
+            graph: "step",
+            bytes: 4096,
+        };
+        let text = ours.to_string();
+        let e: candle_core::Error = ours.into();
+        assert_eq!(e.to_string(), text, "candle shows the library's own text");
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(e),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        }
+        .context("in the body");
+        let back = from_candle(e);
+        assert!(
+            matches!(back, GraphError::KeptTemporary { graph: "step", bytes: 4096 }),
+            "{back:?}"
+        );
+        // A CUDA error of candle's own is still typed as a driver error.
+        let cuda = candle_core::Error::Cuda(Box::new(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        )));
+        assert!(matches!(from_candle(cuda), GraphError::Driver(_)));
+    }
 
     #[test]
     fn the_upload_is_named_from_candles_backtrace() {
