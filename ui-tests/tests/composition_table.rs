@@ -44,7 +44,11 @@ fn table(lines: &[String], heading: &str) -> Vec<Vec<String>> {
 
 /// The text between backticks in `cell`, in order.
 fn quoted(cell: &str) -> Vec<String> {
-    cell.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Why `reference` (from the row of `pair`) names nothing, if it does not.
@@ -81,7 +85,10 @@ fn is_test(text: &str) -> bool {
 #[test]
 fn every_pair_of_features_has_one_row_that_names_what_exists() {
     let lines = section();
-    assert!(!lines.is_empty(), "CONTRIBUTING.md has no `## Features that compose`");
+    assert!(
+        !lines.is_empty(),
+        "CONTRIBUTING.md has no `## Features that compose`"
+    );
     let features: Vec<String> = table(&lines, "### The features")
         .iter()
         .map(|row| quoted(&row[0]).concat())
@@ -98,7 +105,9 @@ fn every_pair_of_features_has_one_row_that_names_what_exists() {
     for row in table(&lines, "### Every pair") {
         let pair = quoted(&row[0]).join(" × ");
         if !expected.contains(&pair) {
-            problems.push(format!("`{pair}`: not a pair of listed features in list order"));
+            problems.push(format!(
+                "`{pair}`: not a pair of listed features in list order"
+            ));
         }
         if !seen.insert(pair.clone()) {
             problems.push(format!("`{pair}`: two rows"));

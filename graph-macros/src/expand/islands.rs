@@ -292,11 +292,27 @@ fn used_before_rebound(stmts: &[Stmt]) -> HashMap<String, Ident> {
     used
 }
 
-/// Every identifier in `tokens` with the span of its first occurrence.
+/// Every identifier in `tokens` that can name a variable, with the span of its first
+/// occurrence: not a field or method after `.` (`sampled.scores` uses `sampled`, not a local
+/// `scores`), not a path segment after `::`, not a field name before a lone `:` (`Sampled {
+/// scores: v }`).
 fn ident_uses(tokens: TokenStream, out: &mut Vec<Ident>) {
-    for t in tokens {
+    use proc_macro2::Spacing;
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    let lone = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == Spacing::Alone);
+    let joint = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == Spacing::Joint);
+    for (k, t) in tokens.iter().enumerate() {
         match t {
-            TokenTree::Ident(i) if !out.contains(&i) => out.push(i),
+            TokenTree::Ident(i) => {
+                let before = |back: usize| k.checked_sub(back).and_then(|j| tokens.get(j));
+                // `a.b`, not the end of `..` (`0..n` uses `n`).
+                let member = lone(before(1), '.') && !joint(before(2), '.');
+                let path = lone(before(1), ':') && joint(before(2), ':');
+                let field = lone(tokens.get(k + 1), ':') && !joint(before(1), ':');
+                if !(member || path || field) && !out.contains(i) {
+                    out.push(i.clone());
+                }
+            }
             TokenTree::Group(g) => ident_uses(g.stream(), out),
             _ => {}
         }

@@ -1,7 +1,9 @@
 // Eager islands that compile: host reads, syncs and prints inside an island; host values of the
 // body (a count, a kernel, a stream reference) used on both sides of an island and copied into
 // its code; `#[island]` state of any `Clone` type; islands in a loop; a candle-style
-// `Result<T>` alias.
+// `Result<T>` alias; an island whose field names, methods and paths are named like a device
+// buffer of the body (`sampled.scores`, `Sampled { scores: … }`), next to a range over a
+// host value (`0..n`).
 use graph_runtime::cudarc::driver::CudaSlice;
 use graph_runtime::{cuda_graph, GraphError, Runtime};
 
@@ -45,6 +47,30 @@ fn use_it(rt: &Runtime, x: &CudaSlice<f32>, w: &CudaSlice<f32>) -> Result<(), Gr
     let _ = graph.replay(x)?;
     graph.state_mut().sampler.seed = 2;
     println!("{} islands, {} segments", graph.islands().len(), graph.segments().count());
+    Ok(())
+}
+
+struct Sampled {
+    scores: Vec<f32>,
+}
+
+#[cuda_graph(warmup = 1)]
+fn fields_named_like_locals(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let scores = rt.stream().clone_dtod(x)?;
+    let n = scores.len();
+    rt.stream().memcpy_dtod(&scores, &mut *y)?;
+    rt.eager(move || {
+        let sampled = Sampled {
+            scores: rt.stream().clone_dtoh(&y)?,
+        };
+        let best = (0..n).fold(0.0f32, |m, i| m.max(sampled.scores[i]));
+        let _ = (best, std::f32::consts::PI, sampled.scores.len());
+        Ok(())
+    })?;
     Ok(())
 }
 
