@@ -236,7 +236,13 @@ mod tests {
         .context("in the body");
         let back = from_candle(e);
         assert!(
-            matches!(back, GraphError::KeptTemporary { graph: "step", bytes: 4096 }),
+            matches!(
+                back,
+                GraphError::KeptTemporary {
+                    graph: "step",
+                    bytes: 4096
+                }
+            ),
             "{back:?}"
         );
         // A CUDA error of candle's own is still typed as a driver error.
