@@ -2065,8 +2065,8 @@ fn unrolled_loops_with_a_branch_per_step_inside_a_loop_match_eager_and_the_host(
 /// One condition for the `graph_if` of every step of a `graph_while_unrolled` (unrolled by 3,
 /// inside a `graph_while`): eagerly the step runs once per host iteration and the result is
 /// the host's, but a capture records the step three times, so three conditional nodes would
-/// test one condition: refused with `ConditionMisuse` ("already tested") inside the loops'
-/// body errors, and the runtime captures new graphs afterwards.
+/// test one condition: refused with `ConditionMisuse` in the scratch check of the loops' bodies
+/// (never inside a node's own body), and the runtime captures new graphs afterwards.
 #[gpu_test]
 fn refused_one_branch_condition_for_every_copy_of_an_unrolled_step(
     rt: Runtime,
@@ -2089,7 +2089,7 @@ fn refused_one_branch_condition_for_every_copy_of_an_unrolled_step(
                     ..
                 }
             )
-            && err.to_string().contains("already tested"),
+            && err.to_string().contains("more than one recorded copy"),
         "{err:?}"
     );
     runtime_still_works(&rt, &mut rng, "one branch condition for three steps")

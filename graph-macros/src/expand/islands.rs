@@ -309,7 +309,7 @@ fn ident_uses(tokens: TokenStream, out: &mut Vec<Ident>) {
                 let member = lone(before(1), '.') && !joint(before(2), '.');
                 let path = lone(before(1), ':') && joint(before(2), ':');
                 let field = lone(tokens.get(k + 1), ':') && !joint(before(1), ':');
-                if !(member || path || field) && !out.contains(i) {
+                if !(member || path || field || out.contains(i)) {
                     out.push(i.clone());
                 }
             }

@@ -133,7 +133,9 @@ pub enum CollectiveError {
         "`{op}` at {location} was called while {phase} `{graph}`,\noutside `comm.capture(…)`: \
          every rank must capture a graph with collectives together, so that the runtime can \
          check that they record the same collectives before any rank keeps its graph. \
-         Fix: capture as `comm.capture(|| {}Graph::capture(…))` on every rank",
+         Fix: capture as `comm.capture(|| {0}Graph::capture(…))` on every rank; a bucket family as \
+         `comm.capture(|| {0}Buckets::capture(…))`, and each replay of a lazy one that may capture a \
+         bucket as `comm.capture(|| family.replay(…))`",
         .graph_type
     )]
     OutsideCapture {
