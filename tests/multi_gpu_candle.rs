@@ -3,10 +3,15 @@
 //! of candle code, against the host's sums, with new inputs between replays; tensors they
 //! cannot take are refused with an error that says why, and the ranks stay usable.
 //!
+//! A tensor-parallel attention step (each rank's heads in its `StaticKvCache`, its slice of
+//! the output projection held as `ModelState`, the partial outputs summed over the ranks)
+//! replays like eager calls of it, position after position.
+//!
 //! Each test makes its own group and one thread per GPU with a candle device and
 //! `Runtime::from_candle` (a candle model's set-up), rather than `CommGroup::run`.
 
-use graph_runtime::candle::candle_core::{self as candle, DType, Device, Tensor};
+use graph_runtime::candle::candle_core::{self as candle, DType, Device, Module, Tensor};
+use graph_runtime::candle::{candle_nn, ModelState, StaticKvCache};
 use graph_runtime::half::bf16;
 use graph_runtime::nccl::{CommGroup, Communicator, ReduceOp};
 use graph_runtime::{cuda_graph, BoxError, GraphError, Runtime};
@@ -148,6 +153,100 @@ fn tensors_the_collectives_cannot_take_are_refused_and_the_ranks_go_on(
         );
         assert!(said[1].contains("on the CPU"), "{}", said[1]);
         assert_eq!(sum, vec![2.0; 12]);
+    }
+    Ok(())
+}
+
+/// One tensor-parallel attention step on a rank: its heads of `q`, `k`, `v` written into its
+/// cache at `pos` and attended over the cache (the mask row of `pos`), then its columns of
+/// the output projection, summed over the ranks.
+#[cuda_graph(warmup = 2, verify = "never")]
+fn tp_attention(
+    dev: &Device,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: &Tensor,
+    #[state] proj: &ModelState<candle_nn::Linear>,
+    #[state] cache: &mut StaticKvCache,
+    #[state] comm: &Communicator,
+) -> candle::Result<Tensor> {
+    let _ = dev;
+    let at = cache.at(pos, 1)?;
+    let (ck, cv) = cache.write(0, &at, k, v)?;
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    let att = (q.matmul(&ck.t()?)? * scale)?.broadcast_add(at.mask())?;
+    let att = candle_nn::ops::softmax_last_dim(&att)?;
+    let (batch, heads, _, hd) = q.dims4()?;
+    let o = att
+        .matmul(&cv)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((batch, heads * hd))?;
+    let partial = proj.model().forward(&o)?;
+    comm.all_reduce_tensor(&partial, ReduceOp::Sum)
+}
+
+/// Pairs: modelstate × nccl, nccl × kvcache.
+/// A tensor-parallel attention step on two ranks: each rank's `StaticKvCache` (`&mut` state)
+/// and its slice of the output projection (`ModelState<Linear>`, its weight listed), the
+/// partial outputs summed in the graph. Over 8 positions with new queries, keys and values
+/// each, every replay equals the eager call that follows it on the same rank (its own cache),
+/// bitwise, and both ranks hold the same sum.
+#[gpu_test(gpus = 2)]
+fn a_tensor_parallel_attention_step_with_model_state_and_a_static_cache_replays_like_eager(
+    _group: CommGroup,
+) -> Result<(), GraphError> {
+    const STEPS: u32 = 8;
+    let outs = on_two_ranks(|rank, dev, comm| {
+        let rt = comm.runtime();
+        let mut rng = seeded_rng(0x7a11 + rank as u64);
+        let (batch, heads, max_len, hd, out) = (2, 2, 16, 16, 24);
+        let mut random = |shape: (usize, usize, usize, usize)| {
+            let n = shape.0 * shape.1 * shape.2 * shape.3;
+            Tensor::from_vec(random_vec(&mut rng, n), shape, dev)
+        };
+        let w = random((1, 1, out, heads * hd))?.reshape((out, heads * hd))?;
+        let proj = ModelState::new(candle_nn::Linear::new(w.clone(), None), [w]);
+        let dims = (batch, heads, max_len, hd);
+        let mut eager_cache = StaticKvCache::new(1, dims, DType::F32, dev)?;
+        let pos = |p: u32| Tensor::from_vec(vec![p], 1, dev);
+        let mut steps = Vec::new();
+        for p in 0..=STEPS {
+            let token = (batch, heads, 1, hd);
+            steps.push((random(token)?, random(token)?, random(token)?, pos(p)?));
+        }
+        let (q0, k0, v0, p0) = &steps[0];
+        let cache = StaticKvCache::new(1, dims, DType::F32, dev)?;
+        let mut graph =
+            comm.capture(|| TpAttentionGraph::capture(rt, q0, k0, v0, p0, &proj, cache, comm))?;
+        let mut seen = Vec::new();
+        for (q, k, v, p) in &steps[..STEPS as usize] {
+            let ours = graph
+                .replay(q, k, v, p)?
+                .result
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let eager = tp_attention(dev, q, k, v, p, &proj, &mut eager_cache, comm)?;
+            seen.push((ours, eager.flatten_all()?.to_vec1::<f32>()?));
+        }
+        Ok(seen)
+    })
+    .map_err(GraphError::User)?;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (rank, seen) in outs.iter().enumerate() {
+        for (p, (ours, eager)) in seen.iter().enumerate() {
+            assert_eq!(
+                bits(ours),
+                bits(eager),
+                "rank {rank}, position {p}: graph vs eager"
+            );
+            assert_eq!(
+                bits(ours),
+                bits(&outs[0][p].0),
+                "position {p}: the ranks' sums differ"
+            );
+        }
     }
     Ok(())
 }

@@ -741,6 +741,157 @@ fn bucket_families_fork_loop_and_branch_like_eager(rt: Runtime) -> Result<(), Gr
     Ok(())
 }
 
+// ---- Bucket families that launch early and call a graph function ----
+
+/// `h = gelu(x · wᵀ + b)` on every row of `x` (`FLOW_IN` floats each), launched early: a
+/// graph function of its own, called by the families below.
+#[cuda_graph(warmup = 1)]
+fn early_rows_layer(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    h: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    linear_bias_gelu(rt, true, x, w, b, h, x.len() / FLOW_IN, FLOW_OUT, FLOW_IN)
+}
+
+/// On a bucket's rows: the called graph function's layer, then the same layer on its output,
+/// launched early in the family's own body.
+fn two_early_layers(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    h: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    early_rows_layer(rt, x, w, b, &mut *h)?;
+    linear_bias_gelu(rt, true, &*h, w, b, y, batch, FLOW_OUT, FLOW_OUT)
+}
+
+#[cuda_graph(warmup = 2, buckets(batch = [1, 2, 4]), check_determinism = true)]
+fn early_nested_rows(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    h: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    two_early_layers(rt, x, w, b, h, y, batch)
+}
+
+#[cuda_graph(
+    warmup = 2,
+    buckets(batch = [1, 2, 4], lazy = 2),
+    check_determinism = true
+)]
+fn early_nested_rows_lazy(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    #[state] w: &CudaSlice<f32>,
+    #[state] b: &CudaSlice<f32>,
+    h: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    batch: usize,
+) -> Result<(), GraphError> {
+    two_early_layers(rt, x, w, b, h, y, batch)
+}
+
+/// The plain function of an `early_nested_rows` family.
+type EarlyRowsFn = fn(
+    &Runtime,
+    &CudaSlice<f32>,
+    &CudaSlice<f32>,
+    &CudaSlice<f32>,
+    &mut CudaSlice<f32>,
+    &mut CudaSlice<f32>,
+    usize,
+) -> Result<(), GraphError>;
+
+/// Pairs: family-eager × early, family-lazy × early, family-eager × nested, family-lazy × nested.
+/// Bucket families (up front, and lazy with two live graphs for three buckets) whose body
+/// calls a `#[cuda_graph]` function that launches early and then launches early itself: every
+/// bucket's graph has its programmatic edges, and the valid rows of both outputs equal the
+/// eager function's on the bucket's rows, bitwise, over batches that change every replay.
+#[gpu_test]
+fn bucket_families_launch_early_and_call_graph_functions_like_eager(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("bucket_families_launch_early_and_call_graph_functions_like_eager");
+    let s = rt.stream().clone();
+    let weights = FlowWeights::new(&rt, &mut rng)?;
+    let (w, b) = (&weights.w, &weights.b);
+    let batches = [3usize, 1, 4, 2, 3, 1, 4, 2];
+    for lazy in [false, true] {
+        let kind = if lazy { "lazy family" } else { "family" };
+        let (f, buckets): (EarlyRowsFn, &[usize]) = if lazy {
+            (early_nested_rows_lazy, EarlyNestedRowsLazyBuckets::BUCKETS)
+        } else {
+            (early_nested_rows, EarlyNestedRowsBuckets::BUCKETS)
+        };
+        let mut up_front = (!lazy)
+            .then(|| EarlyNestedRowsBuckets::capture(&rt, FLOW_IN, w, b, FLOW_OUT, FLOW_OUT))
+            .transpose()?;
+        let mut on_use = lazy
+            .then(|| EarlyNestedRowsLazyBuckets::capture(&rt, FLOW_IN, w, b, FLOW_OUT, FLOW_OUT))
+            .transpose()?;
+        for (step, &batch) in batches.iter().enumerate() {
+            let x = random_vec(&mut rng, batch * FLOW_IN);
+            let (gh, gy, edges) = match (&mut up_front, &mut on_use) {
+                (Some(fam), _) => {
+                    let out = fam.replay(&x)?;
+                    let (gh, gy) = (s.clone_dtoh(&out.h)?, s.clone_dtoh(&out.y)?);
+                    let edges: Vec<usize> = fam
+                        .buckets()
+                        .graphs()
+                        .map(|g| g.info().early_edges)
+                        .collect();
+                    (gh, gy, edges)
+                }
+                (_, Some(fam)) => {
+                    let out = fam.replay(&x)?;
+                    let (gh, gy) = (s.clone_dtoh(&out.h)?, s.clone_dtoh(&out.y)?);
+                    let edges: Vec<usize> = fam
+                        .buckets()
+                        .graphs()
+                        .map(|g| g.info().early_edges)
+                        .collect();
+                    (gh, gy, edges)
+                }
+                _ => unreachable!("one family per round"),
+            };
+            assert!(
+                !edges.is_empty() && edges.iter().all(|&e| e >= 2),
+                "{kind}, step {step}: programmatic edges per bucket graph {edges:?}"
+            );
+            let bucket = bucket_for(buckets, batch);
+            let xd = s.clone_htod(&padded(&x, bucket, FLOW_IN))?;
+            let mut eh = s.alloc_zeros::<f32>(bucket * FLOW_OUT)?;
+            let mut ey = s.alloc_zeros::<f32>(bucket * FLOW_OUT)?;
+            f(&rt, &xd, w, b, &mut eh, &mut ey, bucket)?;
+            let valid = batch * FLOW_OUT;
+            let at = format!("{kind}, step {step} (batch {batch}, bucket {bucket})");
+            same(
+                &format!("{at}: rows of `h`"),
+                &gh,
+                &s.clone_dtoh(&eh)?[..valid],
+            )
+            .map_err(fail)?;
+            same(
+                &format!("{at}: rows of `y`"),
+                &gy,
+                &s.clone_dtoh(&ey)?[..valid],
+            )
+            .map_err(fail)?;
+        }
+    }
+    Ok(())
+}
+
 // ---- G18 and G5: an island between cuBLAS GEMMs in a lazy family, every replay verified ----
 
 /// Features per row of `clamped_mlp_rows`.
