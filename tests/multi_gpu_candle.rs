@@ -160,6 +160,7 @@ fn tensors_the_collectives_cannot_take_are_refused_and_the_ranks_go_on(
 /// One tensor-parallel attention step on a rank: its heads of `q`, `k`, `v` written into its
 /// cache at `pos` and attended over the cache (the mask row of `pos`), then its columns of
 /// the output projection, summed over the ranks.
+#[allow(clippy::too_many_arguments)] // the step's inputs, then one state per role
 #[cuda_graph(warmup = 2, verify = "never")]
 fn tp_attention(
     dev: &Device,
