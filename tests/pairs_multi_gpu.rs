@@ -1324,9 +1324,16 @@ fn a_tensor_parallel_block_with_noise_early_launches_and_cublas_replays_like_eag
         "y",
     ];
     for (rank, (capability, early_edges, start, steps)) in seen.iter().enumerate() {
-        // Input copy → the early layer, and the sum's kernel → `y += 1`.
-        let want_edges = if *capability >= (9, 0) { 2 } else { 0 };
-        assert_eq!(*early_edges, want_edges, "rank {rank}: early-launch edges");
+        // At least the sum's kernel → `y += 1` and one into the early layer (the graph may
+        // make more of its kernels' edges programmatic).
+        if *capability >= (9, 0) {
+            assert!(
+                *early_edges >= 2,
+                "rank {rank}: early-launch edges {early_edges}"
+            );
+        } else {
+            assert_eq!(*early_edges, 0, "rank {rank}: early-launch edges");
+        }
         assert_eq!(
             *start,
             ((seed, 0), (seed, 0)),

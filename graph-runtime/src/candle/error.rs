@@ -253,6 +253,20 @@ mod tests {
     }
 
     #[test]
+    fn a_graph_error_returned_by_a_candle_body_is_typed() {
+        fn body() -> candle_core::Result<()> {
+            Err::<(), GraphError>(GraphError::EventTracking { during: "a fork" })?;
+            Ok(())
+        }
+        crate::error::register_framework_errors("candle", convert);
+        let back = crate::error::body_result(body());
+        assert!(
+            matches!(back, Err(GraphError::EventTracking { during: "a fork" })),
+            "{back:?}"
+        );
+    }
+
+    #[test]
     fn the_upload_is_named_from_candles_backtrace() {
         assert_eq!(
             upload_call(BACKTRACE).as_deref(),
