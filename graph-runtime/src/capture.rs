@@ -28,6 +28,7 @@ use crate::conditional::record::{self, CaptureRecord};
 use crate::driver;
 use crate::error::{GraphError, When};
 use crate::fingerprint::Fingerprint;
+use crate::graph::recorded_memory_nodes;
 use crate::graph::{Graph, GraphInfo};
 use crate::inputs::InputNodes;
 use crate::phase::{with_frame, FrameScope, Phase};
@@ -709,6 +710,8 @@ fn check_determinism(
         )),
         Ok((second, _)) => {
             let mut difference = None;
+            // The temporaries of the segments before the one compared, in each recording.
+            let (mut earlier_a, mut earlier_b) = (Vec::new(), Vec::new());
             for (k, (a, b)) in first.iter().zip(&second).enumerate() {
                 let (Some((a, ra)), Some((b, rb))) = (a, b) else {
                     if a.is_some() != b.is_some() {
@@ -725,10 +728,19 @@ fn check_determinism(
                 // SAFETY: `a` and `b` are live graphs just captured on the runtime's context.
                 let (fa, fb) = unsafe {
                     (
-                        Fingerprint::of(a.raw(), skip, ra, &capture_lookups)?,
-                        Fingerprint::of(b.raw(), skip, rb, &capture_lookups)?,
+                        Fingerprint::of(a.raw(), skip, ra, &capture_lookups, &earlier_a)?,
+                        Fingerprint::of(b.raw(), skip, rb, &capture_lookups, &earlier_b)?,
                     )
                 };
+                // SAFETY: as above.
+                let (ma, mb) = unsafe {
+                    (
+                        recorded_memory_nodes(a.raw())?,
+                        recorded_memory_nodes(b.raw())?,
+                    )
+                };
+                earlier_a.extend(ma.0);
+                earlier_b.extend(mb.0);
                 if let Some(d) = fa.first_difference(&fb) {
                     difference = Some(match first.len() {
                         1 => d,
@@ -740,9 +752,23 @@ fn check_determinism(
             difference
         }
     };
-    match difference {
-        None => Ok(()),
-        Some(difference) => Err(GraphError::NondeterministicCapture { graph, difference }),
+    let Some(difference) = difference else {
+        return Ok(());
+    };
+    // A body that keeps temporaries past its end (state it replaces with new tensors) records
+    // different addresses each time: said as such, so that the caller drops that state as
+    // memory of a refused graph.
+    let mut lists = Vec::new();
+    for (raw, _) in first.iter().flatten() {
+        // SAFETY: a live graph of the first recording.
+        lists.push(unsafe { recorded_memory_nodes(raw.raw()) }?);
+    }
+    match crate::graph::kept_bytes(lists.iter().map(|(a, f)| (a.as_slice(), f.as_slice()))) {
+        0 => Err(GraphError::NondeterministicCapture { graph, difference }),
+        bytes => Err(GraphError::KeptTemporary {
+            graph,
+            bytes: bytes as usize,
+        }),
     }
 }
 

@@ -140,7 +140,8 @@ impl Fingerprint {
     /// Reads `graph` from the driver, leaving out its first `skip` nodes (the input copies the
     /// runtime records ahead of the body, so that node numbers are the body's own). `record`
     /// holds the capture's conditional nodes and handles; `own` names the kernels the body
-    /// looked up itself.
+    /// looked up itself; `earlier` holds the temporaries of the capture's segments before this
+    /// one (a segment after an island reads and frees them), numbered before its own.
     ///
     /// # Safety
     /// `graph` is a live graph of the context bound to this thread, whose kernels' modules
@@ -150,10 +151,11 @@ impl Fingerprint {
         skip: usize,
         record: &CaptureRecord,
         own: &[String],
+        earlier: &[(u64, u64)],
     ) -> Result<Self, GraphError> {
         let handles = record.handles();
         let names = Names {
-            temps: Vec::new(),
+            temps: earlier.to_vec(),
             handles: &handles,
             record,
             own,

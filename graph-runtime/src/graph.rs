@@ -561,6 +561,59 @@ impl Drop for Graph {
     }
 }
 
+/// The bytes that the graphs whose memory nodes are `lists` (allocations as address and size,
+/// and the addresses freed) allocate and do not free: counted over all of them (a temporary
+/// may be freed by the segment after an island) and per address (CUDA may give one address
+/// to two allocations of a graph whose lives do not overlap).
+pub(crate) fn kept_bytes<'a>(
+    lists: impl IntoIterator<Item = (&'a [(u64, u64)], &'a [u64])>,
+) -> u64 {
+    // Per address: allocations less frees, and the last allocation's size.
+    let mut live: std::collections::HashMap<u64, (i64, u64)> = std::collections::HashMap::new();
+    for (allocs, frees) in lists {
+        for &(ptr, len) in allocs {
+            let entry = live.entry(ptr).or_insert((0, len));
+            *entry = (entry.0 + 1, len);
+        }
+        for &ptr in frees {
+            live.entry(ptr).or_insert((0, 0)).0 -= 1;
+        }
+    }
+    live.values()
+        .filter(|&&(count, _)| count > 0)
+        .map(|&(count, len)| count as u64 * len)
+        .sum()
+}
+
+/// A graph's allocation nodes (address, bytes) and the addresses its free nodes free.
+pub(crate) type MemoryNodes = (Vec<(u64, u64)>, Vec<u64>);
+
+/// The allocation nodes (address, bytes) of the recorded graph `raw`, and the addresses its
+/// free nodes free (its top level: a conditional body allocates nothing).
+///
+/// # Safety
+/// `raw` is a live graph.
+pub(crate) unsafe fn recorded_memory_nodes(raw: sys::CUgraph) -> Result<MemoryNodes, GraphError> {
+    let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+    // SAFETY: `raw` is live (caller).
+    for node in unsafe { driver::graph_nodes(raw) }? {
+        // SAFETY: `node` belongs to the live graph.
+        match unsafe { driver::node_type(node) }? {
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+                // SAFETY: an allocation node of the live graph.
+                let p = unsafe { driver::mem_alloc_node_params(node) }?;
+                allocs.push((p.dptr, p.bytesize as u64));
+            }
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                // SAFETY: a free node of the live graph.
+                frees.push(unsafe { driver::mem_free_node_address(node) }?);
+            }
+            _ => {}
+        }
+    }
+    Ok((allocs, frees))
+}
+
 /// After a failed instantiation or upload: waits for the runtime's stream (a half-finished
 /// upload is queued there) and gives the graph memory pool's unused memory back, unless a
 /// live graph with temporaries would lose its mapping with it (see [`Graph`]'s drop).

@@ -152,23 +152,7 @@ fn refuse_kept_temporaries(
 ) -> Result<(), GraphError> {
     let graphs =
         std::iter::once(&captured.graph).chain(captured.islands.iter().flat_map(|i| &i.after));
-    // Per address: allocations less frees, and the last allocation's size.
-    let mut live: std::collections::HashMap<u64, (i64, u64)> = std::collections::HashMap::new();
-    for g in graphs {
-        let (allocs, frees) = g.memory_nodes();
-        for &(ptr, len) in allocs {
-            let entry = live.entry(ptr).or_insert((0, len));
-            *entry = (entry.0 + 1, len);
-        }
-        for &ptr in frees {
-            live.entry(ptr).or_insert((0, 0)).0 -= 1;
-        }
-    }
-    let bytes: u64 = live
-        .values()
-        .filter(|&&(count, _)| count > 0)
-        .map(|&(count, len)| count as u64 * len)
-        .sum();
+    let bytes = crate::graph::kept_bytes(graphs.map(|g| g.memory_nodes()));
     match bytes {
         0 => Ok(()),
         bytes => Err(GraphError::KeptTemporary {
