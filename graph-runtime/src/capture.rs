@@ -518,9 +518,13 @@ fn instantiate(
         .flatten()
         .flat_map(|g| g.memory_nodes().0.iter().copied())
         .collect();
+    let held: Vec<(u64, u64)> = book
+        .regions()
+        .map(|r| (r.ptr, r.bytes as u64))
+        .chain(temporaries)
+        .collect();
     for g in graphs.iter_mut().flatten() {
-        let state = book.regions().map(|r| (r.ptr, r.bytes as u64));
-        g.held_elsewhere(state.chain(temporaries.iter().copied()));
+        g.held_elsewhere(held.iter().copied());
     }
     Ok(graphs)
 }

@@ -27,7 +27,7 @@ use crate::driver;
 use crate::error::GraphError;
 
 /// One allocation the graph addresses and does not hold.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Held {
     /// The allocation's first address and size at capture.
     start: u64,
@@ -40,7 +40,7 @@ struct Held {
 }
 
 /// The allocations a graph addresses and does not hold (see the module's documentation).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Foreign {
     held: Vec<Held>,
 }

@@ -299,8 +299,9 @@ fn used_before_rebound(stmts: &[Stmt]) -> HashMap<String, Ident> {
 fn ident_uses(tokens: TokenStream, out: &mut Vec<Ident>) {
     use proc_macro2::Spacing;
     let tokens: Vec<TokenTree> = tokens.into_iter().collect();
-    let lone = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == Spacing::Alone);
-    let joint = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == Spacing::Joint);
+    let punct = |t: Option<&TokenTree>, c: char, spacing: Spacing| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == spacing);
+    let lone = |t, c| punct(t, c, Spacing::Alone);
+    let joint = |t, c| punct(t, c, Spacing::Joint);
     for (k, t) in tokens.iter().enumerate() {
         match t {
             TokenTree::Ident(i) => {
@@ -308,7 +309,7 @@ fn ident_uses(tokens: TokenStream, out: &mut Vec<Ident>) {
                 // `a.b`, not the end of `..` (`0..n` uses `n`).
                 let member = lone(before(1), '.') && !joint(before(2), '.');
                 let path = lone(before(1), ':') && joint(before(2), ':');
-                let field = lone(tokens.get(k + 1), ':') && !joint(before(1), ':');
+                let field = lone(tokens.get(k + 1), ':');
                 if !(member || path || field || out.contains(i)) {
                     out.push(i.clone());
                 }
