@@ -3,7 +3,8 @@
 //! conditions set by the library's kernels and by kernels of the test through the device
 //! API; the iteration bound; nesting; random numbers drawn inside a loop; unrolled loops
 //! (`graph_while_unrolled`) against eager and the plain loop, trip counts not multiples of
-//! the unroll factor, the bound mid-iteration; and the typed
+//! the unroll factor, the bound mid-iteration; a kernel with shared memory and barriers as a
+//! plain node, a loop body and a branch; and the typed
 //! errors for what a conditional body must not record, with the runtime usable afterwards.
 //!
 //! GPU tests (`#[gpu_test]`): without a usable GPU they count as ignored and say why; with
@@ -119,6 +120,21 @@ extern "C" __global__ void next_row(unsigned int *row, const unsigned int *rows,
     unsigned int r = *row + 1u;
     *row = r;
     graph_condition_set(go, r < *rows);
+}
+// Per block of 256 threads: sums[block] = the block's sum of y, a tree in shared memory
+// with a barrier per level; then y = 0.5 y. Launch with blocks of 256 over n = 256 k.
+extern "C" __global__ void halve_with_block_sums(float *y, float *sums) {
+    __shared__ float part[256];
+    unsigned int i = blockIdx.x * 256u + threadIdx.x;
+    float v = y[i];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int s = 128u; s > 0u; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0u) sums[blockIdx.x] = part[0];
+    y[i] = 0.5f * v;
 }
 "#
 );
@@ -1193,6 +1209,186 @@ fn unrolled_bound_ends_a_loop_that_never_clears(rt: Runtime) -> Result<(), Graph
         "{err:?}"
     );
     still_usable(&rt)
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Kernels with shared memory and barriers: in a plain graph, a loop body and a branch.
+
+/// Blocks of `halve_with_block_sums`.
+const BLOCKS: usize = 24;
+
+/// `halve_with_block_sums` over `y` (`BLOCKS` blocks of 256), writing `sums`.
+fn halve_with_block_sums(
+    rt: &Runtime,
+    y: &mut CudaSlice<f32>,
+    sums: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let f = rt.function(SRC, "halve_with_block_sums")?;
+    let cfg = LaunchConfig {
+        grid_dim: (BLOCKS as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel reads and writes `256 * BLOCKS` floats of `y` (its length) and
+    // writes `BLOCKS` of `sums` (its length); blocks of 256 as the kernel requires.
+    unsafe { rt.stream().launch_builder(&f).arg(y).arg(sums).launch(cfg) }?;
+    Ok(())
+}
+
+/// `y = x`, then three block-sum halvings as plain nodes.
+#[cuda_graph(warmup = 2)]
+fn block_sums_plain(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    sums: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    rt.stream().memcpy_dtod(x, &mut *y)?;
+    for _ in 0..3 {
+        halve_with_block_sums(rt, &mut *y, &mut *sums)?;
+    }
+    Ok(())
+}
+
+/// `y = x`; block-sum halvings while `y[0] > 1`; one more, into `last`, when `flip > 0`.
+#[cuda_graph(warmup = 2)]
+fn block_sums_in_a_loop(
+    rt: &Runtime,
+    x: &CudaSlice<f32>,
+    flip: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    sums: &mut CudaSlice<f32>,
+    last: &mut CudaSlice<f32>,
+) -> Result<(), GraphError> {
+    let s = rt.stream();
+    s.memcpy_dtod(x, &mut *y)?;
+    s.memset_zeros(&mut *sums)?;
+    s.memset_zeros(&mut *last)?;
+    let go = rt.condition(false)?;
+    let positive = rt.condition(false)?;
+    go.set_from(rt, &*y, Compare::Gt, 1.0)?;
+    positive.set_from(rt, flip, Compare::Gt, 0.0)?;
+    rt.graph_while(&go, Some(1000), |rt| {
+        halve_with_block_sums(rt, &mut *y, &mut *sums)?;
+        go.set_from(rt, &*y, Compare::Gt, 1.0)
+    })?;
+    rt.graph_if(&positive, |rt| {
+        halve_with_block_sums(rt, &mut *y, &mut *last)
+    })
+}
+
+/// `y`'s 256-element block sums on the host.
+fn block_sums_on_host(y: &[f32]) -> Vec<f32> {
+    y.chunks(256).map(|c| c.iter().sum::<f32>()).collect()
+}
+
+/// The GPU's block sums within rounding of the host's (the tree adds in another order).
+fn assert_sums_close(got: &[f32], want: &[f32], what: &str) {
+    for (b, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+            "{what}: block {b}: {g} on the GPU, {w} on the host"
+        );
+    }
+}
+
+/// An input whose first element takes 0 to ~17 halvings to reach 1.
+fn halvings_input(rng: &mut rand::rngs::SmallRng, n: usize) -> Vec<f32> {
+    let mut x = random_vec(rng, n);
+    x[0] = rng.random_range(-3.0f32..11.5).exp();
+    x
+}
+
+/// Block reductions through shared memory and `__syncthreads` as plain nodes: every replay
+/// equals an eager call bitwise and the host's halvings exactly. (With the next test, this
+/// gives compute-sanitizer's racecheck and synccheck a kernel with barriers and shared
+/// memory in each place a graph can hold one.)
+#[gpu_test]
+fn shared_memory_reductions_as_plain_nodes_match_eager(rt: Runtime) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("shared_memory_reductions_as_plain_nodes_match_eager");
+    let n = 256 * BLOCKS;
+    let s = rt.stream().clone();
+    let mut graph = BlockSumsPlainGraph::capture(&rt, &halvings_input(&mut rng, n), n, BLOCKS)?;
+    let (mut ey, mut es) = (s.alloc_zeros::<f32>(n)?, s.alloc_zeros::<f32>(BLOCKS)?);
+    for replay in 0..6 {
+        let x = halvings_input(&mut rng, n);
+        let at = format!("replay {replay}");
+        let out = graph.replay(&x)?;
+        let (gy, gs) = (s.clone_dtoh(out.y)?, s.clone_dtoh(out.sums)?);
+        block_sums_plain(&rt, &s.clone_htod(&x)?, &mut ey, &mut es)?;
+        let hy: Vec<f32> = x.iter().map(|v| v * 0.125).collect();
+        assert_eq!(gy, hy, "{at}: graph vs host");
+        assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host");
+        assert_eq!(gs, s.clone_dtoh(&es)?, "{at}: the sums, graph vs eager");
+        let before_last: Vec<f32> = x.iter().map(|v| v * 0.25).collect();
+        assert_sums_close(&gs, &block_sums_on_host(&before_last), &at);
+    }
+    Ok(())
+}
+
+/// The same reduction as a loop body whose trip count follows the input and as a branch:
+/// every replay equals an eager call bitwise and the host's halvings exactly.
+#[gpu_test]
+fn shared_memory_reductions_in_loop_bodies_and_branches_match_eager(
+    rt: Runtime,
+) -> Result<(), GraphError> {
+    let mut rng = fresh_rng("shared_memory_reductions_in_loop_bodies_and_branches_match_eager");
+    let n = 256 * BLOCKS;
+    let s = rt.stream().clone();
+    let x0 = halvings_input(&mut rng, n);
+    let mut graph =
+        BlockSumsInALoopGraph::capture(&rt, &x0, [1.0f32].as_slice(), n, BLOCKS, BLOCKS)?;
+    assert_eq!(graph.info().kinds.conditionals, 2, "{:?}", graph.info());
+    let (mut ey, mut es, mut el) = (
+        s.alloc_zeros::<f32>(n)?,
+        s.alloc_zeros::<f32>(BLOCKS)?,
+        s.alloc_zeros::<f32>(BLOCKS)?,
+    );
+    let mut trips = Vec::new();
+    for replay in 0..8 {
+        let x = halvings_input(&mut rng, n);
+        let flip = match replay {
+            0 => 0.5,
+            1 => -0.5,
+            _ => rng.random_range(-1.0f32..1.0),
+        };
+        let out = graph.replay(&x, [flip].as_slice())?;
+        let (gy, gs, gl) = (
+            s.clone_dtoh(out.y)?,
+            s.clone_dtoh(out.sums)?,
+            s.clone_dtoh(out.last)?,
+        );
+        let (xd, fd) = (s.clone_htod(&x)?, s.clone_htod(&[flip])?);
+        block_sums_in_a_loop(&rt, &xd, &fd, &mut ey, &mut es, &mut el)?;
+        let (mut hy, iters) = halve_on_host(&x);
+        let before_branch = hy.clone();
+        if flip > 0.0 {
+            hy.iter_mut().for_each(|v| *v *= 0.5);
+        }
+        let at = format!("replay {replay}, {iters} iterations, flip {flip}");
+        assert_eq!(gy, hy, "{at}: graph vs host");
+        assert_eq!(s.clone_dtoh(&ey)?, hy, "{at}: eager vs host");
+        assert_eq!(
+            gs,
+            s.clone_dtoh(&es)?,
+            "{at}: the loop's sums, graph vs eager"
+        );
+        assert_eq!(
+            gl,
+            s.clone_dtoh(&el)?,
+            "{at}: the branch's sums, graph vs eager"
+        );
+        if flip > 0.0 {
+            assert_sums_close(&gl, &block_sums_on_host(&before_branch), &at);
+        } else {
+            assert!(gl.iter().all(|v| *v == 0.0), "{at}: the branch did not run");
+        }
+        trips.push(iters);
+    }
+    trips.sort_unstable();
+    trips.dedup();
+    assert!(trips.len() >= 3, "the trip counts varied: {trips:?}");
+    Ok(())
 }
 
 #[cpu_test]

@@ -566,6 +566,42 @@ pub(crate) unsafe fn function_name(func: sys::CUfunction) -> Option<String> {
     )
 }
 
+/// A kernel node as the checks read it: launch parameters, the function's name and each
+/// argument's bytes, in order.
+pub(crate) struct KernelNode {
+    pub(crate) params: sys::CUDA_KERNEL_NODE_PARAMS,
+    pub(crate) name: String,
+    /// Empty for a node launched with `extra` instead of `kernelParams`.
+    pub(crate) args: Vec<Vec<u8>>,
+}
+
+/// Reads a kernel node: [`kernel_node_params`], [`function_name`] and the bytes of every
+/// argument (sizes from [`kernel_param_sizes`]), copied out of the graph.
+///
+/// # Safety
+/// `node` is a kernel node of a live graph whose modules are loaded.
+pub(crate) unsafe fn kernel_node(node: sys::CUgraphNode) -> Result<KernelNode, DriverError> {
+    // SAFETY: forwarded from the caller.
+    let params = unsafe { kernel_node_params(node) }?;
+    // SAFETY: the node's function is live while its module is loaded.
+    let name = unsafe { function_name(params.func) }.unwrap_or_default();
+    let mut args = Vec::new();
+    if !params.kernelParams.is_null() {
+        // SAFETY: the function is live; the sizes come from the driver.
+        let sizes = unsafe { kernel_param_sizes(params.func) };
+        for (i, size) in sizes.into_iter().enumerate() {
+            // SAFETY: `kernelParams` holds one pointer per parameter of the function, each
+            // to `size` bytes the graph keeps for as long as it lives; copied at once.
+            let bytes = unsafe {
+                let arg = *params.kernelParams.add(i) as *const u8;
+                std::slice::from_raw_parts(arg, size).to_vec()
+            };
+            args.push(bytes);
+        }
+    }
+    Ok(KernelNode { params, name, args })
+}
+
 /// The size and offset of every parameter of a kernel, in order.
 ///
 /// [`cuFuncGetParamInfo`](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html)

@@ -282,21 +282,13 @@ impl Fingerprint {
     /// `n` is a kernel node of a live graph whose modules are loaded.
     unsafe fn kernel(n: sys::CUgraphNode, names: &Names<'_>) -> Result<Node, GraphError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { driver::kernel_node_params(n) }?;
-        // SAFETY: the node's function is live while its module is loaded.
-        let name = unsafe { driver::function_name(p.func) }.unwrap_or_default();
-        let mut args = Vec::new();
-        if !p.kernelParams.is_null() {
-            // SAFETY: the function is live; the sizes come from the driver.
-            let sizes = unsafe { driver::kernel_param_sizes(p.func) };
-            for (i, size) in sizes.into_iter().enumerate() {
-                // SAFETY: `kernelParams` holds one pointer per parameter, each to `size`
-                // bytes the graph keeps for as long as it lives.
-                let bytes = unsafe {
-                    let arg = *p.kernelParams.add(i) as *const u8;
-                    std::slice::from_raw_parts(arg, size).to_vec()
-                };
-                args.push(if !bytes.is_empty() && bytes.len() % 8 == 0 {
+        let k = unsafe { driver::kernel_node(n) }?;
+        let (p, name) = (k.params, k.name);
+        let args = k
+            .args
+            .into_iter()
+            .map(|bytes| {
+                if !bytes.is_empty() && bytes.len() % 8 == 0 {
                     Arg::Words(
                         bytes
                             .chunks_exact(8)
@@ -305,9 +297,9 @@ impl Fingerprint {
                     )
                 } else {
                     Arg::Bytes(bytes)
-                });
-            }
-        }
+                }
+            })
+            .collect();
         Ok(Node::Kernel {
             name,
             grid: (p.gridDimX, p.gridDimY, p.gridDimZ),

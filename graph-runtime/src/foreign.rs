@@ -65,28 +65,13 @@ impl Addresses {
     /// `node` is a kernel node of a live graph whose modules are loaded.
     pub(crate) unsafe fn kernel(&mut self, node: sys::CUgraphNode) -> Result<(), GraphError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { driver::kernel_node_params(node) }?;
-        if p.kernelParams.is_null() {
-            return Ok(());
-        }
-        // SAFETY: the node's function is live while its module is loaded.
-        let name = unsafe { driver::function_name(p.func) }.unwrap_or_default();
-        // SAFETY: the function is live; the sizes come from the driver.
-        let sizes = unsafe { driver::kernel_param_sizes(p.func) };
-        let mut words = Vec::new();
-        for (i, size) in sizes.into_iter().enumerate() {
-            // SAFETY: `kernelParams` holds one pointer per parameter, each to `size` bytes the
-            // graph keeps for as long as it lives.
-            let bytes = unsafe {
-                let arg = *p.kernelParams.add(i) as *const u8;
-                std::slice::from_raw_parts(arg, size)
-            };
-            words.extend(
-                bytes
-                    .chunks_exact(8)
-                    .map(bytemuck::pod_read_unaligned::<u64>),
-            );
-        }
+        let k = unsafe { driver::kernel_node(node) }?;
+        let words = k.args.iter().flat_map(|bytes| {
+            bytes
+                .chunks_exact(8)
+                .map(bytemuck::pod_read_unaligned::<u64>)
+        });
+        let name = k.name;
         self.add(words, || format!("kernel `{name}`"));
         Ok(())
     }
