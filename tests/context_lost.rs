@@ -104,8 +104,8 @@ fn a_fault_outside_the_capture_is_context_lost_on_every_later_call(
             match (0..3).find_map(|_| graph.replay(&x).err().or_else(|| rt.synchronize().err())) {
                 Some(e) => e,
                 // The kernel on the user's stream ran after the capture had mapped its memory
-                // (CUDA leaves the order open; one release run in six on an H200): fault on purpose,
-                // on the same stream, through an address nothing maps.
+                // (CUDA leaves the order open; one release run in six on an H200): fault on
+                // purpose, on the same stream, through an address nothing maps.
                 None => {
                     eprintln!(
                         "the user's-stream kernel did not fault this time: faulting on purpose"
