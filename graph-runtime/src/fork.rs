@@ -41,9 +41,10 @@
 //! forks from two threads, get different side streams. Inside a capture procedure the side
 //! streams a fork gives back stay the procedure's until it ends, so that another thread
 //! forking on a shared runtime between the warmup and the capture cannot take the stream
-//! the capture needs (it would then have to create one while capturing). The streams (and two events each,
-//! used for the fork and the join) are kept in a process-wide table keyed by the runtime's
-//! stream; entries whose runtime stream has been dropped are released by the next fork.
+//! the capture needs (it would then have to create one while capturing). The streams (and
+//! two events each, used for the fork and the join) are kept in a process-wide table keyed by
+//! the runtime's stream; entries whose runtime stream has been dropped are released by the
+//! next fork.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
