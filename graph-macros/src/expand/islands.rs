@@ -299,7 +299,9 @@ fn used_before_rebound(stmts: &[Stmt]) -> HashMap<String, Ident> {
 fn ident_uses(tokens: TokenStream, out: &mut Vec<Ident>) {
     use proc_macro2::Spacing;
     let tokens: Vec<TokenTree> = tokens.into_iter().collect();
-    let punct = |t: Option<&TokenTree>, c: char, spacing: Spacing| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == spacing);
+    fn punct(t: Option<&TokenTree>, c: char, spacing: Spacing) -> bool {
+        matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c && p.spacing() == spacing)
+    }
     let lone = |t, c| punct(t, c, Spacing::Alone);
     let joint = |t, c| punct(t, c, Spacing::Joint);
     for (k, t) in tokens.iter().enumerate() {
